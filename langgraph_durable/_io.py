@@ -1,0 +1,344 @@
+"""The sans-I/O protocol shared by the sync and async savers.
+
+Saver logic is written once, as generators:
+
+* an *op* runs inside one transaction. It yields ``Batch`` objects (statements sent in
+  one pipeline round trip) and receives their rows; it may yield ``AfterCommit`` to
+  schedule pure work once the transaction is committed. Its return value is the result.
+* a *flow* spans several transactions. It yields ``Tx`` (run an op, get its result),
+  ``Hook`` (call user code, awaited if it is a coroutine) and ``Sleep``.
+
+``SyncDriver`` and ``AsyncDriver`` execute them against a psycopg connection or pool.
+They are the only code that differs between the two savers (psycopg's own design:
+I/O-free core, thin I/O layers), so every rule (fencing, artifacts, poison counting,
+versioning) exists in exactly one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import AsyncConnection, Capabilities, Connection
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from langgraph_durable._sql import set_search_path
+
+logger = logging.getLogger("langgraph_durable")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Stmt:
+    sql: Any
+    params: Any = None
+    fetch: bool = False
+    many: bool = False
+    prepare: bool | None = None
+
+
+@dataclass(frozen=True)
+class Batch:
+    stmts: Sequence[Stmt]
+
+
+@dataclass(frozen=True)
+class AfterCommit:
+    fn: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Tx:
+    factory: Callable[[], Generator[Any, Any, Any]]
+    transaction: bool = True
+
+
+@dataclass(frozen=True)
+class Hook:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+Op = Generator[Any, Any, T]
+Flow = Generator[Any, Any, T]
+
+# How many times an operation is retried on a fresh connection after the connection
+# itself failed (server restart, idle-timeout kill, pgbouncer hiccup).
+CONNECTION_RETRIES = 3
+
+_HAS_PIPELINE = Capabilities().has_pipeline()
+
+
+def _is_connection_failure(exc: BaseException, conn: Any) -> bool:
+    if isinstance(exc, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow):
+        return True
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return conn is None or conn.closed or conn.broken
+    return False
+
+
+def one_op(factory: Callable[[], Op[T]]) -> Flow[T]:
+    result = yield Tx(factory)
+    return result  # type: ignore[no-any-return]
+
+
+@dataclass
+class _Pending:
+    after: list[Callable[[], None]] = field(default_factory=list)
+
+
+class SyncDriver:
+    """Runs ops and flows on a psycopg ``Connection`` or ``ConnectionPool``."""
+
+    def __init__(self, conn: Connection[Any] | ConnectionPool[Any], schema: str | None) -> None:
+        self.conn = conn
+        self.schema = schema
+        self.lock = threading.Lock()  # a single connection is used by one thread at a time
+        self._schema_set: set[int] = set()
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection[Any]]:
+        if isinstance(self.conn, ConnectionPool):
+            with self.conn.connection() as conn:
+                self._ensure_schema(conn)
+                yield conn
+        else:
+            with self.lock:
+                self._ensure_schema(self.conn)
+                yield self.conn
+
+    def _ensure_schema(self, conn: Connection[Any]) -> None:
+        # Connections from our own pool get search_path in the pool's configure hook;
+        # a connection the user handed us gets it once, the first time we use it.
+        if self.schema and id(conn) not in self._schema_set:
+            was = conn.autocommit
+            if not was and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                conn.autocommit = True
+            conn.execute(set_search_path(self.schema))
+            conn.autocommit = was
+            self._schema_set.add(id(conn))
+
+    def run_op(self, factory: Callable[[], Op[T]], *, transaction: bool = True) -> T:
+        for attempt in range(CONNECTION_RETRIES + 1):
+            conn = None
+            try:
+                pending = _Pending()
+                with self.connection() as conn:
+                    if transaction:
+                        with conn.transaction():
+                            result = self._drive(conn, factory(), pending)
+                    else:
+                        result = self._drive(conn, factory(), pending)
+                for fn in pending.after:
+                    fn()
+                return result
+            except Exception as exc:
+                if attempt < CONNECTION_RETRIES and _is_connection_failure(exc, conn):
+                    logger.warning("connection lost (%s); retrying on a fresh connection", exc)
+                    time.sleep(min(0.2 * 2**attempt, 2.0))
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    def _drive(self, conn: Connection[Any], op: Op[T], pending: _Pending) -> T:
+        send: Any = None
+        while True:
+            try:
+                item = op.send(send)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            if isinstance(item, Batch):
+                send = self._execute(conn, item)
+            elif isinstance(item, AfterCommit):
+                pending.after.append(item.fn)
+                send = None
+            else:
+                raise TypeError(f"op yielded {item!r}")
+
+    @staticmethod
+    def _execute(conn: Connection[Any], batch: Batch) -> list[list[DictRow]]:
+        stmts = batch.stmts
+        if len(stmts) == 1 or not _HAS_PIPELINE:
+            out = []
+            for s in stmts:
+                with conn.cursor(binary=True, row_factory=dict_row) as cur:
+                    if s.many:
+                        cur.executemany(s.sql, s.params)
+                    else:
+                        cur.execute(s.sql, s.params, prepare=s.prepare)
+                    out.append(cur.fetchall() if s.fetch else [])
+            return out
+        with conn.pipeline() as pipe:
+            curs = []
+            for s in stmts:
+                cur = conn.cursor(binary=True, row_factory=dict_row)
+                if s.many:
+                    cur.executemany(s.sql, s.params)
+                else:
+                    cur.execute(s.sql, s.params, prepare=s.prepare)
+                curs.append(cur)
+            pipe.sync()
+            out = [cur.fetchall() if s.fetch else [] for s, cur in zip(stmts, curs, strict=True)]
+            for cur in curs:
+                cur.close()
+            return out
+
+    def run_flow(self, flow: Flow[T]) -> T:
+        send: Any = None
+        throw: BaseException | None = None
+        while True:
+            try:
+                item = flow.throw(throw) if throw is not None else flow.send(send)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            send, throw = None, None
+            try:
+                if isinstance(item, Tx):
+                    send = self.run_op(item.factory, transaction=item.transaction)
+                elif isinstance(item, Hook):
+                    send = item.fn(*item.args)
+                    if asyncio.iscoroutine(send):
+                        send = asyncio.run(send)
+                elif isinstance(item, Sleep):
+                    time.sleep(item.seconds)
+                else:
+                    raise TypeError(f"flow yielded {item!r}")
+            except Exception as exc:
+                throw = exc
+
+
+class AsyncDriver:
+    """Runs the same ops and flows on an ``AsyncConnection`` or ``AsyncConnectionPool``."""
+
+    def __init__(
+        self, conn: AsyncConnection[Any] | AsyncConnectionPool[Any], schema: str | None
+    ) -> None:
+        self.conn = conn
+        self.schema = schema
+        self.lock = asyncio.Lock()
+        self._schema_set: set[int] = set()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        if isinstance(self.conn, AsyncConnectionPool):
+            async with self.conn.connection() as conn:
+                await self._ensure_schema(conn)
+                yield conn
+        else:
+            async with self.lock:
+                await self._ensure_schema(self.conn)
+                yield self.conn
+
+    async def _ensure_schema(self, conn: AsyncConnection[Any]) -> None:
+        if self.schema and id(conn) not in self._schema_set:
+            was = conn.autocommit
+            if not was and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                await conn.set_autocommit(True)
+            await conn.execute(set_search_path(self.schema))
+            await conn.set_autocommit(was)
+            self._schema_set.add(id(conn))
+
+    async def run_op(self, factory: Callable[[], Op[T]], *, transaction: bool = True) -> T:
+        for attempt in range(CONNECTION_RETRIES + 1):
+            conn = None
+            try:
+                pending = _Pending()
+                async with self.connection() as conn:
+                    if transaction:
+                        async with conn.transaction():
+                            result = await self._drive(conn, factory(), pending)
+                    else:
+                        result = await self._drive(conn, factory(), pending)
+                for fn in pending.after:
+                    fn()
+                return result
+            except Exception as exc:
+                if attempt < CONNECTION_RETRIES and _is_connection_failure(exc, conn):
+                    logger.warning("connection lost (%s); retrying on a fresh connection", exc)
+                    await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    async def _drive(self, conn: AsyncConnection[Any], op: Op[T], pending: _Pending) -> T:
+        send: Any = None
+        while True:
+            try:
+                item = op.send(send)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            if isinstance(item, Batch):
+                send = await self._execute(conn, item)
+            elif isinstance(item, AfterCommit):
+                pending.after.append(item.fn)
+                send = None
+            else:
+                raise TypeError(f"op yielded {item!r}")
+
+    @staticmethod
+    async def _execute(conn: AsyncConnection[Any], batch: Batch) -> list[list[DictRow]]:
+        stmts = batch.stmts
+        if len(stmts) == 1 or not _HAS_PIPELINE:
+            out = []
+            for s in stmts:
+                async with conn.cursor(binary=True, row_factory=dict_row) as cur:
+                    if s.many:
+                        await cur.executemany(s.sql, s.params)
+                    else:
+                        await cur.execute(s.sql, s.params, prepare=s.prepare)
+                    out.append(await cur.fetchall() if s.fetch else [])
+            return out
+        async with conn.pipeline() as pipe:
+            curs = []
+            for s in stmts:
+                cur = conn.cursor(binary=True, row_factory=dict_row)
+                if s.many:
+                    await cur.executemany(s.sql, s.params)
+                else:
+                    await cur.execute(s.sql, s.params, prepare=s.prepare)
+                curs.append(cur)
+            await pipe.sync()
+            out = [
+                (await cur.fetchall()) if s.fetch else []
+                for s, cur in zip(stmts, curs, strict=True)
+            ]
+            for cur in curs:
+                await cur.close()
+            return out
+
+    async def run_flow(self, flow: Flow[T]) -> T:
+        send: Any = None
+        throw: BaseException | None = None
+        while True:
+            try:
+                item = flow.throw(throw) if throw is not None else flow.send(send)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            send, throw = None, None
+            try:
+                if isinstance(item, Tx):
+                    send = await self.run_op(item.factory, transaction=item.transaction)
+                elif isinstance(item, Hook):
+                    send = item.fn(*item.args)
+                    if asyncio.iscoroutine(send):
+                        send = await send
+                elif isinstance(item, Sleep):
+                    await asyncio.sleep(item.seconds)
+                else:
+                    raise TypeError(f"flow yielded {item!r}")
+            except Exception as exc:
+                throw = exc

@@ -1,0 +1,258 @@
+"""SQL of this package: its own migrations and statements.
+
+Every statement is unqualified: the saver points ``search_path`` at the configured
+schema on each connection it uses, so the stock saver's SQL (reused verbatim from
+``langgraph.checkpoint.postgres.base``) and ours address the same tables. Values are
+always bound parameters; the only identifier ever interpolated is the schema name,
+validated and quoted with ``psycopg.sql.Identifier``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from psycopg import sql
+
+from langgraph_durable.errors import InvalidIdentifierError
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+# Advisory-lock key serializing setup() across processes ("lgdurable" in ASCII, folded).
+SETUP_LOCK_KEY = 0x6C6764757261626C
+
+
+def validate_schema(name: str | None) -> str | None:
+    """Return ``name`` if it is a safe identifier, else raise ``InvalidIdentifierError``."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not _IDENT.match(name) or name.lower().startswith("pg_"):
+        raise InvalidIdentifierError(name)
+    return name
+
+
+def set_search_path(schema: str) -> sql.Composed:
+    return sql.SQL("SET search_path TO {}").format(sql.Identifier(schema))
+
+
+def create_schema(schema: str) -> sql.Composed:
+    return sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
+
+
+# Our migrations, recorded in durable_migrations (the stock ones keep their own table).
+# The position in the list is the version; never edit an applied entry, append.
+MIGRATIONS: list[str] = [
+    """CREATE TABLE IF NOT EXISTS durable_migrations (
+        v INTEGER PRIMARY KEY,
+        applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    # One row per thread: lifecycle status, lease (owner, token, expiry), the resume
+    # attempt counter of poison detection, and the graph version of the latest run.
+    """CREATE TABLE IF NOT EXISTS durable_threads (
+        thread_id TEXT PRIMARY KEY,
+        status TEXT NOT NULL DEFAULT 'running',
+        graph_version TEXT,
+        lease_owner TEXT,
+        lease_token BIGINT NOT NULL DEFAULT 0,
+        lease_expires_at TIMESTAMPTZ,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        attempts_checkpoint_id TEXT,
+        last_error TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    "CREATE INDEX IF NOT EXISTS durable_threads_status_idx ON durable_threads (status, lease_expires_at)",
+    """CREATE TABLE IF NOT EXISTS durable_quarantine (
+        thread_id TEXT PRIMARY KEY,
+        checkpoint_ns TEXT NOT NULL DEFAULT '',
+        checkpoint_id TEXT,
+        attempts INTEGER NOT NULL,
+        last_error TEXT,
+        graph_version TEXT,
+        quarantined_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    # Content-addressed artifacts: digest = sha256 of the uncompressed content.
+    """CREATE TABLE IF NOT EXISTS durable_artifacts (
+        digest BYTEA PRIMARY KEY,
+        size INTEGER NOT NULL,
+        data BYTEA NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        last_used_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    # Which threads reference which artifacts: GC deletes artifacts no thread refers to.
+    """CREATE TABLE IF NOT EXISTS durable_artifact_refs (
+        thread_id TEXT NOT NULL,
+        digest BYTEA NOT NULL,
+        PRIMARY KEY (thread_id, digest)
+    )""",
+    "CREATE INDEX IF NOT EXISTS durable_artifact_refs_digest_idx ON durable_artifact_refs (digest)",
+    # The idempotency ledger of @idempotent calls.
+    """CREATE TABLE IF NOT EXISTS durable_ledger (
+        key TEXT PRIMARY KEY,
+        thread_id TEXT,
+        checkpoint_ns TEXT,
+        task_id TEXT,
+        fingerprint TEXT NOT NULL,
+        status TEXT NOT NULL,
+        owner TEXT,
+        result_type TEXT,
+        result BYTEA,
+        error TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        completed_at TIMESTAMPTZ,
+        expires_at TIMESTAMPTZ
+    )""",
+    "CREATE INDEX IF NOT EXISTS durable_ledger_thread_idx ON durable_ledger (thread_id)",
+    # Stock tables gain an index used by retention and the CLI (latest activity).
+    "CREATE INDEX IF NOT EXISTS durable_checkpoints_thread_cp_idx ON checkpoints (thread_id, checkpoint_ns, checkpoint_id DESC)",
+    "CREATE INDEX IF NOT EXISTS durable_checkpoints_run_id_idx ON checkpoints ((metadata ->> 'run_id'))",
+]
+
+# --- leases / lifecycle --------------------------------------------------------------
+
+# Take the lease if it is free, expired or already ours (a retried statement after an
+# ambiguous commit), bump the fencing token, and count one attempt for the checkpoint
+# the run starts from. Quarantined threads are never taken.
+ACQUIRE_SQL = """
+INSERT INTO durable_threads AS t (
+    thread_id, status, graph_version, lease_owner, lease_token, lease_expires_at,
+    attempts, attempts_checkpoint_id, updated_at)
+VALUES (%(thread_id)s, 'running', %(version)s, %(owner)s, 1,
+        now() + make_interval(secs => %(ttl)s), 1, %(checkpoint_id)s, now())
+ON CONFLICT (thread_id) DO UPDATE SET
+    status = 'running',
+    graph_version = COALESCE(EXCLUDED.graph_version, t.graph_version),
+    lease_owner = EXCLUDED.lease_owner,
+    lease_token = t.lease_token + 1,
+    lease_expires_at = EXCLUDED.lease_expires_at,
+    attempts = CASE WHEN t.attempts_checkpoint_id IS NOT DISTINCT FROM EXCLUDED.attempts_checkpoint_id
+                    THEN t.attempts + 1 ELSE 1 END,
+    attempts_checkpoint_id = EXCLUDED.attempts_checkpoint_id,
+    updated_at = now()
+WHERE t.status <> 'quarantined'
+  AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR t.lease_owner = EXCLUDED.lease_owner)
+RETURNING lease_token, attempts, last_error
+"""
+
+THREAD_ROW_SQL = """
+SELECT thread_id, status, graph_version, lease_owner, lease_token,
+       EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS expires_in,
+       attempts, attempts_checkpoint_id, last_error
+FROM durable_threads WHERE thread_id = %s
+"""
+
+LATEST_CHECKPOINT_ID_SQL = """
+SELECT checkpoint_id FROM checkpoints
+WHERE thread_id = %s AND checkpoint_ns = '' ORDER BY checkpoint_id DESC LIMIT 1
+"""
+
+# Row lock in share mode: a takeover (UPDATE of the row) waits until this write commits,
+# so a write is either before the takeover or rejected, never interleaved.
+FENCE_SQL = """
+SELECT 1 AS ok FROM durable_threads
+WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s FOR SHARE
+"""
+
+# A write made outside a leased run (update_state, tools) is refused while another
+# process holds a live lease on the thread.
+FOREIGN_LEASE_SQL = """
+SELECT lease_owner, EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS expires_in
+FROM durable_threads
+WHERE thread_id = %s AND lease_owner IS NOT NULL AND lease_expires_at > now()
+"""
+
+RESET_ATTEMPTS_SQL = """
+UPDATE durable_threads SET attempts = 0, attempts_checkpoint_id = %s, last_error = NULL
+WHERE thread_id = %s AND lease_token = %s
+"""
+
+RENEW_SQL = """
+UPDATE durable_threads AS t
+SET lease_expires_at = now() + make_interval(secs => %s)
+FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS l(thread_id, token, owner)
+WHERE t.thread_id = l.thread_id AND t.lease_token = l.token AND t.lease_owner = l.owner
+RETURNING t.thread_id
+"""
+
+RELEASE_SQL = """
+UPDATE durable_threads SET
+    status = %(status)s,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    attempts = CASE WHEN %(reset)s THEN 0
+                    WHEN %(undo)s THEN GREATEST(attempts - 1, 0)
+                    ELSE attempts END,
+    attempts_checkpoint_id = COALESCE(%(checkpoint_id)s, attempts_checkpoint_id),
+    last_error = CASE WHEN %(reset)s THEN NULL ELSE COALESCE(%(error)s, last_error) END,
+    updated_at = now()
+WHERE thread_id = %(thread_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
+"""
+
+QUARANTINE_SQL = """
+WITH t AS (
+    UPDATE durable_threads SET status = 'quarantined', lease_owner = NULL,
+        lease_expires_at = NULL, updated_at = now()
+    WHERE thread_id = %(thread_id)s
+    RETURNING thread_id
+)
+INSERT INTO durable_quarantine (thread_id, checkpoint_ns, checkpoint_id, attempts,
+                                last_error, graph_version, quarantined_at)
+VALUES (%(thread_id)s, '', %(checkpoint_id)s, %(attempts)s, %(last_error)s,
+        %(graph_version)s, now())
+ON CONFLICT (thread_id) DO UPDATE SET
+    checkpoint_id = EXCLUDED.checkpoint_id, attempts = EXCLUDED.attempts,
+    last_error = EXCLUDED.last_error, graph_version = EXCLUDED.graph_version,
+    quarantined_at = now()
+"""
+
+# --- artifacts -----------------------------------------------------------------------
+
+UPSERT_ARTIFACT_SQL = """
+INSERT INTO durable_artifacts (digest, size, data) VALUES (%s, %s, %s)
+ON CONFLICT (digest) DO UPDATE SET last_used_at = now()
+"""
+
+INSERT_ARTIFACT_REF_SQL = """
+INSERT INTO durable_artifact_refs (thread_id, digest) VALUES (%s, %s)
+ON CONFLICT DO NOTHING
+"""
+
+FETCH_ARTIFACTS_SQL = "SELECT digest, data FROM durable_artifacts WHERE digest = ANY(%s)"
+
+# --- thread deletion / copy ----------------------------------------------------------
+
+DELETE_THREAD_EXTRA_SQL = (
+    "DELETE FROM durable_artifact_refs WHERE thread_id = %s",
+    "DELETE FROM durable_ledger WHERE thread_id = %s",
+    "DELETE FROM durable_quarantine WHERE thread_id = %s",
+    "DELETE FROM durable_threads WHERE thread_id = %s",
+)
+
+COPY_THREAD_SQL = (
+    """INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id,
+                                type, checkpoint, metadata)
+       SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint,
+              jsonb_set(metadata, '{thread_id}', to_jsonb(%(target)s::text), false)
+       FROM checkpoints WHERE thread_id = %(source)s
+       ON CONFLICT DO NOTHING""",
+    """INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+       SELECT %(target)s, checkpoint_ns, channel, version, type, blob
+       FROM checkpoint_blobs WHERE thread_id = %(source)s
+       ON CONFLICT DO NOTHING""",
+    """INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,
+                                      idx, channel, type, blob)
+       SELECT %(target)s, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
+       FROM checkpoint_writes WHERE thread_id = %(source)s
+       ON CONFLICT DO NOTHING""",
+    """INSERT INTO durable_artifact_refs (thread_id, digest)
+       SELECT %(target)s, digest FROM durable_artifact_refs WHERE thread_id = %(source)s
+       ON CONFLICT DO NOTHING""",
+)
+
+# Checkpoints (and their writes) whose metadata names one of the runs.
+DELETE_FOR_RUNS_SQL = (
+    """DELETE FROM checkpoint_writes w USING checkpoints c
+       WHERE c.metadata ->> 'run_id' = ANY(%(runs)s)
+         AND w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
+         AND w.checkpoint_id = c.checkpoint_id""",
+    "DELETE FROM checkpoints WHERE metadata ->> 'run_id' = ANY(%(runs)s)",
+)

@@ -1,0 +1,277 @@
+"""Typed errors. Every error the package raises on purpose is a ``DurableError``.
+
+Each subclass carries the facts an operator needs as attributes (thread, checkpoint,
+key...), so handlers never parse messages. They pickle (``__reduce__``), so they cross
+process boundaries (worker pools, multiprocessing) intact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DurableError(Exception):
+    """Base class of every error raised by langgraph-durable."""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.fields))
+
+
+def _rebuild(cls: type[DurableError], message: str, fields: dict[str, Any]) -> DurableError:
+    err = cls.__new__(cls)
+    DurableError.__init__(err, message, **fields)
+    return err
+
+
+class ConfigurationError(DurableError, ValueError):
+    """A saver or decorator was configured with an invalid value."""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message, **fields)
+
+
+class InvalidIdentifierError(ConfigurationError):
+    """A schema (or other SQL identifier) name is not a safe Postgres identifier."""
+
+    def __init__(self, name: object, kind: str = "schema") -> None:
+        super().__init__(
+            f"invalid {kind} name {name!r}: use 1-63 characters, letters, digits and "
+            "underscores, not starting with a digit",
+            name=name,
+            kind=kind,
+        )
+
+
+class EmbeddedPostgresError(DurableError):
+    """The embedded PostgreSQL server could not be started."""
+
+
+class SerializationError(DurableError, TypeError):
+    """A value could not be serialized with the saver's serializer."""
+
+    def __init__(self, message: str, *, value_type: str, **fields: Any) -> None:
+        super().__init__(message, value_type=value_type, **fields)
+
+
+class CheckpointLoadError(DurableError):
+    """Stored checkpoint bytes could not be decoded (corruption, unknown type)."""
+
+    def __init__(
+        self, message: str, *, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> None:
+        super().__init__(
+            message, thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id
+        )
+
+
+# --- artifacts ---------------------------------------------------------------------
+
+
+class ArtifactError(DurableError):
+    """Base class of artifact-store errors."""
+
+
+class ArtifactNotFoundError(ArtifactError, CheckpointLoadError):
+    """A checkpoint references an artifact that is not stored."""
+
+    def __init__(
+        self,
+        digest: str,
+        *,
+        thread_id: str = "",
+        checkpoint_ns: str = "",
+        checkpoint_id: str | None = None,
+    ) -> None:
+        DurableError.__init__(
+            self,
+            f"artifact {digest} referenced by thread {thread_id!r} checkpoint "
+            f"{checkpoint_id!r} is missing",
+            digest=digest,
+            thread_id=thread_id,
+            checkpoint_ns=checkpoint_ns,
+            checkpoint_id=checkpoint_id,
+        )
+
+
+class ArtifactIntegrityError(ArtifactError, CheckpointLoadError):
+    """Stored artifact bytes do not match their content hash."""
+
+    def __init__(
+        self,
+        digest: str,
+        *,
+        actual: str = "",
+        thread_id: str = "",
+        checkpoint_ns: str = "",
+        checkpoint_id: str | None = None,
+    ) -> None:
+        DurableError.__init__(
+            self,
+            f"artifact {digest} referenced by thread {thread_id!r} checkpoint "
+            f"{checkpoint_id!r} is corrupted (stored bytes hash to {actual or '?'})",
+            digest=digest,
+            actual=actual,
+            thread_id=thread_id,
+            checkpoint_ns=checkpoint_ns,
+            checkpoint_id=checkpoint_id,
+        )
+
+
+# --- versioning --------------------------------------------------------------------
+
+
+class GraphVersionMismatchError(DurableError):
+    """A thread's latest checkpoint was written by another graph version."""
+
+    def __init__(self, thread_id: str, stored: str | None, current: str | None) -> None:
+        super().__init__(
+            f"thread {thread_id!r} was checkpointed by graph version {stored!r} but the "
+            f"running graph is {current!r}; register a migration "
+            f"(saver.migrations.register({stored!r}, {current!r}, fn)) or resume with the "
+            "old code. Reading the thread (get_state) still works.",
+            thread_id=thread_id,
+            stored=stored,
+            current=current,
+        )
+
+
+class MigrationError(DurableError):
+    """A registered migration failed; the stored checkpoint is untouched."""
+
+    def __init__(
+        self, message: str, *, thread_id: str, from_version: str | None, to_version: str | None
+    ) -> None:
+        super().__init__(
+            message, thread_id=thread_id, from_version=from_version, to_version=to_version
+        )
+
+
+# --- poison ------------------------------------------------------------------------
+
+
+class PoisonCheckpointError(DurableError):
+    """The thread is quarantined: runs from this checkpoint keep failing."""
+
+    def __init__(
+        self,
+        thread_id: str,
+        checkpoint_id: str | None,
+        attempts: int,
+        last_error: str | None,
+    ) -> None:
+        super().__init__(
+            f"thread {thread_id!r} is quarantined at checkpoint {checkpoint_id!r} after "
+            f"{attempts} failed attempt(s); last error: {last_error or 'unknown (process died)'}. "
+            "Inspect it with `langgraph-durable quarantine show`, then release or rewind it.",
+            thread_id=thread_id,
+            checkpoint_id=checkpoint_id,
+            attempts=attempts,
+            last_error=last_error,
+        )
+
+
+# --- leases ------------------------------------------------------------------------
+
+
+class ThreadBusyError(DurableError):
+    """Another run holds the thread's lease."""
+
+    def __init__(self, thread_id: str, owner: str | None, expires_in: float | None) -> None:
+        super().__init__(
+            f"thread {thread_id!r} is being run by {owner!r} (lease expires in "
+            f"{expires_in if expires_in is None else round(expires_in, 1)} s)",
+            thread_id=thread_id,
+            owner=owner,
+            expires_in=expires_in,
+        )
+
+
+class LeaseLostError(DurableError):
+    """This run's lease expired and another worker took the thread over (fenced out)."""
+
+    def __init__(self, thread_id: str, token: int | None) -> None:
+        super().__init__(
+            f"lease on thread {thread_id!r} (token {token}) was lost to another worker; "
+            "this run's writes are rejected",
+            thread_id=thread_id,
+            token=token,
+        )
+
+
+# --- idempotency -------------------------------------------------------------------
+
+
+class IdempotencyError(DurableError):
+    """Base class of idempotent-call errors."""
+
+
+class IdempotencyConflictError(IdempotencyError):
+    """Same idempotency key, different arguments (HTTP 422 in the IETF draft)."""
+
+    def __init__(self, key: str, stored_fingerprint: str, fingerprint: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} was first used with other arguments "
+            f"({stored_fingerprint[:12]} != {fingerprint[:12]})",
+            key=key,
+            stored_fingerprint=stored_fingerprint,
+            fingerprint=fingerprint,
+        )
+
+
+class CallInFlightError(IdempotencyError):
+    """Another caller holds the key and has not finished (HTTP 409 in the IETF draft)."""
+
+    def __init__(self, key: str, waited: float) -> None:
+        super().__init__(
+            f"call with idempotency key {key!r} is still in flight elsewhere "
+            f"(waited {waited:.1f} s)",
+            key=key,
+            waited=waited,
+        )
+
+
+class OutcomeUnknownError(IdempotencyError):
+    """A call was started and never recorded: the effect may or may not have happened."""
+
+    def __init__(self, key: str, thread_id: str | None) -> None:
+        super().__init__(
+            f"call with idempotency key {key!r} (thread {thread_id!r}) started but its "
+            "result was never recorded: the process died between the effect and the record. "
+            "Check the receiving system, then clear the key or use on_unknown='retry'.",
+            key=key,
+            thread_id=thread_id,
+        )
+
+
+class NoLedgerError(IdempotencyError):
+    """An @idempotent function was called outside a durable run without ledger=."""
+
+
+__all__ = [
+    "ArtifactError",
+    "ArtifactIntegrityError",
+    "ArtifactNotFoundError",
+    "CallInFlightError",
+    "CheckpointLoadError",
+    "ConfigurationError",
+    "DurableError",
+    "EmbeddedPostgresError",
+    "GraphVersionMismatchError",
+    "IdempotencyConflictError",
+    "IdempotencyError",
+    "InvalidIdentifierError",
+    "LeaseLostError",
+    "MigrationError",
+    "NoLedgerError",
+    "OutcomeUnknownError",
+    "PoisonCheckpointError",
+    "SerializationError",
+    "ThreadBusyError",
+]

@@ -1,0 +1,1526 @@
+"""The durable savers: ``DurablePostgresSaver`` (sync) and ``AsyncDurablePostgresSaver``.
+
+Why inheritance from the stock ``BasePostgresSaver`` rather than wrapping a stock
+``PostgresSaver``: the features need to run *inside* the stock saver's transactions
+(the lease's fencing check in the same transaction as the checkpoint write, artifacts
+inserted atomically with the blobs that reference them, artifacts fetched in batch
+between the row fetch and deserialization). A wrapper cannot reach in there, and the
+stock saver never reconnects a dropped connection. So we reuse what the stock package
+does well and is pure -- its SQL text, migrations, ``get_next_version``, delta-channel
+walk helpers and prune statements -- and own the I/O: one sans-I/O implementation
+(``_io``) with a sync and an async driver. Tables are the stock tables (plus ours), so
+a database the stock saver created is adopted as is.
+
+Run lifecycle. LangGraph tells a checkpointer nothing about runs. The saver recognises
+the ``get_tuple`` a ``PregelLoop`` makes when a root run starts, and registers a
+callback on that loop's exit stack, so it knows when the run ends and how (done,
+interrupted, failed, cancelled). That is where the lease is taken and released, the
+resume attempt is counted (poison detection) and the graph version is checked. Reads
+that are not run starts (``get_state``, Studio, the CLI) never take a lease or raise a
+version error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Literal, cast
+
+import orjson
+import psycopg
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+    get_checkpoint_id,
+    get_serializable_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.postgres.base import (
+    _DELTA_PAGE_SIZE,
+    MIGRATIONS as STOCK_MIGRATIONS,
+    PRUNE_DELETE_THREADS_SQL,
+    PRUNE_STRATEGIES,
+    SELECT_SQL,
+    UPSERT_CHECKPOINT_BLOBS_SQL,
+    UPSERT_CHECKPOINT_WRITES_SQL,
+    INSERT_CHECKPOINT_WRITES_SQL,
+    UPSERT_CHECKPOINTS_SQL,
+    BasePostgresSaver,
+    _build_delta_stage1_sql,
+    _build_delta_stage2_sql,
+    _DeltaStage2Row,
+    _keep_latest,
+    _refuse_delta_threads,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
+from psycopg import AsyncConnection, Connection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from langgraph_durable import _sql
+from langgraph_durable._io import (
+    AfterCommit,
+    AsyncDriver,
+    Batch,
+    Flow,
+    Hook,
+    Op,
+    Sleep,
+    Stmt,
+    SyncDriver,
+    Tx,
+    one_op,
+)
+from langgraph_durable.artifacts import ArtifactCodec, ArtifactConfig, KnownRefs
+from langgraph_durable.embedded import resolve_dsn
+from langgraph_durable.errors import (
+    CheckpointLoadError,
+    ConfigurationError,
+    DurableError,
+    GraphVersionMismatchError,
+    LeaseLostError,
+    MigrationError,
+    PoisonCheckpointError,
+    ThreadBusyError,
+)
+from langgraph_durable.versioning import (
+    POLICY_KEY,
+    VERSION_KEY,
+    MigrationRegistry,
+    UnversionedPolicy,
+    VersionPolicy,
+    apply_migrations,
+    graph_fingerprint,
+)
+
+logger = logging.getLogger("langgraph_durable")
+
+OnBusy = Literal["raise", "wait"]
+PoisonHook = Callable[["PoisonRecord"], Any]
+
+# The configurable keys LangGraph sets on a run's config (see langgraph._internal._constants).
+_RUNTIME_KEY = "__pregel_runtime"
+_INTERRUPT = "__interrupt__"
+
+
+def _jsonb_dumps(obj: Any) -> str:
+    try:
+        return orjson.dumps(obj).decode()
+    except TypeError:
+        return json.dumps(obj)
+
+
+def _jsonb(obj: Any) -> Jsonb:
+    return Jsonb(obj, dumps=_jsonb_dumps)
+
+
+@dataclass(frozen=True)
+class PoisonRecord:
+    """What ``on_poison`` receives when a thread is quarantined."""
+
+    thread_id: str
+    checkpoint_id: str | None
+    attempts: int
+    last_error: str | None
+    graph_version: str | None
+
+
+@dataclass
+class Lease:
+    """A run's hold on a thread. Puts for the thread are fenced by ``token``."""
+
+    thread_id: str
+    owner: str
+    token: int
+    attempts: int
+    checkpoint_id: str | None
+    version: str | None
+    lost: bool = False
+    last_error: str | None = None
+
+
+@dataclass
+class _RunContext:
+    loop: Any
+    graph: Any
+
+
+class _LeaseRegistry:
+    """Leases held by this process, shared by a saver and its ``with_allowlist`` clones."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_thread: dict[str, Lease] = {}
+
+    def get(self, thread_id: str) -> Lease | None:
+        with self.lock:
+            return self.by_thread.get(thread_id)
+
+    def add(self, lease: Lease) -> None:
+        with self.lock:
+            self.by_thread[lease.thread_id] = lease
+
+    def remove(self, lease: Lease) -> None:
+        with self.lock:
+            if self.by_thread.get(lease.thread_id) is lease:
+                del self.by_thread[lease.thread_id]
+
+    def snapshot(self) -> list[Lease]:
+        with self.lock:
+            return [lease for lease in self.by_thread.values() if not lease.lost]
+
+
+def _owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def _find_run_context() -> _RunContext | None:
+    """The PregelLoop (and its graph) whose ``__enter__`` is calling us, if any."""
+    from langgraph.pregel import Pregel
+    from langgraph.pregel._loop import PregelLoop
+
+    frame = sys._getframe(2)
+    loop = None
+    for _ in range(12):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if loop is None:
+            if isinstance(candidate, PregelLoop):
+                if frame.f_code.co_name not in ("__enter__", "__aenter__"):
+                    return None
+                loop = candidate
+        elif isinstance(candidate, Pregel):
+            return _RunContext(loop, candidate)
+        frame = frame.f_back  # type: ignore[assignment]
+    return _RunContext(loop, None) if loop is not None else None
+
+
+class _DurableBase(BasePostgresSaver):
+    """Everything but I/O. Subclasses provide ``_run_op``/``_arun_op`` and the flow
+    equivalents; every public method below is written once for both."""
+
+    def __init__(
+        self,
+        *,
+        serde: SerializerProtocol | None = None,
+        schema: str | None = None,
+        graph_version: str | None = None,
+        version_policy: VersionPolicy = "refuse",
+        unversioned_policy: UnversionedPolicy = "adopt",
+        migrations: MigrationRegistry | None = None,
+        max_resume_attempts: int = 3,
+        on_poison: PoisonHook | None = None,
+        lease_ttl: float = 30.0,
+        on_busy: OnBusy = "raise",
+        busy_timeout: float = 60.0,
+        artifact_threshold: int | None = 1024,
+        compression_level: int = 3,
+        artifact_cache_bytes: int = 64 * 1024 * 1024,
+        leases: bool = True,
+    ) -> None:
+        super().__init__(serde=serde)
+        self.schema = _sql.validate_schema(schema)
+        if version_policy not in ("refuse", "warn", "auto-upgrade"):
+            raise ConfigurationError(f"unknown version_policy {version_policy!r}")
+        if unversioned_policy not in ("adopt", "refuse"):
+            raise ConfigurationError(f"unknown unversioned_policy {unversioned_policy!r}")
+        if on_busy not in ("raise", "wait"):
+            raise ConfigurationError(f"unknown on_busy {on_busy!r}")
+        if max_resume_attempts < 1:
+            raise ConfigurationError("max_resume_attempts must be >= 1")
+        if lease_ttl <= 0.5:
+            raise ConfigurationError("lease_ttl must be above 0.5 s")
+        self.graph_version = graph_version
+        self.version_policy: VersionPolicy = version_policy
+        self.unversioned_policy: UnversionedPolicy = unversioned_policy
+        self.migrations = migrations if migrations is not None else MigrationRegistry()
+        self.max_resume_attempts = max_resume_attempts
+        self.on_poison = on_poison
+        self.lease_ttl = float(lease_ttl)
+        self.on_busy: OnBusy = on_busy
+        self.busy_timeout = busy_timeout
+        self.leases_enabled = leases
+        self.codec = ArtifactCodec(
+            ArtifactConfig(
+                threshold=artifact_threshold,
+                compression_level=compression_level,
+                cache_bytes=artifact_cache_bytes,
+            )
+        )
+        self._known_refs = KnownRefs()
+        self._leases = _LeaseRegistry()
+        self._renewer: _Renewer | None = None
+        self._renewer_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ drivers
+    def _run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        raise NotImplementedError
+
+    async def _arun_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        raise NotImplementedError
+
+    def _run_flow(self, flow: Flow[Any]) -> Any:
+        raise NotImplementedError
+
+    async def _arun_flow(self, flow: Flow[Any]) -> Any:
+        raise NotImplementedError
+
+    def _renew_connect(self) -> Connection[Any]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ views
+    def bind(
+        self,
+        *,
+        graph_version: str | None = None,
+        graph: Any = None,
+        version_policy: VersionPolicy | None = None,
+        migrations: MigrationRegistry | None = None,
+    ) -> Any:
+        """A view of this saver for one graph: same pool, leases and caches, its own
+        version. ``saver.bind(graph=builder)`` stamps ``graph_fingerprint(builder)``;
+        one saver serves any number of graphs this way."""
+        clone = self._clone()
+        if graph is not None:
+            clone.graph_version = graph_fingerprint(graph)
+        if graph_version is not None:
+            clone.graph_version = graph_version
+        if version_policy is not None:
+            clone.version_policy = version_policy
+        if migrations is not None:
+            clone.migrations = migrations
+        return clone
+
+    def _clone(self) -> Any:
+        import copy
+
+        return copy.copy(self)
+
+    def with_allowlist(self, extra_allowlist: Any) -> Any:
+        """Clone with a derived msgpack allowlist. There is no inner saver to clone:
+        the codec reads ``self.serde`` at call time, so the clone's serde is used."""
+        return super().with_allowlist(extra_allowlist)
+
+    # ------------------------------------------------------------------ setup
+    def _op_setup(self) -> Op[None]:
+        """Stock migrations, then ours, under a session advisory lock (several
+        processes may call setup() at once). Runs in autocommit: the stock
+        migrations create indexes CONCURRENTLY."""
+        yield Batch([Stmt("SELECT pg_advisory_lock(%s)", (_sql.SETUP_LOCK_KEY,))])
+        try:
+            if self.schema:
+                yield Batch([Stmt(_sql.create_schema(self.schema)), Stmt(_sql.set_search_path(self.schema))])
+            yield Batch([Stmt(STOCK_MIGRATIONS[0])])
+            rows = yield Batch(
+                [Stmt("SELECT v FROM checkpoint_migrations ORDER BY v DESC LIMIT 1", fetch=True)]
+            )
+            version = rows[0][0]["v"] if rows[0] else -1
+            for v in range(version + 1, len(STOCK_MIGRATIONS)):
+                yield Batch([Stmt(STOCK_MIGRATIONS[v])])
+                yield Batch([Stmt("INSERT INTO checkpoint_migrations (v) VALUES (%s)", (v,))])
+            yield Batch([Stmt(_sql.MIGRATIONS[0])])
+            rows = yield Batch(
+                [Stmt("SELECT v FROM durable_migrations ORDER BY v DESC LIMIT 1", fetch=True)]
+            )
+            version = rows[0][0]["v"] if rows[0] else -1
+            for v in range(version + 1, len(_sql.MIGRATIONS)):
+                yield Batch([Stmt(_sql.MIGRATIONS[v])])
+                yield Batch([Stmt("INSERT INTO durable_migrations (v) VALUES (%s)", (v,))])
+        finally:
+            yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (_sql.SETUP_LOCK_KEY,))])
+
+    def setup(self) -> None:
+        """Create or migrate the tables. Idempotent and safe to call concurrently."""
+        self._run_op(self._op_setup, transaction=False)
+
+    async def asetup(self) -> None:
+        await self._arun_op(self._op_setup, transaction=False)
+
+    # ------------------------------------------------------------------ loading
+    def _op_resolve(self, pairs: list[tuple[str, bytes]], where: Mapping[str, Any]) -> Op[None]:
+        """Fetch every artifact the (type, data) pairs need into the cache: batched,
+        one round trip per nesting level (chunks, then elements)."""
+        for _ in range(4):
+            missing = self.codec.missing(pairs)
+            if not missing:
+                return
+            rows = yield Batch(
+                [Stmt(_sql.FETCH_ARTIFACTS_SQL, (list(missing),), fetch=True, prepare=False)]
+            )
+            found = [(r["digest"], r["data"]) for r in rows[0]]
+            self.codec.accept(found, **where)
+            if len(found) < len(missing):
+                got = {bytes(d) for d, _ in found}
+                from langgraph_durable.errors import ArtifactNotFoundError
+
+                lost = sorted(d.hex() for d in missing - got)
+                raise ArtifactNotFoundError(lost[0], **where)
+        return
+
+    def _decode(self, tag: str, data: bytes, where: Mapping[str, Any]) -> Any:
+        return self.codec.decode(self.serde, tag, data, **where)
+
+    def _op_load_rows(self, rows: list[Any]) -> Op[list[CheckpointTuple]]:
+        pairs: list[tuple[str, bytes]] = []
+        for row in rows:
+            for _, t, v in row["channel_values"] or ():
+                pairs.append((t.decode(), v))
+            for w in row["pending_writes"] or ():
+                pairs.append((w[2].decode(), w[3]))
+        if any(self.codec.is_ref(t) for t, _ in pairs):
+            first = rows[0]
+            where = {
+                "thread_id": first["thread_id"],
+                "checkpoint_ns": first["checkpoint_ns"],
+                "checkpoint_id": first["checkpoint_id"],
+            }
+            yield from self._op_resolve(pairs, where)
+        return [self._load_tuple(row) for row in rows]
+
+    def _load_tuple(self, value: Any) -> CheckpointTuple:
+        where = {
+            "thread_id": value["thread_id"],
+            "checkpoint_ns": value["checkpoint_ns"],
+            "checkpoint_id": value["checkpoint_id"],
+        }
+        try:
+            blobs = {
+                k.decode(): self._decode(t.decode(), v, where)
+                for k, t, v in value["channel_values"] or ()
+                if t.decode() != "empty"
+            }
+            writes = [
+                (tid.decode(), ch.decode(), self._decode(t.decode(), v, where))
+                for tid, ch, t, v, _, _ in sorted(
+                    value["pending_writes"] or (),
+                    key=lambda w: writes_sort_key(w[4].decode(), w[0].decode(), int(w[5])),
+                )
+            ]
+        except DurableError:
+            raise
+        except Exception as exc:
+            raise CheckpointLoadError(
+                f"cannot decode checkpoint {value['checkpoint_id']!r} of thread "
+                f"{value['thread_id']!r}: {type(exc).__name__}: {exc}",
+                **where,
+            ) from exc
+        return CheckpointTuple(
+            {"configurable": {k: where[k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id")}},
+            {
+                **value["checkpoint"],
+                "channel_values": {**(value["checkpoint"].get("channel_values") or {}), **blobs},
+            },
+            value["metadata"],
+            (
+                {
+                    "configurable": {
+                        "thread_id": value["thread_id"],
+                        "checkpoint_ns": value["checkpoint_ns"],
+                        "checkpoint_id": value["parent_checkpoint_id"],
+                    }
+                }
+                if value["parent_checkpoint_id"]
+                else None
+            ),
+            writes,
+        )
+
+    def _op_get_tuple(self, config: RunnableConfig) -> Op[CheckpointTuple | None]:
+        thread_id = str(config["configurable"]["thread_id"])
+        checkpoint_id = get_checkpoint_id(config)
+        checkpoint_ns = config["configurable"].get("checkpoint_ns", "")
+        if checkpoint_id:
+            args: tuple[Any, ...] = (thread_id, checkpoint_ns, checkpoint_id)
+            where = "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s"
+        else:
+            args = (thread_id, checkpoint_ns)
+            where = "WHERE thread_id = %s AND checkpoint_ns = %s ORDER BY checkpoint_id DESC LIMIT 1"
+        rows = yield Batch([Stmt(SELECT_SQL + where, args, fetch=True)])
+        if not rows[0]:
+            return None
+        loaded = yield from self._op_load_rows(rows[0])
+        return loaded[0]
+
+    def _op_list(
+        self,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> Op[list[CheckpointTuple]]:
+        where, args = self._search_where(config, filter, before)
+        query = SELECT_SQL + where + " ORDER BY checkpoint_id DESC"
+        params = list(args)
+        if limit is not None:
+            query += " LIMIT %s"
+            params.append(int(limit))
+        rows = yield Batch([Stmt(query, params, fetch=True)])
+        if not rows[0]:
+            return []
+        return (yield from self._op_load_rows(rows[0]))
+
+    # ------------------------------------------------------------------ writing
+    def _fence(self, thread_id: str) -> tuple[Stmt, Lease | None]:
+        lease = self._leases.get(thread_id)
+        if lease is not None:
+            if lease.lost:
+                raise LeaseLostError(thread_id, lease.token)
+            return Stmt(_sql.FENCE_SQL, (thread_id, lease.token, lease.owner), fetch=True), lease
+        return Stmt(_sql.FOREIGN_LEASE_SQL, (thread_id,), fetch=True), None
+
+    def _check_fence(self, thread_id: str, lease: Lease | None, rows: list[Any]) -> None:
+        if lease is not None:
+            if not rows:
+                lease.lost = True
+                raise LeaseLostError(thread_id, lease.token)
+        elif rows and self.leases_enabled:
+            raise ThreadBusyError(thread_id, rows[0]["lease_owner"], rows[0]["expires_in"])
+
+    def _artifact_stmts(self, thread_id: str, artifacts: dict[bytes, bytes]) -> tuple[list[Stmt], list[bytes]]:
+        if not artifacts:
+            return [], []
+        new = self._known_refs.unknown(thread_id, artifacts)
+        if not new:
+            return [], []
+        rows = [(d, len(artifacts[d]), self.codec.compress(artifacts[d])) for d in sorted(new)]
+        return [
+            Stmt(_sql.UPSERT_ARTIFACT_SQL, rows, many=True),
+            Stmt(_sql.INSERT_ARTIFACT_REF_SQL, [(thread_id, d) for d in sorted(new)], many=True),
+        ], new
+
+    def _inline(self, value: Any) -> bool:
+        if value is None or isinstance(value, bool | int | float):
+            return not isinstance(value, int) or isinstance(value, bool) or abs(value) < 2**63
+        if isinstance(value, str):
+            threshold = self.codec.config.threshold
+            return "\x00" not in value and (threshold is None or len(value) < max(threshold, 1))
+        return False
+
+    def _stamp(self, config: RunnableConfig, metadata: CheckpointMetadata, lease: Lease | None) -> dict[str, Any]:
+        md = get_serializable_checkpoint_metadata(config, metadata)
+        if VERSION_KEY not in md:
+            version = (lease.version if lease else None) or self.graph_version
+            if version:
+                md[VERSION_KEY] = version
+        return md
+
+    def _op_put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> Op[RunnableConfig]:
+        configurable = config["configurable"]
+        thread_id = str(configurable["thread_id"])
+        checkpoint_ns = configurable.get("checkpoint_ns", "")
+        parent_id = configurable.get("checkpoint_id")
+        copy = checkpoint.copy()
+        copy["channel_values"] = dict(copy["channel_values"])
+        blob_values: dict[str, Any] = {}
+        for k, v in checkpoint["channel_values"].items():
+            if isinstance(v, _DeltaSnapshot):
+                blob_values[k] = copy["channel_values"].pop(k)
+                copy["channel_values"][k] = True
+            elif not self._inline(v):
+                blob_values[k] = copy["channel_values"].pop(k)
+        artifacts: dict[bytes, bytes] = {}
+        blob_rows = []
+        for k, ver in new_versions.items():
+            if k in blob_values:
+                enc = self.codec.encode(self.serde, blob_values[k])
+                artifacts.update(enc.artifacts)
+                blob_rows.append((thread_id, checkpoint_ns, k, cast(str, ver), enc.type, enc.data))
+        fence, lease = self._fence(thread_id)
+        md = self._stamp(config, metadata, lease)
+        art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
+        stmts = [fence, *art_stmts]
+        if blob_rows:
+            stmts.append(Stmt(UPSERT_CHECKPOINT_BLOBS_SQL, blob_rows, many=True))
+        stmts.append(
+            Stmt(
+                UPSERT_CHECKPOINTS_SQL,
+                (thread_id, checkpoint_ns, checkpoint["id"], parent_id, _jsonb(copy), _jsonb(md)),
+            )
+        )
+        reset = lease is not None and checkpoint_ns == "" and lease.attempts > 0
+        if reset:
+            assert lease is not None
+            stmts.append(Stmt(_sql.RESET_ATTEMPTS_SQL, (checkpoint["id"], thread_id, lease.token)))
+        rows = yield Batch(stmts)
+        self._check_fence(thread_id, lease, rows[0])
+        if new_refs:
+            yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
+        if reset:
+            assert lease is not None
+
+            def _reset() -> None:
+                lease.attempts = 0
+
+            yield AfterCommit(_reset)
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": checkpoint_ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    def _op_put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> Op[None]:
+        if not writes:
+            return
+        configurable = config["configurable"]
+        thread_id = str(configurable["thread_id"])
+        checkpoint_ns = configurable.get("checkpoint_ns", "")
+        checkpoint_id = configurable["checkpoint_id"]
+        query = (
+            UPSERT_CHECKPOINT_WRITES_SQL
+            if all(w[0] in WRITES_IDX_MAP for w in writes)
+            else INSERT_CHECKPOINT_WRITES_SQL
+        )
+        artifacts: dict[bytes, bytes] = {}
+        rows = []
+        for idx, (channel, value) in enumerate(writes):
+            enc = self.codec.encode(self.serde, value)
+            artifacts.update(enc.artifacts)
+            rows.append(
+                (
+                    thread_id,
+                    checkpoint_ns,
+                    checkpoint_id,
+                    task_id,
+                    task_path,
+                    WRITES_IDX_MAP.get(channel, idx),
+                    channel,
+                    enc.type,
+                    enc.data,
+                )
+            )
+        fence, lease = self._fence(thread_id)
+        art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
+        result = yield Batch([fence, *art_stmts, Stmt(query, rows, many=True)])
+        self._check_fence(thread_id, lease, result[0])
+        if new_refs:
+            yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
+
+    def _op_delete_thread(self, thread_id: str) -> Op[None]:
+        tid = str(thread_id)
+        stmts = [
+            Stmt("DELETE FROM checkpoints WHERE thread_id = %s", (tid,)),
+            Stmt("DELETE FROM checkpoint_blobs WHERE thread_id = %s", (tid,)),
+            Stmt("DELETE FROM checkpoint_writes WHERE thread_id = %s", (tid,)),
+            *[Stmt(s, (tid,)) for s in _sql.DELETE_THREAD_EXTRA_SQL],
+        ]
+        yield Batch(stmts)
+        yield AfterCommit(lambda: self._known_refs.forget_thread(tid))
+
+    def _op_delete_for_runs(self, run_ids: Sequence[str]) -> Op[None]:
+        runs = [str(r) for r in run_ids]
+        if not runs:
+            return
+        yield Batch([Stmt(s, {"runs": runs}) for s in _sql.DELETE_FOR_RUNS_SQL])
+
+    def _op_copy_thread(self, source: str, target: str) -> Op[None]:
+        params = {"source": str(source), "target": str(target)}
+        yield Batch([Stmt(s, params) for s in _sql.COPY_THREAD_SQL])
+
+    def _op_stock(self, statements: Any) -> Op[None]:
+        """Run one of the stock saver's prune statement generators."""
+        try:
+            sql, params, fetch = next(statements)
+            while True:
+                rows = yield Batch([Stmt(sql, params, fetch=fetch, prepare=False)])
+                sql, params, fetch = statements.send(rows[0] if fetch else [])
+        except StopIteration:
+            return
+
+    def _flow_prune(self, thread_ids: Sequence[str], strategy: str) -> Flow[None]:
+        if isinstance(thread_ids, str):
+            raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
+        if strategy not in PRUNE_STRATEGIES:
+            raise ValueError(f"Unknown prune strategy: {strategy!r}")
+        ids = [str(t) for t in thread_ids]
+        if not ids:
+            return
+        if strategy == "delete":
+
+            def delete_all() -> Op[None]:
+                yield Batch(
+                    [Stmt(s, (ids,)) for s in PRUNE_DELETE_THREADS_SQL]
+                    + [Stmt("DELETE FROM durable_artifact_refs WHERE thread_id = ANY(%s)", (ids,))]
+                    + [Stmt("DELETE FROM durable_ledger WHERE thread_id = ANY(%s)", (ids,))]
+                )
+                for t in ids:
+                    yield AfterCommit(lambda t=t: self._known_refs.forget_thread(t))
+
+            yield Tx(delete_all)
+            return
+        yield Tx(lambda: self._op_stock(_refuse_delta_threads(ids)))
+        for tid in ids:
+            yield Tx(lambda tid=tid: self._op_stock(_keep_latest(tid)))
+
+    def _op_delta_history(
+        self, config: RunnableConfig, channels: Sequence[str]
+    ) -> Op[Mapping[str, DeltaChannelHistory]]:
+        """The stock two-stage walk (its SQL and pure helpers), with artifact
+        resolution between the fetch and the decode."""
+        if not channels:
+            return {}
+        channels = list(channels)
+        thread_id = str(config["configurable"]["thread_id"])
+        checkpoint_ns = config["configurable"].get("checkpoint_ns", "")
+        checkpoint_id = get_checkpoint_id(config)
+        if not checkpoint_id:
+            target = yield from self._op_get_tuple(config)
+            if target is None:
+                return {ch: {"writes": []} for ch in channels}
+            checkpoint_id = target.config["configurable"]["checkpoint_id"]
+        stage1_sql = _build_delta_stage1_sql(channels, paged=True, include_cursor=True)
+        parent_of: dict[str, str | None] = {}
+        ver: list[dict[str, str | None]] = [{} for _ in channels]
+        hb: list[dict[str, bool]] = [{} for _ in channels]
+        inline: list[dict[str, Any]] = [{} for _ in channels]
+        chain_by_ch: dict[str, list[str]] = {ch: [] for ch in channels}
+        seed_ver: dict[str, str | None] = {ch: None for ch in channels}
+        seed_inline: dict[str, Any] = {}
+        cursors: dict[str, str | None] = {}
+        seeded: set[str] = set()
+        cursor: str | None = checkpoint_id
+        while True:
+            params: list[Any] = []
+            for ch in channels:
+                params.extend([ch, ch, ch, ch])
+            params.extend([thread_id, checkpoint_ns, cursor, _DELTA_PAGE_SIZE])
+            rows = yield Batch([Stmt(stage1_sql, params, fetch=True)])
+            page = rows[0]
+            if not page:
+                break
+            oldest = self._ingest_stage1_page(page, channels, parent_of, ver, hb, inline)
+            self._try_advance_walks(
+                checkpoint_id, channels, parent_of, ver, hb, inline, chain_by_ch,
+                seed_ver, seed_inline, cursors, seeded,
+            )
+            if len(seeded) == len(channels) or len(page) < _DELTA_PAGE_SIZE:
+                break
+            cursor = oldest
+            stage1_sql = _build_delta_stage1_sql(channels, paged=True)
+        with_chain = [ch for ch in channels if chain_by_ch[ch]]
+        with_seed = [ch for ch in channels if seed_ver[ch] is not None]
+        stage2_sql = _build_delta_stage2_sql(channels_with_chain=with_chain, channels_with_seed=with_seed)
+        stage2: list[Any] = []
+        if stage2_sql:
+            params = []
+            for ch in with_chain:
+                params.extend([thread_id, checkpoint_ns, ch, chain_by_ch[ch]])
+            for ch in with_seed:
+                params.extend([thread_id, checkpoint_ns, ch, seed_ver[ch]])
+            rows = yield Batch([Stmt(stage2_sql, params, fetch=True)])
+            stage2 = rows[0]
+        where = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
+        pairs = [(r["type"], r["blob"]) for r in stage2 if r["type"] and r["blob"] is not None]
+        if any(self.codec.is_ref(t) for t, _ in pairs):
+            yield from self._op_resolve(pairs, where)
+        # The stock helper only reads ``self.serde``: give it one that resolves refs.
+        shim = SimpleNamespace(serde=_ResolvingSerde(self, where))
+        return BasePostgresSaver._build_delta_channels_writes_history(
+            cast(Any, shim),
+            channels=channels,
+            chain_by_ch=chain_by_ch,
+            seed_ver_by_ch=seed_ver,
+            seed_inline_by_ch=seed_inline,
+            stage2_rows=cast("list[_DeltaStage2Row]", stage2),
+        )
+
+    # ------------------------------------------------------------------ run lifecycle
+    def _current_version(self, config: RunnableConfig, ctx: _RunContext | None) -> str | None:
+        configured = config["configurable"].get(VERSION_KEY)
+        if configured:
+            return str(configured)
+        if self.graph_version:
+            return self.graph_version
+        if ctx is not None and ctx.graph is not None:
+            try:
+                return graph_fingerprint(ctx.graph)
+            except Exception:  # a graph we cannot describe runs unversioned
+                logger.debug("could not fingerprint %r", ctx.graph, exc_info=True)
+        return None
+
+    def _op_acquire(
+        self, thread_id: str, owner: str, version: str | None, checkpoint_id: str | None
+    ) -> Op[dict[str, Any]]:
+        if checkpoint_id is None:
+            rows = yield Batch([Stmt(_sql.LATEST_CHECKPOINT_ID_SQL, (thread_id,), fetch=True)])
+            checkpoint_id = rows[0][0]["checkpoint_id"] if rows[0] else None
+        params = {
+            "thread_id": thread_id,
+            "owner": owner,
+            "version": version,
+            "ttl": self.lease_ttl,
+            "checkpoint_id": checkpoint_id,
+        }
+        rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)])
+        if rows[0]:
+            return {"ok": True, "checkpoint_id": checkpoint_id, **rows[0][0]}
+        rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
+        row = rows[0][0] if rows[0] else {}
+        return {"ok": False, "checkpoint_id": checkpoint_id, **row}
+
+    def _op_quarantine_row(self, thread_id: str) -> Op[dict[str, Any] | None]:
+        rows = yield Batch(
+            [Stmt("SELECT * FROM durable_quarantine WHERE thread_id = %s", (thread_id,), fetch=True)]
+        )
+        return rows[0][0] if rows[0] else None
+
+    def _op_quarantine(self, record: PoisonRecord) -> Op[None]:
+        yield Batch([Stmt(_sql.QUARANTINE_SQL, record.__dict__)])
+
+    def _op_release(
+        self,
+        lease: Lease,
+        status: str,
+        *,
+        reset: bool,
+        undo: bool,
+        error: str | None,
+        checkpoint_id: str | None = None,
+    ) -> Op[None]:
+        yield Batch(
+            [
+                Stmt(
+                    _sql.RELEASE_SQL,
+                    {
+                        "status": status,
+                        "reset": reset,
+                        "undo": undo,
+                        "error": error,
+                        "checkpoint_id": checkpoint_id,
+                        "thread_id": lease.thread_id,
+                        "token": lease.token,
+                        "owner": lease.owner,
+                    },
+                )
+            ]
+        )
+
+    def _fire_on_poison(self, record: PoisonRecord) -> Any:
+        logger.error(
+            "thread %s quarantined at checkpoint %s after %d attempts (graph version %s): %s",
+            record.thread_id, record.checkpoint_id, record.attempts, record.graph_version,
+            record.last_error,
+        )
+        if self.on_poison is None:
+            return None
+        try:
+            return self.on_poison(record)
+        except Exception:
+            logger.exception("on_poison hook failed for thread %s", record.thread_id)
+            return None
+
+    def _flow_run_start(
+        self, config: RunnableConfig, ctx: _RunContext
+    ) -> Flow[tuple[CheckpointTuple | None, Lease]]:
+        thread_id = str(config["configurable"]["thread_id"])
+        requested = get_checkpoint_id(config)
+        version = self._current_version(config, ctx)
+        policy = config["configurable"].get(POLICY_KEY, self.version_policy)
+        owner = _owner_id()
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            res = yield Tx(lambda: self._op_acquire(thread_id, owner, version, requested))
+            if res["ok"]:
+                break
+            if res.get("status") == "quarantined":
+                q = yield Tx(lambda: self._op_quarantine_row(thread_id))
+                q = q or {}
+                raise PoisonCheckpointError(
+                    thread_id, q.get("checkpoint_id"), q.get("attempts") or res.get("attempts", 0),
+                    q.get("last_error") or res.get("last_error"),
+                )
+            if self.on_busy == "wait" and time.monotonic() < deadline:
+                yield Sleep(0.25)
+                continue
+            raise ThreadBusyError(thread_id, res.get("lease_owner"), res.get("expires_in"))
+        lease = Lease(
+            thread_id=thread_id,
+            owner=owner,
+            token=int(res["lease_token"]),
+            attempts=int(res["attempts"]),
+            checkpoint_id=res["checkpoint_id"],
+            version=version,
+            last_error=res.get("last_error"),
+        )
+        self._leases.add(lease)
+        try:
+            if lease.attempts > self.max_resume_attempts and lease.checkpoint_id is not None:
+                record = PoisonRecord(
+                    thread_id, lease.checkpoint_id, lease.attempts - 1, lease.last_error, version
+                )
+                yield Tx(lambda: self._op_quarantine(record))
+                self._leases.remove(lease)
+                yield Hook(self._fire_on_poison, (record,))
+                raise PoisonCheckpointError(
+                    thread_id, record.checkpoint_id, record.attempts, record.last_error
+                )
+            try:
+                saved = yield Tx(lambda: self._op_get_tuple(config))
+            except CheckpointLoadError as exc:
+                # Fail closed: a checkpoint we cannot read is never run on half a state.
+                record = PoisonRecord(thread_id, lease.checkpoint_id, lease.attempts, str(exc), version)
+                yield Tx(lambda: self._op_quarantine(record))
+                self._leases.remove(lease)
+                yield Hook(self._fire_on_poison, (record,))
+                raise PoisonCheckpointError(thread_id, record.checkpoint_id, record.attempts, str(exc)) from exc
+            if saved is not None:
+                saved = yield from self._flow_check_version(thread_id, saved, version, policy)
+            return saved, lease
+        except PoisonCheckpointError:
+            raise
+        except BaseException:
+            self._leases.remove(lease)
+            with contextlib.suppress(Exception):
+                yield Tx(lambda: self._op_release(lease, "stopped", reset=False, undo=True, error=None))
+            raise
+
+    def _flow_check_version(
+        self, thread_id: str, saved: CheckpointTuple, current: str | None, policy: str
+    ) -> Flow[CheckpointTuple]:
+        stored = saved.metadata.get(VERSION_KEY) if saved.metadata else None
+        if current is None or stored == current:
+            return saved
+        if stored is None:
+            if self.unversioned_policy == "adopt" or policy in ("warn", "auto-upgrade"):
+                return saved
+            raise GraphVersionMismatchError(thread_id, None, current)
+        chain = self.migrations.path(str(stored), current)
+        if chain:
+            try:
+                cp, writes, changed = apply_migrations(
+                    chain,
+                    cast(dict[str, Any], saved.checkpoint),
+                    list(saved.pending_writes or []),
+                    lambda v: self.get_next_version(v, None),
+                )
+            except Exception as exc:
+                raise MigrationError(
+                    f"migration {stored!r} -> {current!r} of thread {thread_id!r} failed: "
+                    f"{type(exc).__name__}: {exc}; the stored checkpoint is untouched",
+                    thread_id=thread_id,
+                    from_version=str(stored),
+                    to_version=current,
+                ) from exc
+            md = dict(saved.metadata)
+            md[VERSION_KEY] = current
+            md["migrated_from"] = str(stored)
+            yield Tx(lambda: self._op_rewrite(saved, cp, md, writes, changed))
+            logger.info("thread %s migrated from graph version %s to %s", thread_id, stored, current)
+            reloaded = yield Tx(lambda: self._op_get_tuple(saved.config))
+            return cast(CheckpointTuple, reloaded)
+        if policy == "auto-upgrade":
+            return saved
+        if policy == "warn":
+            logger.warning(
+                "thread %s was written by graph version %s, resuming on %s (version_policy=warn)",
+                thread_id, stored, current,
+            )
+            return saved
+        raise GraphVersionMismatchError(thread_id, str(stored), current)
+
+    def _op_rewrite(
+        self,
+        saved: CheckpointTuple,
+        checkpoint: dict[str, Any],
+        metadata: dict[str, Any],
+        writes: list[tuple[str, str, Any]],
+        changed: set[str],
+    ) -> Op[None]:
+        """Replace a checkpoint in place (same id, so task ids and pending writes keep
+        matching) with its migrated form, in one transaction."""
+        cfg = saved.config["configurable"]
+        thread_id, ns, cid = cfg["thread_id"], cfg.get("checkpoint_ns", ""), cfg["checkpoint_id"]
+        copy = dict(checkpoint)
+        copy["channel_values"] = dict(checkpoint["channel_values"])
+        blob_rows = []
+        artifacts: dict[bytes, bytes] = {}
+        for k, v in checkpoint["channel_values"].items():
+            if isinstance(v, _DeltaSnapshot) or not self._inline(v):
+                copy["channel_values"].pop(k)
+                if k in changed or isinstance(v, _DeltaSnapshot):
+                    if isinstance(v, _DeltaSnapshot):
+                        copy["channel_values"][k] = True
+                    enc = self.codec.encode(self.serde, v)
+                    artifacts.update(enc.artifacts)
+                    blob_rows.append((thread_id, ns, k, checkpoint["channel_versions"][k], enc.type, enc.data))
+        art_stmts, _ = self._artifact_stmts(thread_id, artifacts)
+        stmts = [*art_stmts]
+        if blob_rows:
+            stmts.append(Stmt(UPSERT_CHECKPOINT_BLOBS_SQL, blob_rows, many=True))
+        stmts.append(
+            Stmt(
+                "UPDATE checkpoints SET checkpoint = %s, metadata = %s "
+                "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
+                (_jsonb(copy), _jsonb(metadata), thread_id, ns, cid),
+            )
+        )
+        stmts.append(
+            Stmt(
+                "DELETE FROM checkpoint_writes WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
+                (thread_id, ns, cid),
+            )
+        )
+        write_rows = []
+        by_task: dict[str, int] = {}
+        for task_id, channel, value in writes:
+            idx = by_task.get(task_id, 0)
+            by_task[task_id] = idx + 1
+            enc = self.codec.encode(self.serde, value)
+            artifacts.update(enc.artifacts)
+            write_rows.append(
+                (thread_id, ns, cid, task_id, "", WRITES_IDX_MAP.get(channel, idx), channel, enc.type, enc.data)
+            )
+        if write_rows:
+            extra, _ = self._artifact_stmts(thread_id, artifacts)
+            stmts.extend(extra)
+            stmts.append(Stmt(UPSERT_CHECKPOINT_WRITES_SQL, write_rows, many=True))
+        yield Batch(stmts)
+
+    @staticmethod
+    def _exit_outcome(loop: Any, exc: BaseException | None) -> tuple[str, bool, bool, str | None]:
+        """(status, reset attempts, undo this attempt, error text) for a finished run."""
+        from langgraph.errors import GraphInterrupt
+
+        if exc is None or isinstance(exc, GraphInterrupt):
+            status = getattr(loop, "status", None)
+            if status == "done":
+                return "done", True, False, None
+            writes = getattr(loop, "checkpoint_pending_writes", None) or []
+            if (
+                isinstance(exc, GraphInterrupt)
+                or (isinstance(status, str) and status.startswith("interrupt"))
+                or any(w[1] == _INTERRUPT for w in writes)
+            ):
+                return "waiting", True, False, None
+            return "stopped", False, True, None
+        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | GeneratorExit):
+            return "stopped", False, True, None
+        text = f"{type(exc).__name__}: {exc}"[:4000]
+        return "error", False, False, text
+
+    def _head(self, loop: Any) -> str | None:
+        cfg = getattr(loop, "checkpoint_config", None) or {}
+        return cast("str | None", cfg.get("configurable", {}).get("checkpoint_id"))
+
+    def _release_flow(self, lease: Lease, loop: Any, exc: BaseException | None) -> Flow[None]:
+        self._leases.remove(lease)
+        status, reset, undo, error = self._exit_outcome(loop, exc)
+        head = self._head(loop)
+        moved = head is not None and head != lease.checkpoint_id
+        if error is not None and moved:
+            # The failure happened past the checkpoint the run started from: it is the
+            # first failed attempt at the new head.
+            def op() -> Op[None]:
+                yield Batch(
+                    [
+                        Stmt(
+                            "UPDATE durable_threads SET attempts = 1, attempts_checkpoint_id = %s "
+                            "WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s",
+                            (head, lease.thread_id, lease.token, lease.owner),
+                        )
+                    ]
+                )
+                yield from self._op_release(lease, status, reset=False, undo=False, error=error)
+
+            yield Tx(op)
+            return
+        yield Tx(lambda: self._op_release(lease, status, reset=reset, undo=undo, error=error))
+
+    def _attach_exit(self, ctx: _RunContext, lease: Lease) -> None:
+        self._ensure_renewer()
+        stack = ctx.loop.stack
+
+        def sync_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+            try:
+                self._run_flow(self._release_flow(lease, ctx.loop, exc))
+            except Exception:
+                logger.exception("could not release the lease on thread %s", lease.thread_id)
+            return False
+
+        async def async_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+            try:
+                await self._arun_flow(self._release_flow(lease, ctx.loop, exc))
+            except Exception:
+                logger.exception("could not release the lease on thread %s", lease.thread_id)
+            return False
+
+        if isinstance(stack, AsyncExitStack):
+            stack.push_async_exit(async_exit)
+        elif isinstance(stack, ExitStack):
+            stack.push(sync_exit)
+
+    def _ensure_renewer(self) -> None:
+        with self._renewer_lock:
+            if self._renewer is None or not self._renewer.is_alive():
+                self._renewer = _Renewer(self)
+                self._renewer.start()
+
+    def _stop_renewer(self) -> None:
+        with self._renewer_lock:
+            if self._renewer is not None:
+                self._renewer.stop()
+                self._renewer = None
+
+    def _run_context(self, config: RunnableConfig) -> _RunContext | None:
+        if not self.leases_enabled:
+            return None
+        configurable = config.get("configurable", {})
+        if _RUNTIME_KEY not in configurable or configurable.get("checkpoint_ns"):
+            return None
+        if "thread_id" not in configurable:
+            return None
+        ctx = _find_run_context()
+        if ctx is None or getattr(ctx.loop, "is_nested", False):
+            return None
+        return ctx
+
+    # ------------------------------------------------------------------ public API (sync)
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        ctx = self._run_context(config)
+        if ctx is not None:
+            saved, lease = self._run_flow(self._flow_run_start(config, ctx))
+            self._attach_exit(ctx, lease)
+            return cast("CheckpointTuple | None", saved)
+        return cast("CheckpointTuple | None", self._run_op(lambda: self._op_get_tuple(config)))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        yield from self._run_op(lambda: self._op_list(config, filter, before, limit))
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return cast(
+            RunnableConfig,
+            self._run_op(lambda: self._op_put(config, checkpoint, metadata, new_versions)),
+        )
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        self._run_op(lambda: self._op_put_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._run_op(lambda: self._op_delete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._run_op(lambda: self._op_delete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._run_op(lambda: self._op_copy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._run_flow(self._flow_prune(thread_ids, strategy))
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return cast(
+            "Mapping[str, DeltaChannelHistory]",
+            self._run_op(lambda: self._op_delta_history(config, channels)),
+        )
+
+    # ------------------------------------------------------------------ public API (async)
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        ctx = self._run_context(config)
+        if ctx is not None:
+            saved, lease = await self._arun_flow(self._flow_run_start(config, ctx))
+            self._attach_exit(ctx, lease)
+            return cast("CheckpointTuple | None", saved)
+        return cast("CheckpointTuple | None", await self._arun_op(lambda: self._op_get_tuple(config)))
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        for item in await self._arun_op(lambda: self._op_list(config, filter, before, limit)):
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return cast(
+            RunnableConfig,
+            await self._arun_op(lambda: self._op_put(config, checkpoint, metadata, new_versions)),
+        )
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        await self._arun_op(lambda: self._op_put_writes(config, writes, task_id, task_path))
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._arun_op(lambda: self._op_delete_thread(thread_id))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self._arun_op(lambda: self._op_delete_for_runs(run_ids))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._arun_op(lambda: self._op_copy_thread(source_thread_id, target_thread_id))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await self._arun_flow(self._flow_prune(thread_ids, strategy))
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return cast(
+            "Mapping[str, DeltaChannelHistory]",
+            await self._arun_op(lambda: self._op_delta_history(config, channels)),
+        )
+
+    # ------------------------------------------------------------------ generic access
+    def run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        """Run a package-internal op (used by the ledger, CLI, retention, recovery)."""
+        return self._run_op(factory, transaction=transaction)
+
+    async def arun_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        return await self._arun_op(factory, transaction=transaction)
+
+    def run_flow(self, flow: Flow[Any]) -> Any:
+        return self._run_flow(flow)
+
+    async def arun_flow(self, flow: Flow[Any]) -> Any:
+        return await self._arun_flow(flow)
+
+    def lease_for(self, thread_id: str) -> Lease | None:
+        """The lease this process holds on ``thread_id`` (inside a run), if any."""
+        return self._leases.get(str(thread_id))
+
+
+class _ResolvingSerde:
+    """Serde facade for the stock delta helper: resolves artifact envelopes."""
+
+    def __init__(self, saver: _DurableBase, where: Mapping[str, Any]) -> None:
+        self.saver = saver
+        self.where = where
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        return self.saver._decode(data[0], data[1], self.where)
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        return cast(tuple[str, bytes], self.saver.serde.dumps_typed(obj))
+
+
+class _Renewer(threading.Thread):
+    """Renews this process's leases every ttl/3 on a dedicated connection, so a busy
+    pool or a blocked event loop cannot starve renewal. A lease the database no longer
+    confirms is marked lost: the run's next write fails fast with LeaseLostError."""
+
+    def __init__(self, saver: _DurableBase) -> None:
+        super().__init__(name="langgraph-durable-lease-renewer", daemon=True)
+        self.saver = saver
+        self.registry = saver._leases
+        self._stop_event = threading.Event()
+        self._conn: Connection[Any] | None = None
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        interval = self.saver.lease_ttl / 3
+        idle = 0.0
+        while not self._stop_event.wait(interval):
+            leases = self.registry.snapshot()
+            if not leases:
+                idle += interval
+                if idle > 60:
+                    break
+                continue
+            idle = 0.0
+            try:
+                self._renew(leases)
+            except Exception as exc:
+                logger.warning("lease renewal failed: %s", exc)
+                self._close()
+        self._close()
+
+    def _renew(self, leases: list[Lease]) -> None:
+        if self._conn is None or self._conn.closed:
+            self._conn = self.saver._renew_connect()
+            self._conn.autocommit = True
+            if self.saver.schema:
+                self._conn.execute(_sql.set_search_path(self.saver.schema))
+        rows = self._conn.execute(
+            _sql.RENEW_SQL,
+            (
+                self.saver.lease_ttl,
+                [lease.thread_id for lease in leases],
+                [lease.token for lease in leases],
+                [lease.owner for lease in leases],
+            ),
+        ).fetchall()
+        renewed = {r[0] for r in rows}
+        for lease in leases:
+            if lease.thread_id not in renewed and self.registry.get(lease.thread_id) is lease:
+                lease.lost = True
+                logger.error("lease on thread %s was lost (taken over after expiry)", lease.thread_id)
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+
+def _configure_schema(schema: str | None) -> Callable[[Connection[Any]], None]:
+    def configure(conn: Connection[Any]) -> None:
+        if schema:
+            conn.execute(_sql.set_search_path(schema))
+
+    return configure
+
+
+def _aconfigure_schema(schema: str | None) -> Callable[[AsyncConnection[Any]], Any]:
+    async def configure(conn: AsyncConnection[Any]) -> None:
+        if schema:
+            await conn.execute(_sql.set_search_path(schema))
+
+    return configure
+
+
+_CONN_KWARGS = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+
+
+def _conninfo_of(conn: Any) -> str:
+    """A conninfo string that opens another connection like ``conn`` (pool or conn)."""
+    if isinstance(conn, ConnectionPool | AsyncConnectionPool):
+        return str(conn.conninfo)
+    info = conn.info
+    params = info.get_parameters()
+    if info.password:
+        params["password"] = info.password
+    return psycopg.conninfo.make_conninfo(**params)
+
+
+class DurablePostgresSaver(_DurableBase):
+    """Synchronous durable saver. Thread-safe (LangGraph calls ``put`` from executor
+    threads). Its async methods run the same code in a worker thread."""
+
+    def __init__(
+        self,
+        conn: Connection[Any] | ConnectionPool[Any],
+        *,
+        serde: SerializerProtocol | None = None,
+        schema: str | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(serde=serde, schema=schema, **options)
+        self.conn = conn
+        self._driver = SyncDriver(conn, self.schema if not getattr(conn, "_durable_own", False) else None)
+        self._conninfo = _conninfo_of(conn)
+
+    @classmethod
+    @contextmanager
+    def from_conn_string(
+        cls,
+        conn_string: str | None = None,
+        *,
+        pool_size: int = 10,
+        serde: SerializerProtocol | None = None,
+        schema: str | None = None,
+        **options: Any,
+    ) -> Iterator[DurablePostgresSaver]:
+        """Open a checked connection pool on ``conn_string`` (else
+        ``LANGGRAPH_DURABLE_DSN``, else the embedded PostgreSQL) and yield a saver."""
+        dsn = resolve_dsn(conn_string)
+        schema = _sql.validate_schema(schema)
+        with ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            kwargs=dict(_CONN_KWARGS),
+            configure=_configure_schema(schema),
+            check=ConnectionPool.check_connection,
+            open=True,
+            name="langgraph-durable",
+        ) as pool:
+            pool._durable_own = True  # type: ignore[attr-defined]
+            saver = cls(pool, serde=serde, schema=schema, **options)
+            try:
+                yield saver
+            finally:
+                saver._stop_renewer()
+
+    def _run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        return self._driver.run_op(factory, transaction=transaction)
+
+    async def _arun_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        return await asyncio.to_thread(self._driver.run_op, factory, transaction=transaction)
+
+    def _run_flow(self, flow: Flow[Any]) -> Any:
+        return self._driver.run_flow(flow)
+
+    async def _arun_flow(self, flow: Flow[Any]) -> Any:
+        return await asyncio.to_thread(self._driver.run_flow, flow)
+
+    def _renew_connect(self) -> Connection[Any]:
+        return Connection.connect(self._conninfo, autocommit=True)
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection[Any]]:
+        """A connection (search_path set) for package-internal and user SQL."""
+        with self._driver.connection() as conn:
+            yield conn
+
+    def close(self) -> None:
+        self._stop_renewer()
+
+
+class AsyncDurablePostgresSaver(_DurableBase):
+    """Asynchronous durable saver. Its sync methods may be called from other threads
+    (as LangGraph does for sync graphs), like the stock ``AsyncPostgresSaver``."""
+
+    def __init__(
+        self,
+        conn: AsyncConnection[Any] | AsyncConnectionPool[Any],
+        *,
+        serde: SerializerProtocol | None = None,
+        schema: str | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(serde=serde, schema=schema, **options)
+        self.conn = conn
+        self._driver = AsyncDriver(conn, self.schema if not getattr(conn, "_durable_own", False) else None)
+        self._conninfo = _conninfo_of(conn)
+        self.loop = asyncio.get_running_loop()
+
+    @classmethod
+    @asynccontextmanager
+    async def from_conn_string(
+        cls,
+        conn_string: str | None = None,
+        *,
+        pool_size: int = 10,
+        serde: SerializerProtocol | None = None,
+        schema: str | None = None,
+        **options: Any,
+    ) -> AsyncIterator[AsyncDurablePostgresSaver]:
+        dsn = conn_string or os.environ.get("LANGGRAPH_DURABLE_DSN")
+        if not dsn:
+            dsn = await asyncio.to_thread(resolve_dsn, None)
+        schema = _sql.validate_schema(schema)
+        async with AsyncConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            kwargs=dict(_CONN_KWARGS),
+            configure=_aconfigure_schema(schema),
+            check=AsyncConnectionPool.check_connection,
+            open=False,
+            name="langgraph-durable",
+        ) as pool:
+            pool._durable_own = True  # type: ignore[attr-defined]
+            saver = cls(pool, serde=serde, schema=schema, **options)
+            try:
+                yield saver
+            finally:
+                saver._stop_renewer()
+
+    def _check_thread(self) -> None:
+        try:
+            if asyncio.get_running_loop() is self.loop:
+                raise asyncio.InvalidStateError(
+                    "Synchronous calls to AsyncDurablePostgresSaver are only allowed from a "
+                    "different thread. From the event loop, use the async methods "
+                    "(await saver.aget_tuple(...), await graph.ainvoke(...))."
+                )
+        except RuntimeError:
+            pass
+
+    def _run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        self._check_thread()
+        return asyncio.run_coroutine_threadsafe(
+            self._driver.run_op(factory, transaction=transaction), self.loop
+        ).result()
+
+    async def _arun_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        return await self._driver.run_op(factory, transaction=transaction)
+
+    def _run_flow(self, flow: Flow[Any]) -> Any:
+        self._check_thread()
+        return asyncio.run_coroutine_threadsafe(self._driver.run_flow(flow), self.loop).result()
+
+    async def _arun_flow(self, flow: Flow[Any]) -> Any:
+        return await self._driver.run_flow(flow)
+
+    def _renew_connect(self) -> Connection[Any]:
+        return Connection.connect(self._conninfo, autocommit=True)
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        async with self._driver.connection() as conn:
+            yield conn
+
+    async def aclose(self) -> None:
+        self._stop_renewer()
+
+
+__all__ = [
+    "AsyncDurablePostgresSaver",
+    "DurablePostgresSaver",
+    "Lease",
+    "PoisonRecord",
+    "one_op",
+]
+
+_ = (field, Hook)  # re-exported helpers used by sibling modules
