@@ -1,0 +1,56 @@
+"""Shared pieces of the CLI: the --dsn option, opening a saver, output helpers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from langgraph_durable.embedded import ENV_DSN, resolve_dsn
+
+console = Console()
+err_console = Console(stderr=True)
+
+DsnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--dsn",
+        envvar=ENV_DSN,
+        help="PostgreSQL DSN (default: $LANGGRAPH_DURABLE_DSN, else the embedded PostgreSQL).",
+        show_default=False,
+    ),
+]
+SchemaOption = Annotated[
+    str | None, typer.Option("--schema", help="Postgres schema holding the tables.")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+@contextmanager
+def open_saver(dsn: str | None, schema: str | None = None, **options: Any) -> Iterator[Any]:
+    """A set-up sync saver on the resolved DSN."""
+    from langgraph_durable.saver import DurablePostgresSaver
+
+    with DurablePostgresSaver.from_conn_string(resolve_dsn(dsn), schema=schema, **options) as saver:
+        saver.setup()
+        yield saver
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, default=str, indent=2) + "\n")
+
+
+def fmt_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
