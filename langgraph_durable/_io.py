@@ -93,7 +93,7 @@ def _is_connection_failure(exc: BaseException, conn: Any) -> bool:
 
 def one_op(factory: Callable[[], Op[T]]) -> Flow[T]:
     result = yield Tx(factory)
-    return result  # type: ignore[no-any-return]
+    return result
 
 
 @dataclass
@@ -160,7 +160,7 @@ class SyncDriver:
             try:
                 item = op.send(send)
             except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+                return stop.value
             if isinstance(item, Batch):
                 send = self._execute(conn, item)
             elif isinstance(item, AfterCommit):
@@ -204,7 +204,7 @@ class SyncDriver:
             try:
                 item = flow.throw(throw) if throw is not None else flow.send(send)
             except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+                return stop.value
             send, throw = None, None
             try:
                 if isinstance(item, Tx):
@@ -280,7 +280,7 @@ class AsyncDriver:
             try:
                 item = op.send(send)
             except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+                return stop.value
             if isinstance(item, Batch):
                 send = await self._execute(conn, item)
             elif isinstance(item, AfterCommit):
@@ -327,7 +327,7 @@ class AsyncDriver:
             try:
                 item = flow.throw(throw) if throw is not None else flow.send(send)
             except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+                return stop.value
             send, throw = None, None
             try:
                 if isinstance(item, Tx):

@@ -31,7 +31,11 @@ from typing import Any
 import ormsgpack
 import zstandard
 
-from langgraph_durable.errors import ArtifactIntegrityError, ArtifactNotFoundError, SerializationError
+from langgraph_durable.errors import (
+    ArtifactIntegrityError,
+    ArtifactNotFoundError,
+    SerializationError,
+)
 
 REF_TYPE = "durable+ref"
 CHUNK = 16
@@ -150,7 +154,7 @@ class ArtifactCodec:
     def _encode_dict(self, serde: Any, value: dict[str, Any], threshold: int) -> Encoded:
         artifacts: dict[bytes, bytes] = {}
         items = [[k, self._item(serde, v, threshold, artifacts)] for k, v in value.items()]
-        if not artifacts and _inline_size(i for _, i in items) < threshold:
+        if not artifacts and _inline_size(item for _, item in items) < threshold:
             tag, data = serde.dumps_typed(value)
             return Encoded(tag, data)
         return Encoded(REF_TYPE, ormsgpack.packb([_DICT, items]), artifacts)
@@ -272,7 +276,7 @@ def chunk_children(content: bytes) -> set[bytes]:
     return {bytes(i[1]) for i in ormsgpack.unpackb(content[1:]) if i[0] != _INLINE}
 
 
-def _inline_size(items: Iterable[list[Any]]) -> int:
+def _inline_size(items: Iterable[Any]) -> int:
     return sum(len(i[2]) + 8 for i in items if i[0] == _INLINE)
 
 

