@@ -29,7 +29,7 @@ def _run(*cmd: str | os.PathLike[str]) -> int:
 
 
 def ensure_env() -> None:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - users run this file with any python3
         sys.exit("langgraph-durable needs Python 3.11 or newer")
     stamp = VENV / ".installed"
     want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
@@ -53,7 +53,8 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command == "demo":
         return _run(BIN / "langgraph-durable", "demo", *rest)
-    if _run(PY, "-m", "ruff", "check", "langgraph_durable", "tests", "bench", "examples") != 0:
+    lint_dirs = [d for d in ("langgraph_durable", "tests", "bench", "examples", "dev.py") if (ROOT / d).exists()]
+    if _run(PY, "-m", "ruff", "check", *lint_dirs) != 0:
         return 1
     if _run(PY, "-m", "mypy") != 0:
         return 1
