@@ -1,5 +1,6 @@
 """langgraph-durable: a drop-in durable checkpointer for LangGraph on Postgres."""
 
+from langgraph_durable import poison
 from langgraph_durable.artifacts import ArtifactConfig
 from langgraph_durable.embedded import embedded_dsn, resolve_dsn, stop_embedded
 from langgraph_durable.errors import (
@@ -8,23 +9,45 @@ from langgraph_durable.errors import (
     ArtifactNotFoundError,
     CallInFlightError,
     CheckpointLoadError,
+    CheckpointNotFoundError,
     ConfigurationError,
     DurableError,
     EmbeddedPostgresError,
     GraphVersionMismatchError,
     IdempotencyConflictError,
     IdempotencyError,
+    IdempotentCallFailedError,
+    InvalidIdempotencyKeyError,
     InvalidIdentifierError,
     LeaseLostError,
     MigrationError,
     NoLedgerError,
+    NotQuarantinedError,
+    OrphanedWorkError,
     OutcomeUnknownError,
     PoisonCheckpointError,
     SerializationError,
     ThreadBusyError,
 )
+from langgraph_durable.idempotency import (
+    IdempotentTool,
+    Ledger,
+    LedgerEntry,
+    apurge_expired_keys,
+    idempotent,
+    purge_expired_keys,
+)
+from langgraph_durable.poison import QuarantineEntry, RewindResult, ThreadReport
 from langgraph_durable.saver import AsyncDurablePostgresSaver, DurablePostgresSaver, PoisonRecord
-from langgraph_durable.versioning import MigrationRegistry, graph_fingerprint
+from langgraph_durable.versioning import (
+    Migration,
+    MigrationRegistry,
+    MigrationReport,
+    amigrate_threads,
+    graph_fingerprint,
+    migrate_threads,
+    undo_migration,
+)
 
 __version__ = "0.1.0"
 
@@ -36,6 +59,7 @@ __all__ = [
     "AsyncDurablePostgresSaver",
     "CallInFlightError",
     "CheckpointLoadError",
+    "CheckpointNotFoundError",
     "ConfigurationError",
     "DurableError",
     "DurablePostgresSaver",
@@ -43,18 +67,37 @@ __all__ = [
     "GraphVersionMismatchError",
     "IdempotencyConflictError",
     "IdempotencyError",
+    "IdempotentCallFailedError",
+    "IdempotentTool",
+    "InvalidIdempotencyKeyError",
     "InvalidIdentifierError",
+    "Ledger",
+    "LedgerEntry",
     "LeaseLostError",
+    "Migration",
     "MigrationError",
     "MigrationRegistry",
+    "MigrationReport",
     "NoLedgerError",
+    "NotQuarantinedError",
+    "OrphanedWorkError",
     "OutcomeUnknownError",
     "PoisonCheckpointError",
     "PoisonRecord",
+    "QuarantineEntry",
+    "RewindResult",
     "SerializationError",
     "ThreadBusyError",
+    "ThreadReport",
+    "amigrate_threads",
+    "apurge_expired_keys",
     "embedded_dsn",
     "graph_fingerprint",
+    "idempotent",
+    "migrate_threads",
+    "poison",
+    "purge_expired_keys",
     "resolve_dsn",
     "stop_embedded",
+    "undo_migration",
 ]

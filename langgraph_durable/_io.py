@@ -156,13 +156,21 @@ class SyncDriver:
 
     def _drive(self, conn: Connection[Any], op: Op[T], pending: _Pending) -> T:
         send: Any = None
+        throw: BaseException | None = None
         while True:
             try:
-                item = op.send(send)
+                item = op.throw(throw) if throw is not None else op.send(send)
             except StopIteration as stop:
                 return stop.value
+            send, throw = None, None
             if isinstance(item, Batch):
-                send = self._execute(conn, item)
+                # A failed batch is thrown into the op (as run_flow does for flows), so an
+                # op can clean up on its connection (setup releases its session lock);
+                # an op that does not catch it re-raises it unchanged.
+                try:
+                    send = self._execute(conn, item)
+                except Exception as exc:
+                    throw = exc
             elif isinstance(item, AfterCommit):
                 pending.after.append(item.fn)
                 send = None
@@ -276,13 +284,18 @@ class AsyncDriver:
 
     async def _drive(self, conn: AsyncConnection[Any], op: Op[T], pending: _Pending) -> T:
         send: Any = None
+        throw: BaseException | None = None
         while True:
             try:
-                item = op.send(send)
+                item = op.throw(throw) if throw is not None else op.send(send)
             except StopIteration as stop:
                 return stop.value
+            send, throw = None, None
             if isinstance(item, Batch):
-                send = await self._execute(conn, item)
+                try:
+                    send = await self._execute(conn, item)
+                except Exception as exc:
+                    throw = exc
             elif isinstance(item, AfterCommit):
                 pending.after.append(item.fn)
                 send = None

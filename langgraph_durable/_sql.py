@@ -105,14 +105,69 @@ MIGRATIONS: list[str] = [
     # Stock tables gain an index used by retention and the CLI (latest activity).
     "CREATE INDEX IF NOT EXISTS durable_checkpoints_thread_cp_idx ON checkpoints (thread_id, checkpoint_ns, checkpoint_id DESC)",
     "CREATE INDEX IF NOT EXISTS durable_checkpoints_run_id_idx ON checkpoints ((metadata ->> 'run_id'))",
+    # Why a thread was quarantined: 'max_attempts' (crash/error loop) or 'load_error'
+    # (undecodable checkpoint); they call for different operator actions.
+    "ALTER TABLE durable_quarantine ADD COLUMN IF NOT EXISTS reason TEXT NOT NULL DEFAULT 'max_attempts'",
+    # @idempotent (idempotency.py): what an operator needs to judge an unknown outcome
+    # (which function, which arguments, how many attempts), the claim's own lease (live:
+    # in flight; expired: the outcome is unknown), and the thread a key= key was first
+    # used in (key= keys outlive their thread, so their thread_id stays NULL and
+    # delete_thread leaves them to their TTL).
+    """ALTER TABLE durable_ledger
+        ADD COLUMN IF NOT EXISTS name TEXT,
+        ADD COLUMN IF NOT EXISTS args_preview TEXT,
+        ADD COLUMN IF NOT EXISTS attempts INTEGER NOT NULL DEFAULT 1,
+        ADD COLUMN IF NOT EXISTS claim_expires_at TIMESTAMPTZ,
+        ADD COLUMN IF NOT EXISTS error_type TEXT,
+        ADD COLUMN IF NOT EXISTS origin_thread_id TEXT""",
+    "CREATE INDEX IF NOT EXISTS durable_ledger_expires_idx ON durable_ledger (expires_at) WHERE expires_at IS NOT NULL",
+    # Artifacts (issue #5): a reference row can only point at a stored artifact, so GC
+    # can never delete an artifact a committed reference names (its DELETE fails), and
+    # a put that reuses an artifact GC just removed fails loudly and is retried with
+    # the data. NOT VALID: rows written before this migration are not re-checked.
+    """DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                       WHERE conname = 'durable_artifact_refs_digest_fk'
+                         AND conrelid = 'durable_artifact_refs'::regclass) THEN
+            ALTER TABLE durable_artifact_refs ADD CONSTRAINT durable_artifact_refs_digest_fk
+                FOREIGN KEY (digest) REFERENCES durable_artifacts (digest) NOT VALID;
+        END IF;
+    END $$""",
+    # The primary key (thread_id, checkpoint_ns, checkpoint_id) already serves "latest
+    # checkpoint of a thread" (a backward index scan); the copy cost one more index
+    # insert per checkpoint and ~7% of the chat benchmark's bytes.
+    "DROP INDEX IF EXISTS durable_checkpoints_thread_cp_idx",
+    # Graph-version migrations (versioning.py): the rows a migration replaced, copied
+    # in its own transaction, so an operator can audit and undo it.
+    """CREATE TABLE IF NOT EXISTS durable_migration_log (
+        id BIGSERIAL PRIMARY KEY,
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL DEFAULT '',
+        checkpoint_id TEXT NOT NULL,
+        from_version TEXT,
+        to_version TEXT NOT NULL,
+        steps JSONB NOT NULL,
+        origin TEXT NOT NULL,
+        old_checkpoint JSONB NOT NULL,
+        old_metadata JSONB NOT NULL,
+        old_writes JSONB NOT NULL,
+        old_blobs JSONB NOT NULL,
+        migrated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        undone_at TIMESTAMPTZ
+    )""",
+    "CREATE INDEX IF NOT EXISTS durable_migration_log_thread_idx ON durable_migration_log (thread_id, id)",
 ]
 
 # --- leases / lifecycle --------------------------------------------------------------
 
 # Take the lease if it is free, expired or already ours (a retried statement after an
 # ambiguous commit), bump the fencing token, and count one attempt for the checkpoint
-# the run starts from. Quarantined threads are never taken.
+# the run starts from. Quarantined threads are never taken. The conditional upsert is
+# atomic: concurrent acquirers serialize on the row lock and the loser re-evaluates the
+# WHERE on the winner's row, so at most one owner holds a live lease (no SELECT ... FOR
+# UPDATE needed). prev_* report the row as it was, to restore it if the run never starts.
 ACQUIRE_SQL = """
+WITH prev AS (SELECT status, graph_version FROM durable_threads WHERE thread_id = %(thread_id)s)
 INSERT INTO durable_threads AS t (
     thread_id, status, graph_version, lease_owner, lease_token, lease_expires_at,
     attempts, attempts_checkpoint_id, updated_at)
@@ -130,7 +185,21 @@ ON CONFLICT (thread_id) DO UPDATE SET
     updated_at = now()
 WHERE t.status <> 'quarantined'
   AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR t.lease_owner = EXCLUDED.lease_owner)
-RETURNING lease_token, attempts, last_error
+RETURNING lease_token, attempts, last_error,
+          (SELECT status FROM prev) AS prev_status, (SELECT graph_version FROM prev) AS prev_version
+"""
+
+# A run that took the lease but never started (version mismatch, failed migration,
+# load error): give the thread back as it was and do not count the attempt.
+ABANDON_SQL = """
+UPDATE durable_threads SET
+    status = %(status)s,
+    graph_version = COALESCE(%(version)s, graph_version),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    attempts = GREATEST(attempts - 1, 0),
+    updated_at = now()
+WHERE thread_id = %(thread_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
 """
 
 THREAD_ROW_SQL = """
@@ -160,9 +229,15 @@ FROM durable_threads
 WHERE thread_id = %s AND lease_owner IS NOT NULL AND lease_expires_at > now()
 """
 
-RESET_ATTEMPTS_SQL = """
-UPDATE durable_threads SET attempts = 0, attempts_checkpoint_id = %s, last_error = NULL
-WHERE thread_id = %s AND lease_token = %s
+# The fence of a root checkpoint written by the lease holder, doubling as the poison
+# counter's bookkeeping: the run is now at a new checkpoint, its first attempt there.
+# The row lock it takes (exclusive, vs FOR SHARE in FENCE_SQL) also orders the write
+# before any takeover. An error exit keeps attempts = 1 at this checkpoint, a crash
+# leaves it for the next run start to count on, done/waiting reset it to 0.
+ADVANCE_FENCE_SQL = """
+UPDATE durable_threads SET attempts = 1, attempts_checkpoint_id = %s, last_error = NULL
+WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s
+RETURNING 1 AS ok
 """
 
 RENEW_SQL = """
@@ -187,34 +262,54 @@ UPDATE durable_threads SET
 WHERE thread_id = %(thread_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
 """
 
+# Quarantine a thread: status, lease dropped and the counter set to the failed attempts
+# (the refused start is not one) in durable_threads, the operator's record in
+# durable_quarantine, in one statement. Retention and recovery skip status 'quarantined'.
 QUARANTINE_SQL = """
 WITH t AS (
     UPDATE durable_threads SET status = 'quarantined', lease_owner = NULL,
-        lease_expires_at = NULL, updated_at = now()
+        lease_expires_at = NULL, attempts = %(attempts)s,
+        last_error = COALESCE(%(last_error)s, last_error), updated_at = now()
     WHERE thread_id = %(thread_id)s
     RETURNING thread_id
 )
 INSERT INTO durable_quarantine (thread_id, checkpoint_ns, checkpoint_id, attempts,
-                                last_error, graph_version, quarantined_at)
+                                last_error, graph_version, reason, quarantined_at)
 VALUES (%(thread_id)s, '', %(checkpoint_id)s, %(attempts)s, %(last_error)s,
-        %(graph_version)s, now())
+        %(graph_version)s, %(reason)s, now())
 ON CONFLICT (thread_id) DO UPDATE SET
     checkpoint_id = EXCLUDED.checkpoint_id, attempts = EXCLUDED.attempts,
     last_error = EXCLUDED.last_error, graph_version = EXCLUDED.graph_version,
-    quarantined_at = now()
+    reason = EXCLUDED.reason, quarantined_at = now()
 """
 
 # --- artifacts -----------------------------------------------------------------------
 
+# New artifacts of one put, one statement (arrays, sorted by digest: two puts inserting
+# the same new artifacts wait for each other instead of deadlocking). DO NOTHING, not
+# an update of last_used_at: re-touching shared artifacts left a dead tuple per reuse,
+# and the foreign key below makes the bump unnecessary for GC safety.
 UPSERT_ARTIFACT_SQL = """
-INSERT INTO durable_artifacts (digest, size, data) VALUES (%s, %s, %s)
-ON CONFLICT (digest) DO UPDATE SET last_used_at = now()
+INSERT INTO durable_artifacts (digest, size, data)
+SELECT * FROM unnest(%s::bytea[], %s::int[], %s::bytea[])
+ON CONFLICT (digest) DO NOTHING
 """
 
+# Every digest a put references, every put (a known pair costs an index probe; the row
+# is what keeps GC away from the artifact, see durable_artifact_refs_digest_fk).
 INSERT_ARTIFACT_REF_SQL = """
-INSERT INTO durable_artifact_refs (thread_id, digest) VALUES (%s, %s)
+INSERT INTO durable_artifact_refs (thread_id, digest)
+SELECT %s, d FROM unnest(%s::bytea[]) AS d
 ON CONFLICT DO NOTHING
 """
+
+# Per-thread transaction-level advisory lock (two-int key space, apart from setup's
+# one-bigint key): puts that write references take it shared; whatever removes a
+# thread's references (reference recompute after prune/retention, delete_thread, GC's
+# orphan sweep) takes it exclusive, so it never drops a reference a put is adding.
+ARTIFACT_LOCK_CLASS = 0x6C67
+ARTIFACT_LOCK_SHARED_SQL = "SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))"
+ARTIFACT_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 
 FETCH_ARTIFACTS_SQL = "SELECT digest, data FROM durable_artifacts WHERE digest = ANY(%s)"
 
@@ -224,6 +319,7 @@ DELETE_THREAD_EXTRA_SQL = (
     "DELETE FROM durable_artifact_refs WHERE thread_id = %s",
     "DELETE FROM durable_ledger WHERE thread_id = %s",
     "DELETE FROM durable_quarantine WHERE thread_id = %s",
+    "DELETE FROM durable_migration_log WHERE thread_id = %s",
     "DELETE FROM durable_threads WHERE thread_id = %s",
 )
 

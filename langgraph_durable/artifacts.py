@@ -8,14 +8,29 @@ data passes through untouched):
   stock saver stores it (same type tag, same bytes).
 * A larger value is replaced by a small *envelope* (type tag ``durable+ref``) that lists
   references to content-addressed artifacts. ``list`` and ``dict`` values are split per
-  element, so a growing list stores each element once; full runs of ``CHUNK`` list
-  elements become a chunk artifact of their own, so the envelope of an append-only list
-  stays short too (the list is a rope of immutable chunks plus a short tail).
+  element (and a list or dict inside them once more, so ``{"docs": [...]}`` given as
+  graph input shares its documents with the ``docs`` channel), so a growing list stores
+  each element once; full runs of ``chunk_size`` list elements become a chunk artifact
+  of their own, so the envelope of an append-only list stays short too (the list is a
+  rope of immutable chunks plus a short tail).
 * An artifact's digest is sha256 of its uncompressed content, which embeds the element's
   type tag: the same value written by a channel blob and by a pending write is one row.
   Content is zstd-compressed at rest and checked against the digest on every read.
+* With an ``EncryptedSerializer`` the split and the digests work on the plaintext
+  serialization (random nonces would otherwise make every copy of a value unique, and
+  the list quadratic again); artifact content is compressed, then encrypted with the
+  serializer's cipher, and values kept inline in envelopes are encrypted as usual.
 
 Everything here is pure CPU; the saver does the I/O (batched, in its own transaction).
+
+Envelope: ``msgpack([kind, payload])``. Kinds: ``_SINGLE`` (payload ``[item]``),
+``_LIST`` (payload: items, chunk refs first), ``_DICT`` (payload ``[[key, item], ...]``),
+``_DELTA`` (a ``DeltaChannel`` snapshot; payload ``[inner_kind, inner_payload]``).
+Items: ``[_INLINE, tag, data]``, ``[_ELEMENT_REF, digest]``, ``[_CHUNK_REF, digest]``
+(lists only) and ``[_NESTED, kind, payload]`` (a split list or dict inside a list/dict).
+Artifact content: ``b"E" + tag + b"\\0" + data`` (an element) or ``b"C" +
+msgpack(items)`` (a chunk). Use :func:`envelope_refs` / :func:`chunk_refs` /
+:meth:`ArtifactCodec.unseal` rather than parsing these by hand.
 """
 
 from __future__ import annotations
@@ -24,28 +39,37 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import ormsgpack
 import zstandard
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from langgraph_durable.errors import (
     ArtifactIntegrityError,
     ArtifactNotFoundError,
+    ConfigurationError,
     SerializationError,
 )
 
 REF_TYPE = "durable+ref"
+# Measured (bench/bench_storage.py, docs/storage.md): 16 keeps the envelope of a
+# 200-message list at ~20 references while the tail (rewritten every step) stays short.
 CHUNK = 16
 
 # Envelope kinds.
-_SINGLE, _LIST, _DICT = 0, 1, 2
+_SINGLE, _LIST, _DICT, _DELTA = 0, 1, 2, 3
 # Item kinds inside envelopes and chunks.
-_INLINE, _ELEMENT_REF, _CHUNK_REF = 0, 1, 2
+_INLINE, _ELEMENT_REF, _CHUNK_REF, _NESTED = 0, 1, 2, 3
 # First byte of an artifact's content.
 _ELEMENT, _CHUNKED = b"E", b"C"
+# First byte of stored artifact data that is encrypted (zstd frames start with 0x28).
+_SEALED = b"\x00"
+# How deep containers are split: the top-level list/dict and the lists/dicts in it.
+_MAX_DEPTH = 1
 
 
 @dataclass(frozen=True)
@@ -55,11 +79,34 @@ class ArtifactConfig:
     ``threshold``: serialized size (bytes) from which a value is offloaded; ``None``
     disables offloading. ``compression_level``: zstd level of artifact content.
     ``cache_bytes``: bound of the in-process cache of decoded artifact content.
+    ``chunk_size``: list elements per chunk artifact.
     """
 
     threshold: int | None = 1024
     compression_level: int = 3
     cache_bytes: int = 64 * 1024 * 1024
+    chunk_size: int = CHUNK
+
+    def __post_init__(self) -> None:
+        if self.threshold is not None and (not isinstance(self.threshold, int) or self.threshold < 0):
+            raise ConfigurationError(
+                f"artifact_threshold must be None or an int >= 0, not {self.threshold!r}",
+                threshold=self.threshold,
+            )
+        if not isinstance(self.compression_level, int) or not -7 <= self.compression_level <= 22:
+            raise ConfigurationError(
+                f"compression_level must be an int in -7..22 (zstd), not {self.compression_level!r}",
+                compression_level=self.compression_level,
+            )
+        if not isinstance(self.cache_bytes, int) or self.cache_bytes < 0:
+            raise ConfigurationError(
+                f"artifact_cache_bytes must be an int >= 0, not {self.cache_bytes!r}",
+                cache_bytes=self.cache_bytes,
+            )
+        if not isinstance(self.chunk_size, int) or self.chunk_size < 2:
+            raise ConfigurationError(
+                f"chunk_size must be an int >= 2, not {self.chunk_size!r}", chunk_size=self.chunk_size
+            )
 
 
 @dataclass
@@ -75,6 +122,91 @@ def _element_content(tag: str, data: bytes) -> bytes:
 
 def _digest(content: bytes) -> bytes:
     return hashlib.sha256(content).digest()
+
+
+def _split_serde(serde: Any) -> tuple[Any, Any]:
+    """(serializer for artifact content, cipher or None)."""
+    if isinstance(serde, EncryptedSerializer):
+        return serde.serde, serde.cipher
+    return serde, None
+
+
+class _Encoder:
+    """One value's encoding: plaintext items, their artifacts, then sealing."""
+
+    def __init__(self, codec: ArtifactCodec, serde: Any, threshold: int) -> None:
+        self.serde = serde
+        self.plain, self.cipher = _split_serde(serde)
+        self.threshold = threshold
+        self.chunk = codec.config.chunk_size
+        self.artifacts: dict[bytes, bytes] = {}
+
+    def dumps(self, value: Any) -> tuple[str, bytes]:
+        return self.plain.dumps_typed(value)
+
+    def offload(self, tag: str, data: bytes) -> list[Any]:
+        content = _element_content(tag, data)
+        digest = _digest(content)
+        self.artifacts[digest] = content
+        return [_ELEMENT_REF, digest]
+
+    def item(self, value: Any, depth: int) -> list[Any]:
+        tag, data = self.dumps(value)
+        if len(data) < self.threshold:
+            return [_INLINE, tag, data]
+        if depth < _MAX_DEPTH:
+            split = self.container(value, depth + 1)
+            if split is not None:
+                return [_NESTED, *split]
+        return self.offload(tag, data)
+
+    def container(self, value: Any, depth: int) -> tuple[int, list[Any]] | None:
+        """(kind, payload) of a split list/dict, or None when it is better kept whole:
+        not a plain list/str-keyed dict, or splitting would offload nothing (a dict
+        of small values; a short list of small values)."""
+        if type(value) is list and value:
+            before = len(self.artifacts)
+            items = [self.item(v, depth) for v in value]
+            if len(self.artifacts) == before and (
+                len(items) < self.chunk or _inline_size(items) < self.threshold
+            ):
+                return None
+            full = len(items) - len(items) % self.chunk
+            top: list[Any] = []
+            for start in range(0, full, self.chunk):
+                content = _CHUNKED + ormsgpack.packb(items[start : start + self.chunk])
+                digest = _digest(content)
+                self.artifacts[digest] = content
+                top.append([_CHUNK_REF, digest])
+            top.extend(items[full:])
+            return _LIST, top
+        if type(value) is dict and value and all(type(k) is str for k in value):
+            before = len(self.artifacts)
+            pairs = [[k, self.item(v, depth)] for k, v in value.items()]
+            if len(self.artifacts) == before:
+                return None
+            return _DICT, pairs
+        return None
+
+    def seal_items(self, items: list[Any]) -> list[Any]:
+        """Encrypt the inline items an envelope carries (chunk artifacts are
+        encrypted whole at rest, so their items stay plaintext and dedup)."""
+        if self.cipher is None:
+            return items
+        out = []
+        for item in items:
+            if item[0] == _INLINE:
+                name, ciphertext = self.cipher.encrypt(bytes(item[2]))
+                item = [_INLINE, f"{item[1]}+{name}", ciphertext]
+            elif item[0] == _NESTED:
+                item = [_NESTED, item[1], self.seal_payload(item[1], item[2])]
+            out.append(item)
+        return out
+
+    def seal_payload(self, kind: int, payload: list[Any]) -> list[Any]:
+        if kind == _DICT:
+            return [[k, i] for k, i in zip((p[0] for p in payload), self.seal_items([p[1] for p in payload]), strict=True)]
+        return self.seal_items(payload)
 
 
 class ArtifactCodec:
@@ -98,6 +230,25 @@ class ArtifactCodec:
             d = self._local.d = zstandard.ZstdDecompressor()
         return d.decompress(data)
 
+    def seal(self, content: bytes, serde: Any) -> bytes:
+        """Stored form of an artifact: zstd, then encrypted when ``serde`` encrypts."""
+        data = self.compress(content)
+        _, cipher = _split_serde(serde)
+        if cipher is None:
+            return data
+        name, ciphertext = cipher.encrypt(data)
+        return _SEALED + name.encode() + b"\x00" + ciphertext
+
+    def unseal(self, data: bytes, serde: Any) -> bytes:
+        """Content of a stored artifact (decrypted, decompressed, NOT verified)."""
+        if data[:1] == _SEALED:
+            _, cipher = _split_serde(serde)
+            if cipher is None:
+                raise ValueError("artifact is encrypted but the saver's serializer has no cipher")
+            name, _, ciphertext = data[1:].partition(b"\x00")
+            data = cipher.decrypt(name.decode(), ciphertext)
+        return self.decompress(data)
+
     # -- encoding ---------------------------------------------------------------------
     def encode(self, serde: Any, value: Any) -> Encoded:
         threshold = self.config.threshold
@@ -105,11 +256,30 @@ class ArtifactCodec:
             if threshold is None:
                 tag, data = serde.dumps_typed(value)
                 return Encoded(tag, data)
-            if type(value) is list and value:
-                return self._encode_list(serde, value, threshold)
-            if type(value) is dict and value and all(type(k) is str for k in value):
-                return self._encode_dict(serde, value, threshold)
-            tag, data = serde.dumps_typed(value)
+            enc = _Encoder(self, serde, threshold)
+            if isinstance(value, _DeltaSnapshot):
+                split = enc.container(value.value, 0)
+                if split is not None:
+                    kind, payload = split
+                    envelope = [_DELTA, [kind, enc.seal_payload(kind, payload)]]
+                    return Encoded(REF_TYPE, ormsgpack.packb(envelope), enc.artifacts)
+            else:
+                split = enc.container(value, 0)
+                if split is not None:
+                    kind, payload = split
+                    envelope = [kind, enc.seal_payload(kind, payload)]
+                    return Encoded(REF_TYPE, ormsgpack.packb(envelope), enc.artifacts)
+            if enc.cipher is None:
+                tag, data = serde.dumps_typed(value)
+                if len(data) < threshold:
+                    return Encoded(tag, data)
+            else:
+                tag, data = enc.dumps(value)
+                if len(data) < threshold:
+                    # Small: exactly what the encrypting serializer stores.
+                    tag, data = serde.dumps_typed(value)
+                    return Encoded(tag, data)
+            item = enc.offload(tag, data)
         except SerializationError:
             raise
         except Exception as exc:  # the serializer's own errors vary by type
@@ -117,104 +287,115 @@ class ArtifactCodec:
                 f"cannot serialize value of type {type(value).__name__}: {exc}",
                 value_type=type(value).__name__,
             ) from exc
-        if len(data) < threshold:
-            return Encoded(tag, data)
-        artifacts: dict[bytes, bytes] = {}
-        item = self._offload(tag, data, artifacts)
-        return Encoded(REF_TYPE, ormsgpack.packb([_SINGLE, [item]]), artifacts)
-
-    def _offload(self, tag: str, data: bytes, artifacts: dict[bytes, bytes]) -> list[Any]:
-        content = _element_content(tag, data)
-        digest = _digest(content)
-        artifacts[digest] = content
-        return [_ELEMENT_REF, digest]
-
-    def _item(self, serde: Any, value: Any, threshold: int, artifacts: dict[bytes, bytes]) -> list[Any]:
-        tag, data = serde.dumps_typed(value)
-        if len(data) >= threshold:
-            return self._offload(tag, data, artifacts)
-        return [_INLINE, tag, data]
-
-    def _encode_list(self, serde: Any, value: list[Any], threshold: int) -> Encoded:
-        artifacts: dict[bytes, bytes] = {}
-        items = [self._item(serde, v, threshold, artifacts) for v in value]
-        if not artifacts and _inline_size(items) < threshold:
-            tag, data = serde.dumps_typed(value)  # small: stored exactly like the stock saver
-            return Encoded(tag, data)
-        full = len(items) - len(items) % CHUNK
-        top: list[Any] = []
-        for start in range(0, full, CHUNK):
-            content = _CHUNKED + ormsgpack.packb(items[start : start + CHUNK])
-            digest = _digest(content)
-            artifacts[digest] = content
-            top.append([_CHUNK_REF, digest])
-        top.extend(items[full:])
-        return Encoded(REF_TYPE, ormsgpack.packb([_LIST, top]), artifacts)
-
-    def _encode_dict(self, serde: Any, value: dict[str, Any], threshold: int) -> Encoded:
-        artifacts: dict[bytes, bytes] = {}
-        items = [[k, self._item(serde, v, threshold, artifacts)] for k, v in value.items()]
-        if not artifacts and _inline_size(item for _, item in items) < threshold:
-            tag, data = serde.dumps_typed(value)
-            return Encoded(tag, data)
-        return Encoded(REF_TYPE, ormsgpack.packb([_DICT, items]), artifacts)
+        return Encoded(REF_TYPE, ormsgpack.packb([_SINGLE, [item]]), enc.artifacts)
 
     # -- decoding ---------------------------------------------------------------------
     @staticmethod
     def is_ref(tag: str) -> bool:
         return tag == REF_TYPE
 
-    def missing(self, refs: Iterable[tuple[str, bytes]]) -> set[bytes]:
-        """Digests needed to decode these (type, data) pairs that are not cached yet.
+    def _get(self, digest: bytes, local: Mapping[bytes, bytes] | None) -> bytes | None:
+        if local is not None:
+            content = local.get(digest)
+            if content is not None:
+                return content
+        return self.cache.get(digest)
 
-        Chunks are resolved through the cache, so call again after fetching: the
+    def missing(
+        self, refs: Iterable[tuple[str, bytes]], local: Mapping[bytes, bytes] | None = None
+    ) -> set[bytes]:
+        """Digests needed to decode these (type, data) pairs that are neither in
+        ``local`` (what this load already fetched) nor cached.
+
+        Chunks are resolved through what is at hand, so call again after fetching: the
         saver loops until nothing is missing (two rounds at most: chunks, elements).
         """
         need: set[bytes] = set()
         for tag, data in refs:
             if tag != REF_TYPE:
                 continue
-            kind, items = ormsgpack.unpackb(data)
-            for item in (i for _, i in items) if kind == _DICT else items:
-                self._walk(item, need)
+            for item in _envelope_items(data):
+                self._walk(item, need, None, local)
         return need
 
-    def _walk(self, item: list[Any], need: set[bytes]) -> None:
-        if item[0] == _INLINE:
+    def referenced(
+        self, refs: Iterable[tuple[str, bytes]], local: Mapping[bytes, bytes] | None = None
+    ) -> tuple[set[bytes], set[bytes]]:
+        """(every digest these envelopes reference, through the chunks at hand; the
+        chunks not at hand, whose children are therefore not listed yet)."""
+        seen: set[bytes] = set()
+        need: set[bytes] = set()
+        for tag, data in refs:
+            if tag != REF_TYPE:
+                continue
+            for item in _envelope_items(data):
+                self._walk(item, need, seen, local)
+        return seen, need
+
+    def _walk(
+        self,
+        item: list[Any],
+        need: set[bytes],
+        seen: set[bytes] | None,
+        local: Mapping[bytes, bytes] | None,
+    ) -> None:
+        kind = item[0]
+        if kind == _INLINE:
+            return
+        if kind == _NESTED:
+            for sub in _payload_items(item[1], item[2]):
+                self._walk(sub, need, seen, local)
             return
         digest = bytes(item[1])
-        content = self.cache.get(digest)
+        if seen is not None:
+            if kind != _CHUNK_REF:
+                seen.add(digest)
+                return
+            if digest in seen:
+                return
+            seen.add(digest)
+        content = self._get(digest, local)
         if content is None:
             need.add(digest)
-        elif item[0] == _CHUNK_REF:
+        elif kind == _CHUNK_REF:
             for sub in ormsgpack.unpackb(content[1:]):
-                self._walk(sub, need)
+                self._walk(sub, need, seen, local)
 
     def accept(
         self,
         rows: Iterable[tuple[bytes, bytes]],
         *,
+        serde: Any = None,
+        local: dict[bytes, bytes] | None = None,
         thread_id: str = "",
         checkpoint_ns: str = "",
         checkpoint_id: str | None = None,
+        locate: Any = None,
     ) -> None:
-        """Verify fetched (digest, compressed) rows and put them in the cache."""
+        """Verify fetched (digest, stored data) rows and put them in the cache (and in
+        ``local``, which keeps them for this load whatever the cache evicts).
+
+        ``locate(digest)`` may return the thread_id/checkpoint_ns/checkpoint_id mapping
+        of the checkpoint that needs it, for a precise error when several are loaded."""
         for digest, data in rows:
             digest = bytes(digest)
+            where: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
             try:
-                content = self.decompress(bytes(data))
-            except zstandard.ZstdError:
+                content = self.unseal(bytes(data), serde)
+            except Exception as exc:  # zstd or cipher failure: the bytes are not ours
+                if locate is not None:
+                    where = dict(locate(digest) or where)
                 raise ArtifactIntegrityError(
-                    digest.hex(), actual="undecodable", thread_id=thread_id,
-                    checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id,
+                    digest.hex(), actual=f"undecodable ({type(exc).__name__})", **where
                 ) from None
             actual = _digest(content)
             if actual != digest:
-                raise ArtifactIntegrityError(
-                    digest.hex(), actual=actual.hex(), thread_id=thread_id,
-                    checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id,
-                )
+                if locate is not None:
+                    where = dict(locate(digest) or where)
+                raise ArtifactIntegrityError(digest.hex(), actual=actual.hex(), **where)
             self.cache.put(digest, content)
+            if local is not None:
+                local[digest] = content
 
     def decode(
         self,
@@ -222,62 +403,125 @@ class ArtifactCodec:
         tag: str,
         data: bytes,
         *,
+        local: Mapping[bytes, bytes] | None = None,
         thread_id: str = "",
         checkpoint_ns: str = "",
         checkpoint_id: str | None = None,
     ) -> Any:
         if tag != REF_TYPE:
             return serde.loads_typed((tag, data))
-        where = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
-        kind, items = ormsgpack.unpackb(data)
-        if kind == _DICT:
-            return {k: self._value(serde, i, where) for k, i in items}
-        values: list[Any] = []
-        for item in items:
-            if item[0] == _CHUNK_REF:
-                values.extend(self._value(serde, sub, where) for sub in self._chunk(item[1], where))
-            else:
-                values.append(self._value(serde, item, where))
-        return values[0] if kind == _SINGLE else values
+        ctx = _Ctx(
+            {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id},
+            local,
+        )
+        kind, payload = ormsgpack.unpackb(data)
+        if kind == _SINGLE:
+            return self._value(serde, payload[0], ctx)
+        if kind == _DELTA:
+            return _DeltaSnapshot(self._container(serde, payload[0], payload[1], ctx))
+        return self._container(serde, kind, payload, ctx)
 
-    def _content(self, digest: bytes, where: dict[str, Any]) -> bytes:
-        content = self.cache.get(bytes(digest))
+    def _container(self, serde: Any, kind: int, payload: list[Any], ctx: _Ctx) -> Any:
+        if kind == _DICT:
+            return {k: self._value(serde, i, ctx) for k, i in payload}
+        values: list[Any] = []
+        for item in payload:
+            if item[0] == _CHUNK_REF:
+                chunk = ormsgpack.unpackb(self._content(item[1], ctx)[1:])
+                values.extend(self._value(serde, sub, ctx) for sub in chunk)
+            else:
+                values.append(self._value(serde, item, ctx))
+        return values
+
+    def _content(self, digest: bytes, ctx: _Ctx) -> bytes:
+        content = self._get(bytes(digest), ctx.local)
         if content is None:
-            raise ArtifactNotFoundError(bytes(digest).hex(), **where)
+            raise ArtifactNotFoundError(bytes(digest).hex(), **ctx.where)
         return content
 
-    def _chunk(self, digest: bytes, where: dict[str, Any]) -> list[Any]:
-        return list(ormsgpack.unpackb(self._content(digest, where)[1:]))
-
-    def _value(self, serde: Any, item: list[Any], where: dict[str, Any]) -> Any:
+    def _value(self, serde: Any, item: list[Any], ctx: _Ctx) -> Any:
         if item[0] == _INLINE:
             return serde.loads_typed((item[1], bytes(item[2])))
-        content = self._content(item[1], where)
+        if item[0] == _NESTED:
+            return self._container(serde, item[1], item[2], ctx)
+        content = self._content(item[1], ctx)
         tag, _, data = content[1:].partition(b"\x00")
         return serde.loads_typed((tag.decode(), data))
 
     @staticmethod
     def digests_in(tag: str, data: bytes, chunk_contents: Mapping[bytes, bytes] | None = None) -> set[bytes]:
-        """Top-level digests referenced by an envelope (chunks not expanded)."""
+        """Digests an envelope references directly (chunks not expanded)."""
         if tag != REF_TYPE:
             return set()
-        kind, items = ormsgpack.unpackb(data)
-        out: set[bytes] = set()
-        for item in (i for _, i in items) if kind == _DICT else items:
-            if item[0] != _INLINE:
-                out.add(bytes(item[1]))
-        return out
+        elements, chunks = envelope_refs(data)
+        return elements | chunks
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    where: dict[str, Any]
+    local: Mapping[bytes, bytes] | None
+
+
+def _payload_items(kind: int, payload: list[Any]) -> Iterator[list[Any]]:
+    if kind == _DICT:
+        for _, item in payload:
+            yield item
+    else:
+        yield from payload
+
+
+def _envelope_items(data: bytes) -> Iterator[list[Any]]:
+    kind, payload = ormsgpack.unpackb(data)
+    if kind == _DELTA:
+        kind, payload = payload
+    if kind == _SINGLE:
+        yield from payload
+    else:
+        yield from _payload_items(kind, payload)
+
+
+def _collect(items: Iterable[list[Any]], elements: set[bytes], chunks: set[bytes]) -> None:
+    for item in items:
+        if item[0] == _ELEMENT_REF:
+            elements.add(bytes(item[1]))
+        elif item[0] == _CHUNK_REF:
+            chunks.add(bytes(item[1]))
+        elif item[0] == _NESTED:
+            _collect(_payload_items(item[1], item[2]), elements, chunks)
+
+
+def envelope_refs(data: bytes) -> tuple[set[bytes], set[bytes]]:
+    """(element digests, chunk digests) an envelope references directly."""
+    elements: set[bytes] = set()
+    chunks: set[bytes] = set()
+    _collect(_envelope_items(data), elements, chunks)
+    return elements, chunks
+
+
+def chunk_refs(content: bytes) -> tuple[set[bytes], set[bytes]]:
+    """(element digests, chunk digests) a chunk artifact's content references."""
+    elements: set[bytes] = set()
+    chunks: set[bytes] = set()
+    if content.startswith(_CHUNKED):
+        _collect(ormsgpack.unpackb(content[1:]), elements, chunks)
+    return elements, chunks
 
 
 def chunk_children(content: bytes) -> set[bytes]:
     """Digests a chunk artifact refers to (for GC's reference walk)."""
-    if not content.startswith(_CHUNKED):
-        return set()
-    return {bytes(i[1]) for i in ormsgpack.unpackb(content[1:]) if i[0] != _INLINE}
+    elements, chunks = chunk_refs(content)
+    return elements | chunks
 
 
-def _inline_size(items: Iterable[Any]) -> int:
-    return sum(len(i[2]) + 8 for i in items if i[0] == _INLINE)
+def _inline_size(items: Iterable[list[Any]]) -> int:
+    total = 0
+    for i in items:
+        if i[0] == _INLINE:
+            total += len(i[2]) + 8
+        elif i[0] == _NESTED:
+            total += _inline_size(_payload_items(i[1], i[2]))
+    return total
 
 
 class ArtifactCache:
@@ -326,9 +570,13 @@ class ArtifactCache:
 
 
 class KnownRefs:
-    """(thread, digest) pairs this process has recorded recently, so a growing list
-    does not re-upsert every element at every step. Entries expire well inside GC's
-    grace period: a thread deleted elsewhere is re-referenced safely after that."""
+    """(thread, digest) pairs this process has stored recently, so a growing list does
+    not re-compress and re-send every element at every step.
+
+    Only the artifact *data* is skipped for known pairs; the reference rows are always
+    written, and a foreign key from ``durable_artifact_refs`` to ``durable_artifacts``
+    makes a reference to a collected artifact fail loudly: the saver then forgets
+    what it knew and writes again with the data (see ``_DurableBase._write``)."""
 
     def __init__(self, ttl: float = 600.0, max_entries: int = 200_000) -> None:
         self.ttl = ttl
@@ -359,3 +607,7 @@ class KnownRefs:
         with self._lock:
             for key in [k for k in self._data if k[0] == thread_id]:
                 del self._data[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()

@@ -153,6 +153,33 @@ class MigrationError(DurableError):
         )
 
 
+class OrphanedWorkError(MigrationError):
+    """After migrating, pending work still targets nodes the running graph lacks.
+
+    LangGraph would silently skip that work; map it with ``rename_nodes`` or discard
+    it explicitly with ``drop_nodes``. The stored checkpoint is untouched."""
+
+    def __init__(
+        self,
+        *,
+        thread_id: str,
+        from_version: str | None,
+        to_version: str | None,
+        nodes: list[str],
+    ) -> None:
+        DurableError.__init__(
+            self,
+            f"thread {thread_id!r}: after migrating {from_version!r} -> {to_version!r}, "
+            f"pending work still targets node(s) {nodes} that graph {to_version!r} does not "
+            "have; map it with rename_nodes={old: new} or discard it with drop_nodes=[...] "
+            "in the migration. The stored checkpoint is untouched.",
+            thread_id=thread_id,
+            from_version=from_version,
+            to_version=to_version,
+            nodes=nodes,
+        )
+
+
 # --- poison ------------------------------------------------------------------------
 
 
@@ -165,15 +192,46 @@ class PoisonCheckpointError(DurableError):
         checkpoint_id: str | None,
         attempts: int,
         last_error: str | None,
+        *,
+        reason: str = "max_attempts",
     ) -> None:
+        why = (
+            "its checkpoint cannot be loaded"
+            if reason == "load_error"
+            else f"{attempts} failed attempt(s)"
+        )
         super().__init__(
             f"thread {thread_id!r} is quarantined at checkpoint {checkpoint_id!r} after "
-            f"{attempts} failed attempt(s); last error: {last_error or 'unknown (process died)'}. "
-            "Inspect it with `langgraph-durable quarantine show`, then release or rewind it.",
+            f"{why}; last error: {last_error or 'unknown (process died)'}. Inspect it with "
+            f"`langgraph-durable quarantine show {thread_id}`, then release or rewind it.",
             thread_id=thread_id,
             checkpoint_id=checkpoint_id,
             attempts=attempts,
             last_error=last_error,
+            reason=reason,
+        )
+
+
+class NotQuarantinedError(DurableError):
+    """An operator action that needs a quarantined thread was given another one."""
+
+    def __init__(self, thread_id: str, status: str | None) -> None:
+        super().__init__(
+            f"thread {thread_id!r} is not quarantined (status: {status or 'never run'})",
+            thread_id=thread_id,
+            status=status,
+        )
+
+
+class CheckpointNotFoundError(DurableError, LookupError):
+    """A thread (or one checkpoint of it) named by the caller does not exist."""
+
+    def __init__(self, thread_id: str, checkpoint_id: str | None) -> None:
+        what = f"checkpoint {checkpoint_id!r} of thread" if checkpoint_id else "thread"
+        super().__init__(
+            f"{what} {thread_id!r} not found (root namespace)",
+            thread_id=thread_id,
+            checkpoint_id=checkpoint_id,
         )
 
 
@@ -240,18 +298,45 @@ class CallInFlightError(IdempotencyError):
 class OutcomeUnknownError(IdempotencyError):
     """A call was started and never recorded: the effect may or may not have happened."""
 
-    def __init__(self, key: str, thread_id: str | None) -> None:
+    def __init__(
+        self, key: str, thread_id: str | None, name: str | None = None, attempts: int = 1
+    ) -> None:
         super().__init__(
-            f"call with idempotency key {key!r} (thread {thread_id!r}) started but its "
-            "result was never recorded: the process died between the effect and the record. "
-            "Check the receiving system, then clear the key or use on_unknown='retry'.",
+            f"call {name or '?'} with idempotency key {key!r} (thread {thread_id!r}) started "
+            f"but its result was never recorded ({attempts} attempt(s)): the process died "
+            "between the effect and the record. Check the receiving system, then record what "
+            "happened with Ledger(saver).resolve(key, result) or re-arm the call with "
+            "Ledger(saver).forget(key); on_unknown='retry' does the latter automatically.",
             key=key,
             thread_id=thread_id,
+            name=name,
+            attempts=attempts,
         )
 
 
 class NoLedgerError(IdempotencyError):
     """An @idempotent function was called outside a durable run without ledger=."""
+
+
+class IdempotentCallFailedError(IdempotencyError):
+    """The key's recorded outcome is a failure (cache_failures, or a result that could
+    not be serialized after the effect happened): the call is not run again."""
+
+    def __init__(self, key: str, error_type: str | None, error: str | None) -> None:
+        super().__init__(
+            f"call with idempotency key {key!r} already failed with {error_type}: {error}; "
+            "it is not run again (Ledger(saver).forget(key) re-arms it)",
+            key=key,
+            error_type=error_type,
+            error=error,
+        )
+
+
+class InvalidIdempotencyKeyError(IdempotencyError, ValueError):
+    """No usable idempotency key: empty, too long, not a string, or none derivable."""
+
+    def __init__(self, key: object, reason: str) -> None:
+        super().__init__(f"invalid idempotency key {key!r}: {reason}", key=key, reason=reason)
 
 
 __all__ = [
@@ -260,16 +345,21 @@ __all__ = [
     "ArtifactNotFoundError",
     "CallInFlightError",
     "CheckpointLoadError",
+    "CheckpointNotFoundError",
     "ConfigurationError",
     "DurableError",
     "EmbeddedPostgresError",
     "GraphVersionMismatchError",
     "IdempotencyConflictError",
     "IdempotencyError",
+    "IdempotentCallFailedError",
+    "InvalidIdempotencyKeyError",
     "InvalidIdentifierError",
     "LeaseLostError",
     "MigrationError",
     "NoLedgerError",
+    "NotQuarantinedError",
+    "OrphanedWorkError",
     "OutcomeUnknownError",
     "PoisonCheckpointError",
     "SerializationError",

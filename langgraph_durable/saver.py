@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from types import SimpleNamespace
@@ -94,6 +96,7 @@ from langgraph_durable._io import (
     one_op,
 )
 from langgraph_durable.artifacts import ArtifactCodec, ArtifactConfig, KnownRefs
+from langgraph_durable.retention import op_recompute_refs
 from langgraph_durable.embedded import resolve_dsn
 from langgraph_durable.errors import (
     CheckpointLoadError,
@@ -106,13 +109,24 @@ from langgraph_durable.errors import (
     ThreadBusyError,
 )
 from langgraph_durable.versioning import (
+    INHERIT_VERSION_SQL,
+    INSERT_LOG_SQL,
+    LOCK_CHECKPOINT_SQL,
+    LOCK_THREAD_SQL,
+    MIGRATION_ID_KEY,
     POLICY_KEY,
+    RUN_GRAPH,
+    SET_THREAD_VERSION_SQL,
     VERSION_KEY,
+    VERSION_POLICIES,
+    WRITE_PATHS_SQL,
     MigrationRegistry,
+    MigrationResult,
     UnversionedPolicy,
     VersionPolicy,
-    apply_migrations,
+    flow_migrate,
     graph_fingerprint,
+    pending_orphans,
 )
 
 logger = logging.getLogger("langgraph_durable")
@@ -138,13 +152,19 @@ def _jsonb(obj: Any) -> Jsonb:
 
 @dataclass(frozen=True)
 class PoisonRecord:
-    """What ``on_poison`` receives when a thread is quarantined."""
+    """What ``on_poison`` receives when a thread is quarantined.
+
+    ``attempts``: failed runs from ``checkpoint_id`` (a SIGKILL counts like an
+    exception). ``last_error``: the last exception text, ``None`` when every failure was
+    a dead process. ``reason``: ``"max_attempts"`` (more than ``max_resume_attempts``
+    failures) or ``"load_error"`` (the checkpoint could not be decoded: fail closed)."""
 
     thread_id: str
     checkpoint_id: str | None
     attempts: int
     last_error: str | None
     graph_version: str | None
+    reason: str = "max_attempts"
 
 
 @dataclass
@@ -159,6 +179,31 @@ class Lease:
     version: str | None
     lost: bool = False
     last_error: str | None = None
+    # Set when the run's exit released the lease: a context that still carries this
+    # lease (see _RUN_LEASE) then falls back to the registry instead of fencing with it.
+    released: bool = False
+    # Monotonic time just before the lease was last confirmed by the database (acquire
+    # or renewal). Used to re-confirm a lease the renewer may have failed to keep alive
+    # (process paused, database unreachable) before a new step starts.
+    renewed_at: float = field(default_factory=time.monotonic)
+    # Status and graph version of the thread before this run took it, restored when the
+    # run never started (version mismatch, failed migration): a waiting thread whose
+    # resume was refused stays waiting instead of looking crashed.
+    prev_status: str | None = None
+    prev_version: str | None = None
+
+
+# The lease of the root run executing in this context. LangGraph copies the context
+# into every task and background put it submits (BackgroundExecutor uses
+# copy_context(), asyncio tasks copy theirs), so puts, subgraph puts and
+# get_next_version calls of a run see exactly that run's lease. A registry lookup by
+# thread_id alone would hand a zombie run of this process the lease a newer run of the
+# same process took after the zombie's expired, and its late writes would pass the fence.
+_RUN_LEASE: ContextVar[Lease | None] = ContextVar("langgraph_durable_run_lease", default=None)
+
+# configurable key through which the recovery worker hands the lease it claimed
+# (thread_id, owner) to the run it starts; "__" keys are never copied into metadata.
+CLAIM_KEY = "__durable_claim"
 
 
 @dataclass
@@ -208,6 +253,11 @@ def _find_run_context() -> _RunContext | None:
             return None
         candidate = frame.f_locals.get("self")
         if loop is None:
+            if frame.f_globals.get("__name__") == "langgraph.pregel._checkpoint":
+                # checkpoint_superseded(): __enter__ reading the latest checkpoint after
+                # it loaded the one a replay asked for. The run started already; taking
+                # a second lease here would make the replay refuse itself (busy).
+                return None
             if isinstance(candidate, PregelLoop):
                 if frame.f_code.co_name not in ("__enter__", "__aenter__"):
                     return None
@@ -328,8 +378,21 @@ class _DurableBase(BasePostgresSaver):
     def _op_setup(self) -> Op[None]:
         """Stock migrations, then ours, under a session advisory lock (several
         processes may call setup() at once). Runs in autocommit: the stock
-        migrations create indexes CONCURRENTLY."""
-        yield Batch([Stmt("SELECT pg_advisory_lock(%s)", (_sql.SETUP_LOCK_KEY,))])
+        migrations create indexes CONCURRENTLY.
+
+        The lock is polled with pg_try_advisory_lock, never waited for in the server:
+        CREATE INDEX CONCURRENTLY waits for every session of the database holding a
+        snapshot, and a session blocked in pg_advisory_lock() holds one while it waits
+        for the lock holder, which is the one running the CREATE INDEX: a deadlock
+        (found with 4 processes calling setup() on a fresh database)."""
+        while True:
+            rows = yield Batch(
+                [Stmt("SELECT pg_try_advisory_lock(%s) AS ok", (_sql.SETUP_LOCK_KEY,), fetch=True)]
+            )
+            if rows[0][0]["ok"]:
+                break
+            # Between polls this session holds no snapshot for longer than the sleep.
+            yield Batch([Stmt("SELECT pg_sleep(0.05)")])
         try:
             if self.schema:
                 yield Batch([Stmt(_sql.create_schema(self.schema)), Stmt(_sql.set_search_path(self.schema))])
@@ -349,8 +412,13 @@ class _DurableBase(BasePostgresSaver):
             for v in range(version + 1, len(_sql.MIGRATIONS)):
                 yield Batch([Stmt(_sql.MIGRATIONS[v])])
                 yield Batch([Stmt("INSERT INTO durable_migrations (v) VALUES (%s)", (v,))])
-        finally:
+        except Exception:
+            # A failed statement is thrown in here by the driver: release the session
+            # lock on this connection before it goes back to the pool. (Not a finally:
+            # an op closed with GeneratorExit cannot yield.)
             yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (_sql.SETUP_LOCK_KEY,))])
+            raise
+        yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (_sql.SETUP_LOCK_KEY,))])
 
     def setup(self) -> None:
         """Create or migrate the tables. Idempotent and safe to call concurrently."""
@@ -406,6 +474,21 @@ class _DurableBase(BasePostgresSaver):
             "checkpoint_ns": value["checkpoint_ns"],
             "checkpoint_id": value["checkpoint_id"],
         }
+        stored, stored_md = value["checkpoint"], value["metadata"]
+        if not (
+            isinstance(stored, dict)
+            and isinstance(stored.get("channel_versions"), dict)
+            and isinstance(stored.get("versions_seen"), dict)
+            and isinstance(stored_md, dict)
+        ):
+            # LangGraph would fail on this later, inside PregelLoop.__enter__ where no
+            # exit handler runs: refuse it here, as a load error (fail closed).
+            raise CheckpointLoadError(
+                f"checkpoint {value['checkpoint_id']!r} of thread {value['thread_id']!r} is "
+                "malformed (checkpoint JSON without channel_versions/versions_seen, or "
+                "metadata not an object)",
+                **where,
+            )
         try:
             blobs = {
                 k.decode(): self._decode(t.decode(), v, where)
@@ -488,7 +571,9 @@ class _DurableBase(BasePostgresSaver):
 
     # ------------------------------------------------------------------ writing
     def _fence(self, thread_id: str) -> tuple[Stmt, Lease | None]:
-        lease = self._leases.get(thread_id)
+        lease = _RUN_LEASE.get()
+        if lease is None or lease.released or lease.thread_id != thread_id:
+            lease = self._leases.get(thread_id)
         if lease is not None:
             if lease.lost:
                 raise LeaseLostError(thread_id, lease.token)
@@ -504,16 +589,40 @@ class _DurableBase(BasePostgresSaver):
             raise ThreadBusyError(thread_id, rows[0]["lease_owner"], rows[0]["expires_in"])
 
     def _artifact_stmts(self, thread_id: str, artifacts: dict[bytes, bytes]) -> tuple[list[Stmt], list[bytes]]:
+        """Statements storing a write's artifacts and reference rows, and the digests to
+        remember once committed. The first statement is the thread's shared artifact
+        lock: send it before the fence (everything that takes both takes the advisory
+        lock first, so they cannot deadlock). Artifacts this process stored for the
+        thread recently are not compressed and sent again; their reference rows are
+        (one index probe each), so a reference never depends on a cache being right."""
         if not artifacts:
             return [], []
-        new = self._known_refs.unknown(thread_id, artifacts)
-        if not new:
-            return [], []
-        rows = [(d, len(artifacts[d]), self.codec.compress(artifacts[d])) for d in sorted(new)]
-        return [
-            Stmt(_sql.UPSERT_ARTIFACT_SQL, rows, many=True),
-            Stmt(_sql.INSERT_ARTIFACT_REF_SQL, [(thread_id, d) for d in sorted(new)], many=True),
-        ], new
+        digests = sorted(artifacts)
+        new = sorted(self._known_refs.unknown(thread_id, digests))
+        stmts = [Stmt(_sql.ARTIFACT_LOCK_SHARED_SQL, (_sql.ARTIFACT_LOCK_CLASS, thread_id))]
+        if new:
+            sealed = [self.codec.seal(artifacts[d], self.serde) for d in new]
+            stmts.append(Stmt(_sql.UPSERT_ARTIFACT_SQL, (new, [len(artifacts[d]) for d in new], sealed)))
+        stmts.append(Stmt(_sql.INSERT_ARTIFACT_REF_SQL, (thread_id, digests)))
+        return stmts, digests
+
+    def _write(self, thread_id: str, factory: Callable[[], Op[Any]]) -> Any:
+        """Run a put/put_writes op. A foreign-key violation means an artifact this
+        process believed stored was garbage-collected meanwhile (its references were
+        dropped by prune/retention/delete elsewhere): forget, and write again with
+        the data. Nothing was committed by the failed attempt."""
+        try:
+            return self._run_op(factory)
+        except psycopg.errors.ForeignKeyViolation:
+            self._known_refs.forget_thread(thread_id)
+            return self._run_op(factory)
+
+    async def _awrite(self, thread_id: str, factory: Callable[[], Op[Any]]) -> Any:
+        try:
+            return await self._arun_op(factory)
+        except psycopg.errors.ForeignKeyViolation:
+            self._known_refs.forget_thread(thread_id)
+            return await self._arun_op(factory)
 
     def _inline(self, value: Any) -> bool:
         if value is None or isinstance(value, bool | int | float):
@@ -559,9 +668,22 @@ class _DurableBase(BasePostgresSaver):
                 artifacts.update(enc.artifacts)
                 blob_rows.append((thread_id, checkpoint_ns, k, cast(str, ver), enc.type, enc.data))
         fence, lease = self._fence(thread_id)
+        advance = lease is not None and checkpoint_ns == ""
+        if advance:
+            assert lease is not None
+            # The run moved past the checkpoint it started from: the new one is being
+            # attempted for the first time. Recorded in the fence statement itself (a
+            # row-locking UPDATE instead of SELECT ... FOR SHARE), so a SIGKILL from here
+            # on counts one failed attempt at it, exactly like an exception would.
+            fence = Stmt(
+                _sql.ADVANCE_FENCE_SQL,
+                (checkpoint["id"], thread_id, lease.token, lease.owner),
+                fetch=True,
+            )
         md = self._stamp(config, metadata, lease)
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
-        stmts = [fence, *art_stmts]
+        lock = art_stmts[:1]
+        stmts = [*lock, fence, *art_stmts[1:]]
         if blob_rows:
             stmts.append(Stmt(UPSERT_CHECKPOINT_BLOBS_SQL, blob_rows, many=True))
         stmts.append(
@@ -570,21 +692,22 @@ class _DurableBase(BasePostgresSaver):
                 (thread_id, checkpoint_ns, checkpoint["id"], parent_id, _jsonb(copy), _jsonb(md)),
             )
         )
-        reset = lease is not None and checkpoint_ns == "" and lease.attempts > 0
-        if reset:
-            assert lease is not None
-            stmts.append(Stmt(_sql.RESET_ATTEMPTS_SQL, (checkpoint["id"], thread_id, lease.token)))
+        if VERSION_KEY not in md and parent_id:
+            # No version known (a write outside a run, e.g. update_state from a script):
+            # inherit the parent's, so editing a thread never makes it "unversioned".
+            ids = (thread_id, checkpoint_ns)
+            stmts.append(Stmt(INHERIT_VERSION_SQL, (*ids, parent_id, *ids, checkpoint["id"])))
         rows = yield Batch(stmts)
-        self._check_fence(thread_id, lease, rows[0])
+        self._check_fence(thread_id, lease, rows[len(lock)])
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
-        if reset:
+        if advance:
             assert lease is not None
 
-            def _reset() -> None:
-                lease.attempts = 0
+            def _advanced() -> None:
+                lease.attempts = 1
 
-            yield AfterCommit(_reset)
+            yield AfterCommit(_advanced)
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -631,14 +754,18 @@ class _DurableBase(BasePostgresSaver):
             )
         fence, lease = self._fence(thread_id)
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
-        result = yield Batch([fence, *art_stmts, Stmt(query, rows, many=True)])
-        self._check_fence(thread_id, lease, result[0])
+        lock = art_stmts[:1]
+        result = yield Batch([*lock, fence, *art_stmts[1:], Stmt(query, rows, many=True)])
+        self._check_fence(thread_id, lease, result[len(lock)])
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
 
     def _op_delete_thread(self, thread_id: str) -> Op[None]:
         tid = str(thread_id)
         stmts = [
+            # Exclusive artifact lock: a put adding references to this thread waits, so
+            # its reference rows are never deleted under it (see _artifact_stmts).
+            Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, tid)),
             Stmt("DELETE FROM checkpoints WHERE thread_id = %s", (tid,)),
             Stmt("DELETE FROM checkpoint_blobs WHERE thread_id = %s", (tid,)),
             Stmt("DELETE FROM checkpoint_writes WHERE thread_id = %s", (tid,)),
@@ -683,7 +810,8 @@ class _DurableBase(BasePostgresSaver):
 
             def delete_all() -> Op[None]:
                 yield Batch(
-                    [Stmt(s, (ids,)) for s in PRUNE_DELETE_THREADS_SQL]
+                    [Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, t)) for t in sorted(set(ids))]
+                    + [Stmt(s, (ids,)) for s in PRUNE_DELETE_THREADS_SQL]
                     + [Stmt("DELETE FROM durable_artifact_refs WHERE thread_id = ANY(%s)", (ids,))]
                     + [Stmt("DELETE FROM durable_ledger WHERE thread_id = ANY(%s)", (ids,))]
                 )
@@ -694,6 +822,9 @@ class _DurableBase(BasePostgresSaver):
         yield Tx(lambda: self._op_stock(_refuse_delta_threads(ids)))
         for tid in ids:
             yield Tx(partial(self._op_stock, _keep_latest(tid)))
+            # The thread's reference rows still name what the pruned checkpoints used:
+            # recompute them from what is left, so gc() can free those artifacts.
+            yield Tx(partial(op_recompute_refs, self, tid))
 
     def _op_delta_history(
         self, config: RunnableConfig, channels: Sequence[str]
@@ -769,6 +900,9 @@ class _DurableBase(BasePostgresSaver):
 
     # ------------------------------------------------------------------ run lifecycle
     def _current_version(self, config: RunnableConfig, ctx: _RunContext | None) -> str | None:
+        # The running graph, for a migration at this run start (new task ids, pending
+        # work left for nodes it lacks). Set on every start so none sees a stale one.
+        RUN_GRAPH.set(ctx.graph if ctx is not None else None)
         configured = config["configurable"].get(VERSION_KEY)
         if configured:
             return str(configured)
@@ -838,6 +972,22 @@ class _DurableBase(BasePostgresSaver):
             ]
         )
 
+    def _op_abandon(self, lease: Lease) -> Op[None]:
+        yield Batch(
+            [
+                Stmt(
+                    _sql.ABANDON_SQL,
+                    {
+                        "status": lease.prev_status or "stopped",
+                        "version": lease.prev_version,
+                        "thread_id": lease.thread_id,
+                        "token": lease.token,
+                        "owner": lease.owner,
+                    },
+                )
+            ]
+        )
+
     def _fire_on_poison(self, record: PoisonRecord) -> Any:
         logger.error(
             "thread %s quarantined at checkpoint %s after %d attempts (graph version %s): %s",
@@ -847,10 +997,37 @@ class _DurableBase(BasePostgresSaver):
         if self.on_poison is None:
             return None
         try:
-            return self.on_poison(record)
+            result = self.on_poison(record)
         except Exception:
             logger.exception("on_poison hook failed for thread %s", record.thread_id)
             return None
+        if inspect.isawaitable(result):
+            # The driver awaits what a Hook returns: guard it too, so a failing async
+            # hook is logged and the caller still gets PoisonCheckpointError.
+            async def guarded() -> Any:
+                try:
+                    return await result
+                except Exception:
+                    logger.exception("on_poison hook failed for thread %s", record.thread_id)
+                    return None
+
+            return guarded()
+        return result
+
+    def _flow_quarantine(
+        self, lease: Lease, record: PoisonRecord, cause: BaseException | None = None
+    ) -> Flow[None]:
+        """Quarantine the thread (lease dropped in the same statement), run the hook
+        once (at most once: after the commit), raise. Later run starts see the status
+        and raise without the hook."""
+        yield Tx(lambda: self._op_quarantine(record))
+        self._leases.remove(lease)
+        lease.released = True
+        yield Hook(self._fire_on_poison, (record,))
+        raise PoisonCheckpointError(
+            record.thread_id, record.checkpoint_id, record.attempts, record.last_error,
+            reason=record.reason,
+        ) from cause
 
     def _flow_run_start(
         self, config: RunnableConfig, ctx: _RunContext
@@ -859,9 +1036,17 @@ class _DurableBase(BasePostgresSaver):
         requested = get_checkpoint_id(config)
         version = self._current_version(config, ctx)
         policy = config["configurable"].get(POLICY_KEY, self.version_policy)
-        owner = _owner_id()
+        claim = config["configurable"].get(CLAIM_KEY)
+        # A recovery worker already holds the lease under this owner: ACQUIRE_SQL lets the
+        # same owner re-take it, so the claim passes to the run without a gap.
+        owner = (
+            str(claim[1])
+            if isinstance(claim, tuple | list) and len(claim) == 2 and str(claim[0]) == thread_id
+            else _owner_id()
+        )
         deadline = time.monotonic() + self.busy_timeout
         while True:
+            started = time.monotonic()
             res = yield Tx(lambda: self._op_acquire(thread_id, owner, version, requested))
             if res["ok"]:
                 break
@@ -871,6 +1056,7 @@ class _DurableBase(BasePostgresSaver):
                 raise PoisonCheckpointError(
                     thread_id, q.get("checkpoint_id"), q.get("attempts") or res.get("attempts", 0),
                     q.get("last_error") or res.get("last_error"),
+                    reason=q.get("reason") or "max_attempts",
                 )
             if self.on_busy == "wait" and time.monotonic() < deadline:
                 yield Sleep(0.25)
@@ -884,79 +1070,75 @@ class _DurableBase(BasePostgresSaver):
             checkpoint_id=res["checkpoint_id"],
             version=version,
             last_error=res.get("last_error"),
+            renewed_at=started,
+            prev_status=res.get("prev_status"),
+            prev_version=res.get("prev_version"),
         )
         self._leases.add(lease)
         try:
             if lease.attempts > self.max_resume_attempts and lease.checkpoint_id is not None:
+                # This is start number max+1 from the same checkpoint: the max runs before
+                # it all failed there (exception or dead process). It never runs a node.
                 record = PoisonRecord(
                     thread_id, lease.checkpoint_id, lease.attempts - 1, lease.last_error, version
                 )
-                yield Tx(lambda: self._op_quarantine(record))
-                self._leases.remove(lease)
-                yield Hook(self._fire_on_poison, (record,))
-                raise PoisonCheckpointError(
-                    thread_id, record.checkpoint_id, record.attempts, record.last_error
-                )
+                yield from self._flow_quarantine(lease, record)
             try:
                 saved = yield Tx(lambda: self._op_get_tuple(config))
             except CheckpointLoadError as exc:
-                # Fail closed: a checkpoint we cannot read is never run on half a state.
-                record = PoisonRecord(thread_id, lease.checkpoint_id, lease.attempts, str(exc), version)
-                yield Tx(lambda: self._op_quarantine(record))
-                self._leases.remove(lease)
-                yield Hook(self._fire_on_poison, (record,))
-                raise PoisonCheckpointError(thread_id, record.checkpoint_id, record.attempts, str(exc)) from exc
+                # Fail closed: a checkpoint we cannot read is never run on half a state,
+                # and retrying cannot fix stored bytes: quarantine at once.
+                record = PoisonRecord(
+                    thread_id, lease.checkpoint_id, lease.attempts,
+                    f"{type(exc).__name__}: {exc}"[:4000], version, "load_error",
+                )
+                yield from self._flow_quarantine(lease, record, exc)
             if saved is not None:
                 saved = yield from self._flow_check_version(thread_id, saved, version, policy)
             return saved, lease
         except PoisonCheckpointError:
             raise
         except BaseException:
+            # The run never started: hand the thread back as it was (status, version).
             self._leases.remove(lease)
+            lease.released = True
             with contextlib.suppress(Exception):
-                yield Tx(lambda: self._op_release(lease, "stopped", reset=False, undo=True, error=None))
+                yield Tx(lambda: self._op_abandon(lease))
             raise
 
     def _flow_check_version(
         self, thread_id: str, saved: CheckpointTuple, current: str | None, policy: str
     ) -> Flow[CheckpointTuple]:
+        """Every run start on a thread with a checkpoint (a resume, and also a run with
+        new input: its old state would run on the new graph just the same). A registered
+        migration path wins over the policy."""
+        if policy not in VERSION_POLICIES:
+            raise ConfigurationError(
+                f"unknown version_policy {policy!r} (use one of {', '.join(VERSION_POLICIES)})",
+                policy=policy,
+            )
         stored = saved.metadata.get(VERSION_KEY) if saved.metadata else None
         if current is None or stored == current:
             return saved
+        graph = RUN_GRAPH.get()
         if stored is None:
             if self.unversioned_policy == "adopt" or policy in ("warn", "auto-upgrade"):
                 return saved
             raise GraphVersionMismatchError(thread_id, None, current)
         chain = self.migrations.path(str(stored), current)
         if chain:
-            try:
-                cp, writes, changed = apply_migrations(
-                    chain,
-                    cast(dict[str, Any], saved.checkpoint),
-                    list(saved.pending_writes or []),
-                    lambda v: self.get_next_version(v, None),
-                )
-            except Exception as exc:
-                raise MigrationError(
-                    f"migration {stored!r} -> {current!r} of thread {thread_id!r} failed: "
-                    f"{type(exc).__name__}: {exc}; the stored checkpoint is untouched",
-                    thread_id=thread_id,
-                    from_version=str(stored),
-                    to_version=current,
-                ) from exc
-            md = dict(saved.metadata)
-            md[VERSION_KEY] = current
-            md["migrated_from"] = str(stored)
-            yield Tx(lambda: self._op_rewrite(saved, cp, md, writes, changed))
-            logger.info("thread %s migrated from graph version %s to %s", thread_id, stored, current)
-            reloaded = yield Tx(lambda: self._op_get_tuple(saved.config))
+            reloaded = yield from flow_migrate(
+                self, saved, str(stored), current, chain, graph=graph, origin="run"
+            )
             return cast(CheckpointTuple, reloaded)
         if policy == "auto-upgrade":
             return saved
         if policy == "warn":
+            orphans = pending_orphans(saved, graph) if graph is not None else []
             logger.warning(
-                "thread %s was written by graph version %s, resuming on %s (version_policy=warn)",
+                "thread %s was written by graph version %s, resuming on %s (version_policy=warn)%s",
                 thread_id, stored, current,
+                f"; pending work for missing node(s) {orphans} will be skipped" if orphans else "",
             )
             return saved
         raise GraphVersionMismatchError(thread_id, str(stored), current)
@@ -964,29 +1146,102 @@ class _DurableBase(BasePostgresSaver):
     def _op_rewrite(
         self,
         saved: CheckpointTuple,
-        checkpoint: dict[str, Any],
+        result: MigrationResult,
         metadata: dict[str, Any],
-        writes: list[tuple[str, str, Any]],
-        changed: set[str],
+        *,
+        expected: str,
+        origin: str,
     ) -> Op[None]:
         """Replace a checkpoint in place (same id, so task ids and pending writes keep
-        matching) with its migrated form, in one transaction."""
+        matching) with its migrated form, in one transaction, after copying the rows it
+        replaces into durable_migration_log. Changed channels get new blob rows under
+        new versions; the old blobs stay, so history is not rewritten."""
         cfg = saved.config["configurable"]
-        thread_id, ns, cid = cfg["thread_id"], cfg.get("checkpoint_ns", ""), cfg["checkpoint_id"]
-        copy = dict(checkpoint)
-        copy["channel_values"] = dict(checkpoint["channel_values"])
+        thread_id, ns, cid = str(cfg["thread_id"]), cfg.get("checkpoint_ns", ""), cfg["checkpoint_id"]
+        checkpoint = result.checkpoint
+        target = metadata.get(VERSION_KEY)
+        fence, lease = self._fence(thread_id)
+        # In a run we hold the lease (fence); outside one (CLI, batch) lock the thread row
+        # so no run takes the lease and reads the checkpoint before this commits.
+        first = [fence if lease is not None else Stmt(LOCK_THREAD_SQL, (thread_id,), fetch=True)]
+        first.append(Stmt(LOCK_CHECKPOINT_SQL, (thread_id, ns, cid), fetch=True))
+        first.append(Stmt(WRITE_PATHS_SQL, (thread_id, ns, cid), fetch=True))
+        rows = yield Batch(first)
+        if lease is not None:
+            self._check_fence(thread_id, lease, rows[0])
+        elif rows[0] and self.leases_enabled:
+            holder = rows[0][0]
+            if holder["lease_owner"] and (holder["expires_in"] or 0) > 0:
+                raise ThreadBusyError(thread_id, holder["lease_owner"], holder["expires_in"])
+        if not rows[1]:
+            raise MigrationError(
+                f"checkpoint {cid!r} of thread {thread_id!r} disappeared while migrating",
+                thread_id=thread_id, from_version=expected, to_version=target,
+            )
+        now_version = rows[1][0]["graph_version"]
+        if now_version == target:
+            return  # migrated meanwhile (another worker, or a retried commit): reloaded next
+        if now_version != expected:
+            raise MigrationError(
+                f"checkpoint {cid!r} of thread {thread_id!r} changed while migrating (its version "
+                f"is now {now_version!r}, expected {expected!r}); retry",
+                thread_id=thread_id, from_version=expected, to_version=target,
+            )
+        raw_inline: dict[str, Any] = rows[1][0]["inline_values"] or {}
+        paths = {r["task_id"]: r["task_path"] for r in rows[2]}
+        old_versions = saved.checkpoint["channel_versions"]
+        new_versions = checkpoint["channel_versions"]
+        gone = [(k, str(v)) for k, v in old_versions.items() if new_versions.get(k) != v]
+        log = yield Batch(
+            [
+                Stmt(
+                    INSERT_LOG_SQL,
+                    {
+                        "from": expected,
+                        "to": target,
+                        "steps": _jsonb(result.steps),
+                        "origin": origin,
+                        "channels": [k for k, _ in gone],
+                        "versions": [v for _, v in gone],
+                        "thread_id": thread_id,
+                        "ns": ns,
+                        "cid": cid,
+                    },
+                    fetch=True,
+                )
+            ]
+        )
+        md = {**metadata, MIGRATION_ID_KEY: str(log[0][0]["id"])}
+        values_json: dict[str, Any] = {}
         blob_rows = []
         artifacts: dict[bytes, bytes] = {}
         for k, v in checkpoint["channel_values"].items():
+            if k in old_versions and old_versions[k] == new_versions.get(k):
+                # Unchanged: keep it exactly as stored (inline JSON, or its blob row).
+                if k in raw_inline:
+                    values_json[k] = raw_inline[k]
+                continue
             if isinstance(v, _DeltaSnapshot) or not self._inline(v):
-                copy["channel_values"].pop(k)
-                if k in changed or isinstance(v, _DeltaSnapshot):
-                    if isinstance(v, _DeltaSnapshot):
-                        copy["channel_values"][k] = True
-                    enc = self.codec.encode(self.serde, v)
-                    artifacts.update(enc.artifacts)
-                    blob_rows.append((thread_id, ns, k, checkpoint["channel_versions"][k], enc.type, enc.data))
-        art_stmts, _ = self._artifact_stmts(thread_id, artifacts)
+                if isinstance(v, _DeltaSnapshot):
+                    values_json[k] = True
+                enc = self.codec.encode(self.serde, v)
+                artifacts.update(enc.artifacts)
+                blob_rows.append((thread_id, ns, k, cast(str, new_versions[k]), enc.type, enc.data))
+            else:
+                values_json[k] = v
+        write_rows = []
+        if result.writes_changed:
+            by_task: dict[str, int] = {}
+            for task_id, channel, value in result.writes:
+                idx = WRITES_IDX_MAP.get(channel)
+                if idx is None:
+                    idx = by_task.get(task_id, 0)
+                    by_task[task_id] = idx + 1
+                enc = self.codec.encode(self.serde, value)
+                artifacts.update(enc.artifacts)
+                path = result.task_paths.get(task_id) or paths.get(task_id, "")
+                write_rows.append((thread_id, ns, cid, task_id, path, idx, channel, enc.type, enc.data))
+        art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         stmts = [*art_stmts]
         if blob_rows:
             stmts.append(Stmt(UPSERT_CHECKPOINT_BLOBS_SQL, blob_rows, many=True))
@@ -994,30 +1249,24 @@ class _DurableBase(BasePostgresSaver):
             Stmt(
                 "UPDATE checkpoints SET checkpoint = %s, metadata = %s "
                 "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
-                (_jsonb(copy), _jsonb(metadata), thread_id, ns, cid),
+                (_jsonb({**checkpoint, "channel_values": values_json}), _jsonb(md), thread_id, ns, cid),
             )
         )
-        stmts.append(
-            Stmt(
-                "DELETE FROM checkpoint_writes WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
-                (thread_id, ns, cid),
+        if result.writes_changed:
+            stmts.append(
+                Stmt(
+                    "DELETE FROM checkpoint_writes "
+                    "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
+                    (thread_id, ns, cid),
+                )
             )
-        )
-        write_rows = []
-        by_task: dict[str, int] = {}
-        for task_id, channel, value in writes:
-            idx = by_task.get(task_id, 0)
-            by_task[task_id] = idx + 1
-            enc = self.codec.encode(self.serde, value)
-            artifacts.update(enc.artifacts)
-            write_rows.append(
-                (thread_id, ns, cid, task_id, "", WRITES_IDX_MAP.get(channel, idx), channel, enc.type, enc.data)
-            )
-        if write_rows:
-            extra, _ = self._artifact_stmts(thread_id, artifacts)
-            stmts.extend(extra)
-            stmts.append(Stmt(UPSERT_CHECKPOINT_WRITES_SQL, write_rows, many=True))
+            if write_rows:
+                stmts.append(Stmt(UPSERT_CHECKPOINT_WRITES_SQL, write_rows, many=True))
+        if ns == "":
+            stmts.append(Stmt(SET_THREAD_VERSION_SQL, (target, thread_id)))
         yield Batch(stmts)
+        if new_refs:
+            yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
 
     @staticmethod
     def _exit_outcome(loop: Any, exc: BaseException | None) -> tuple[str, bool, bool, str | None]:
@@ -1047,6 +1296,7 @@ class _DurableBase(BasePostgresSaver):
 
     def _release_flow(self, lease: Lease, loop: Any, exc: BaseException | None) -> Flow[None]:
         self._leases.remove(lease)
+        lease.released = True
         status, reset, undo, error = self._exit_outcome(loop, exc)
         head = self._head(loop)
         moved = head is not None and head != lease.checkpoint_id
@@ -1078,6 +1328,8 @@ class _DurableBase(BasePostgresSaver):
                 self._run_flow(self._release_flow(lease, ctx.loop, exc))
             except Exception:
                 logger.exception("could not release the lease on thread %s", lease.thread_id)
+            if _RUN_LEASE.get() is lease:
+                _RUN_LEASE.set(None)
             return False
 
         async def async_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -1091,6 +1343,39 @@ class _DurableBase(BasePostgresSaver):
             stack.push_async_exit(async_exit)
         elif isinstance(stack, ExitStack):
             stack.push(sync_exit)
+
+        # LangGraph calls loop._first() after this get_tuple, still inside __enter__. If
+        # it raises (EmptyInputError on invoke(None) of a new thread, an input or Command
+        # the thread cannot take) the `with` never reaches __exit__, so the callbacks
+        # above never run: the lease would stay held, and renewed, for the life of the
+        # process (every other run of the thread: ThreadBusyError). Hand the thread back
+        # there as a run that never started: the attempt is not counted.
+        first = ctx.loop._first
+
+        def guarded_first(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return first(*args, **kwargs)
+            except BaseException:
+                self._abandon_now(lease)
+                raise
+
+        ctx.loop._first = guarded_first
+
+    def _abandon_now(self, lease: Lease) -> None:
+        self._leases.remove(lease)
+        lease.released = True
+        if _RUN_LEASE.get() is lease:
+            _RUN_LEASE.set(None)
+        try:
+            try:
+                self._run_op(lambda: self._op_abandon(lease))
+            except asyncio.InvalidStateError:
+                # On the async saver's own event loop (inside __aenter__, where nothing
+                # can be awaited): one statement on a short-lived connection of its own.
+                with self._renew_connect() as conn:
+                    SyncDriver(conn, self.schema).run_op(lambda: self._op_abandon(lease))
+        except Exception:
+            logger.exception("could not release the lease on thread %s", lease.thread_id)
 
     def _ensure_renewer(self) -> None:
         with self._renewer_lock:
@@ -1117,12 +1402,39 @@ class _DurableBase(BasePostgresSaver):
             return None
         return ctx
 
+    def get_next_version(self, current: Any, channel: Any) -> Any:
+        """The stock versioning, plus the zombie guard: LangGraph calls this on the
+        loop's own thread when it applies a step's writes, before the next step's tasks
+        start. A run whose lease was lost stops here with ``LeaseLostError`` instead of
+        running further nodes (and their side effects) whose writes would be rejected."""
+        lease = _RUN_LEASE.get()
+        if lease is not None and not lease.released:
+            self._confirm_lease(lease)
+        return super().get_next_version(current, channel)
+
+    def _confirm_lease(self, lease: Lease) -> None:
+        if not lease.lost and time.monotonic() - lease.renewed_at > self.lease_ttl / 2:
+            # The renewer (every ttl/3) fell behind: paused process, database outage.
+            # Renew now or learn the lease is gone, before another step runs on it.
+            self._ensure_renewer()
+            renewer = self._renewer
+            if renewer is not None:
+                try:
+                    renewer.renew_now([lease])
+                except Exception as exc:
+                    logger.warning("could not confirm the lease on thread %s: %s", lease.thread_id, exc)
+                    if time.monotonic() - lease.renewed_at > self.lease_ttl:
+                        lease.lost = True
+        if lease.lost:
+            raise LeaseLostError(lease.thread_id, lease.token)
+
     # ------------------------------------------------------------------ public API (sync)
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ctx = self._run_context(config)
         if ctx is not None:
             saved, lease = self._run_flow(self._flow_run_start(config, ctx))
             self._attach_exit(ctx, lease)
+            _RUN_LEASE.set(lease)
             return cast("CheckpointTuple | None", saved)
         return cast("CheckpointTuple | None", self._run_op(lambda: self._op_get_tuple(config)))
 
@@ -1145,7 +1457,10 @@ class _DurableBase(BasePostgresSaver):
     ) -> RunnableConfig:
         return cast(
             RunnableConfig,
-            self._run_op(lambda: self._op_put(config, checkpoint, metadata, new_versions)),
+            self._write(
+                str(config["configurable"]["thread_id"]),
+                lambda: self._op_put(config, checkpoint, metadata, new_versions),
+            ),
         )
 
     def put_writes(
@@ -1155,7 +1470,10 @@ class _DurableBase(BasePostgresSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        self._run_op(lambda: self._op_put_writes(config, writes, task_id, task_path))
+        self._write(
+            str(config["configurable"]["thread_id"]),
+            lambda: self._op_put_writes(config, writes, task_id, task_path),
+        )
 
     def delete_thread(self, thread_id: str) -> None:
         self._run_op(lambda: self._op_delete_thread(thread_id))
@@ -1183,6 +1501,7 @@ class _DurableBase(BasePostgresSaver):
         if ctx is not None:
             saved, lease = await self._arun_flow(self._flow_run_start(config, ctx))
             self._attach_exit(ctx, lease)
+            _RUN_LEASE.set(lease)
             return cast("CheckpointTuple | None", saved)
         return cast("CheckpointTuple | None", await self._arun_op(lambda: self._op_get_tuple(config)))
 
@@ -1206,7 +1525,10 @@ class _DurableBase(BasePostgresSaver):
     ) -> RunnableConfig:
         return cast(
             RunnableConfig,
-            await self._arun_op(lambda: self._op_put(config, checkpoint, metadata, new_versions)),
+            await self._awrite(
+                str(config["configurable"]["thread_id"]),
+                lambda: self._op_put(config, checkpoint, metadata, new_versions),
+            ),
         )
 
     async def aput_writes(
@@ -1216,7 +1538,10 @@ class _DurableBase(BasePostgresSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        await self._arun_op(lambda: self._op_put_writes(config, writes, task_id, task_path))
+        await self._awrite(
+            str(config["configurable"]["thread_id"]),
+            lambda: self._op_put_writes(config, writes, task_id, task_path),
+        )
 
     async def adelete_thread(self, thread_id: str) -> None:
         await self._arun_op(lambda: self._op_delete_thread(thread_id))
@@ -1282,9 +1607,25 @@ class _Renewer(threading.Thread):
         self.registry = saver._leases
         self._stop_event = threading.Event()
         self._conn: Connection[Any] | None = None
+        # One statement at a time on the renewer's connection: renew_now() is also called
+        # from run threads (see _DurableBase._confirm_lease).
+        self._conn_lock = threading.Lock()
+        self.exiting = False
 
     def stop(self) -> None:
         self._stop_event.set()
+
+    def is_alive(self) -> bool:
+        # A renewer that decided to exit no longer counts: _ensure_renewer starts another.
+        return not self.exiting and super().is_alive()
+
+    def renew_now(self, leases: list[Lease]) -> None:
+        with self._conn_lock:
+            try:
+                self._renew(leases)
+            except Exception:
+                self._close()
+                raise
 
     def run(self) -> None:
         interval = self.saver.lease_ttl / 3
@@ -1294,17 +1635,23 @@ class _Renewer(threading.Thread):
             if not leases:
                 idle += interval
                 if idle > 60:
-                    break
+                    # Decide under the lock _ensure_renewer holds: a lease added after
+                    # this check finds exiting=True and gets a new renewer.
+                    with self.saver._renewer_lock:
+                        if not self.registry.snapshot():
+                            self.exiting = True
+                            break
                 continue
             idle = 0.0
             try:
-                self._renew(leases)
+                self.renew_now(leases)
             except Exception as exc:
                 logger.warning("lease renewal failed: %s", exc)
-                self._close()
-        self._close()
+        with self._conn_lock:
+            self._close()
 
     def _renew(self, leases: list[Lease]) -> None:
+        started = time.monotonic()
         if self._conn is None or self._conn.closed:
             self._conn = self.saver._renew_connect()
             self._conn.autocommit = True
@@ -1321,9 +1668,14 @@ class _Renewer(threading.Thread):
         ).fetchall()
         renewed = {r[0] for r in rows}
         for lease in leases:
-            if lease.thread_id not in renewed and self.registry.get(lease.thread_id) is lease:
+            if lease.thread_id in renewed:
+                lease.renewed_at = max(lease.renewed_at, started)
+            elif not lease.released:
                 lease.lost = True
-                logger.error("lease on thread %s was lost (taken over after expiry)", lease.thread_id)
+                logger.error(
+                    "lease on thread %s (token %d) was lost (taken over after expiry)",
+                    lease.thread_id, lease.token,
+                )
 
     def _close(self) -> None:
         if self._conn is not None:

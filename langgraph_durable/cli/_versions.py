@@ -1,9 +1,403 @@
-"""CLI commands: versions (placeholder: filled by the issue that owns it)."""
+"""CLI commands: ``versions list|migrate|log|undo|fingerprint``.
+
+``list`` shows what must drain before old code can go (threads by the graph version of
+their latest checkpoint); ``migrate`` applies registered migrations in batch. The CLI
+finds the registry with ``--migrations module:attr`` (a ``MigrationRegistry``, a saver,
+or a zero-argument factory of either), else the one ``MigrationRegistry`` defined at
+module level beside the ``--graph``, else the ``migrations`` of the saver the graph was
+compiled with.
+"""
 
 from __future__ import annotations
 
+import datetime as _dt
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated, Any
+
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from langgraph_durable.cli._common import (
+    DsnOption,
+    JsonOption,
+    SchemaOption,
+    console,
+    err_console,
+    open_saver,
+    print_json,
+)
+from langgraph_durable.errors import DurableError
+
+versions_app = typer.Typer(
+    help="Graph versions of stored threads: list, migrate, log, undo, fingerprint.",
+    no_args_is_help=True,
+)
+
+UNVERSIONED = "(unversioned)"
+
+GraphOption = Annotated[
+    str,
+    typer.Option(
+        "--graph",
+        help="The graph, as module:attr or path/to/file.py:attr (a compiled graph, a "
+        "StateGraph builder, or a zero-argument factory of one).",
+    ),
+]
+
+
+# --- loading user objects -------------------------------------------------------------
+
+
+def load_object(spec: str) -> tuple[Any, ModuleType]:
+    """``pkg.mod:attr`` or ``path/to/file.py:attr`` -> (object, its module)."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise typer.BadParameter(f"{spec!r}: expected module:attr or path/to/file.py:attr")
+    if os.getcwd() not in sys.path:
+        # As `python -m` would: the project the command runs in is importable.
+        sys.path.insert(0, os.getcwd())
+    if target.endswith(".py") or os.sep in target:
+        path = Path(target).resolve()
+        if not path.is_file():
+            raise typer.BadParameter(f"{spec!r}: no file {path}")
+        name = f"_lgd_user_{path.stem}_{abs(hash(str(path))) & 0xFFFFFF:x}"
+        module = sys.modules.get(name)
+        if module is None:
+            loader_spec = importlib.util.spec_from_file_location(name, path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise typer.BadParameter(f"{spec!r}: cannot import {path}")
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[name] = module
+            sys.path.insert(0, str(path.parent))
+            loader_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise typer.BadParameter(f"{spec!r}: {module.__name__} has no attribute {attr!r}") from None
+    return obj, module
+
+
+def _graph(spec: str) -> tuple[Any, ModuleType]:
+    from langgraph.graph.state import StateGraph
+    from langgraph.pregel import Pregel
+
+    obj, module = load_object(spec)
+    if not isinstance(obj, StateGraph | Pregel) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, StateGraph | Pregel):
+        raise typer.BadParameter(f"{spec!r} is a {type(obj).__name__}, not a graph")
+    return obj, module
+
+
+def _as_registry(obj: Any) -> Any:
+    from langgraph_durable.versioning import MigrationRegistry
+
+    if isinstance(obj, MigrationRegistry):
+        return obj
+    inner = getattr(obj, "migrations", None)
+    if isinstance(inner, MigrationRegistry):
+        return inner
+    if callable(obj):
+        return _as_registry(obj())
+    return None
+
+
+def find_registry(migrations: str | None, graph: Any, module: ModuleType | None) -> Any:
+    """The registry the CLI uses; see the module docstring for the search order."""
+    from langgraph_durable.versioning import MigrationRegistry
+
+    if migrations:
+        obj, _ = load_object(migrations)
+        reg = _as_registry(obj)
+        if reg is None:
+            raise typer.BadParameter(f"{migrations!r} is not a MigrationRegistry (nor a saver with one)")
+        return reg
+    if module is not None:
+        found = {
+            name: value
+            for name, value in vars(module).items()
+            if isinstance(value, MigrationRegistry) and value
+        }
+        if len(found) == 1:
+            return next(iter(found.values()))
+        if len(found) > 1:
+            raise typer.BadParameter(
+                f"several migration registries in {module.__name__} ({sorted(found)}): "
+                "choose one with --migrations module:attr"
+            )
+    reg = getattr(getattr(graph, "checkpointer", None), "migrations", None)
+    if isinstance(reg, MigrationRegistry) and reg:
+        return reg
+    raise typer.BadParameter(
+        "no migration registry found: pass --migrations module:attr, or define one "
+        "MigrationRegistry at module level beside the graph"
+    )
+
+
+# --- formatting ---------------------------------------------------------------------------
+
+
+def _when(ts: Any) -> str:
+    if ts is None:
+        return "-"
+    if isinstance(ts, _dt.datetime):
+        return ts.astimezone(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return str(ts)
+
+
+def _label(version: str | None) -> str:
+    return UNVERSIONED if version is None else version
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err_console.print(f"[red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+# --- commands -----------------------------------------------------------------------------
+
+
+@versions_app.command("list")
+def list_cmd(
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    version: Annotated[
+        str | None, typer.Option("--version", help="Only threads at this version (lists threads).")
+    ] = None,
+    unversioned: Annotated[
+        bool, typer.Option("--unversioned", help="Only threads with no version (lists threads).")
+    ] = False,
+    threads: Annotated[bool, typer.Option("--threads", help="List threads, not version groups.")] = False,
+    status: Annotated[
+        str | None, typer.Option("--status", help="Only threads in this status (waiting, done, ...).")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many threads.")] = 200,
+    as_json: JsonOption = False,
+) -> None:
+    """Threads grouped by the graph version of their latest checkpoint (what must drain
+    before the old code goes), or one row per thread with --version/--threads."""
+    from langgraph_durable import versioning as v
+
+    if version is not None and unversioned:
+        raise _fail("--version and --unversioned exclude each other")
+    per_thread = threads or version is not None or unversioned or status is not None
+    with open_saver(dsn, schema) as saver:
+        if not per_thread:
+            groups = v.version_summary(saver)
+            if as_json:
+                print_json(groups)
+                return
+            table = Table(title="Threads by graph version (latest checkpoint)")
+            for col in ("graph version", "threads", "unfinished", "by status", "last activity"):
+                table.add_column(col, justify="right" if col in ("threads", "unfinished") else "left")
+            for g in groups:
+                table.add_row(
+                    _label(g["graph_version"]),
+                    str(g["threads"]),
+                    str(g["unfinished"]),
+                    ", ".join(f"{k} {n}" for k, n in sorted(g["by_status"].items())),
+                    _when(g["last_activity"]),
+                )
+            console.print(table)
+            if not groups:
+                console.print("no threads")
+            return
+        rows = v.list_threads(
+            saver,
+            version=None if unversioned else version,
+            any_version=version is None and not unversioned,
+            status=status,
+            limit=limit,
+        )
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title=f"Threads{f' at {version}' if version else ''}{' (unversioned)' if unversioned else ''}")
+    for col in ("thread", "graph version", "status", "step", "migrated from", "last activity"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["thread_id"],
+            _label(r["graph_version"]),
+            r["status"],
+            "-" if r["step"] is None else str(r["step"]),
+            r["migrated_from"] or "-",
+            _when(r["last_activity"]),
+        )
+    console.print(table)
+    console.print(f"{len(rows)} thread(s)" + (" (limit reached)" if len(rows) >= limit else ""))
+
+
+@versions_app.command("migrate")
+def migrate_cmd(
+    from_version: Annotated[str, typer.Option("--from", help="Migrate threads at this version.")],
+    graph: GraphOption,
+    to_version: Annotated[
+        str | None,
+        typer.Option("--to", help="Target version (default: the fingerprint of --graph)."),
+    ] = None,
+    migrations: Annotated[
+        str | None,
+        typer.Option("--migrations", help="The MigrationRegistry (or saver) as module:attr."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Run the migrations in memory only; write nothing.")
+    ] = False,
+    thread: Annotated[
+        list[str] | None, typer.Option("--thread", help="Only this thread (repeatable).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most this many threads.")] = None,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Apply registered migrations to every thread whose latest checkpoint is at --from.
+
+    Each thread is migrated in its own transaction with a backup in the migration log
+    (undo with `versions undo`). Threads a live run holds are skipped as busy. Exit
+    code 1 when any thread failed or was busy."""
+    from langgraph_durable import versioning as v
+
+    g, module = _graph(graph)
+    registry = find_registry(migrations, g, module)
+    target = to_version or v.graph_fingerprint(g)
+    chain = registry.path(from_version, target)
+    if not chain:
+        raise _fail(
+            f"no registered migration path from {from_version!r} to {target!r} "
+            f"(registered: {[m.label for m in registry]})"
+        )
+    with open_saver(dsn, schema) as saver:
+        ids = v.thread_ids_at(saver, from_version, thread_ids=thread or None, limit=limit)
+        if as_json:
+            report = v.migrate_threads(
+                saver, from_version, target, graph=g, registry=registry, dry_run=dry_run,
+                thread_ids=ids,
+            )
+        else:
+            verb = "checking" if dry_run else "migrating"
+            with Progress(
+                TextColumn(f"{verb} {from_version} -> {target}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[last]}"),
+                TimeElapsedColumn(),
+                console=console,
+            ) as progress:
+                task = progress.add_task(verb, total=len(ids), last="")
+                report = v.migrate_threads(
+                    saver, from_version, target, graph=g, registry=registry, dry_run=dry_run,
+                    thread_ids=ids,
+                    on_progress=lambda tid, outcome: progress.update(
+                        task, advance=1, last=f"{tid}: {outcome}"
+                    ),
+                )
+    if as_json:
+        print_json(report.as_dict())
+    else:
+        done = "would migrate" if dry_run else "migrated"
+        console.print(
+            f"{done} {len(report.migrated)}, failed {len(report.failed)}, busy {len(report.busy)}, "
+            f"skipped {len(report.skipped)} ({' then '.join(report.steps)})"
+        )
+        for tid, err in report.failed.items():
+            err_console.print(f"[red]failed[/] {tid}: {err}")
+        for tid in report.busy:
+            err_console.print(f"[yellow]busy[/] {tid}: a live run holds it; run again later")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@versions_app.command("log")
+def log_cmd(
+    thread: Annotated[str | None, typer.Option("--thread", help="Only this thread.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1)] = 50,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Migrations applied (newest first), each with a backup of the rows it replaced."""
+    from langgraph_durable import versioning as v
+
+    with open_saver(dsn, schema) as saver:
+        rows = v.migration_log(saver, thread_id=thread, limit=limit)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title="Migration log")
+    for col in ("id", "thread", "from", "to", "steps", "by", "at", "undone"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            str(r["id"]), r["thread_id"], _label(r["from_version"]), r["to_version"],
+            " then ".join(r["steps"] or []), r["origin"], _when(r["migrated_at"]),
+            _when(r["undone_at"]) if r["undone_at"] else "-",
+        )
+    console.print(table)
+
+
+@versions_app.command("undo")
+def undo_cmd(
+    thread_id: Annotated[str, typer.Argument(help="The thread whose last migration to undo.")],
+    migration_id: Annotated[int | None, typer.Option("--id", help="A specific migration id.")] = None,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Put back the checkpoint a migration rewrote, byte for byte (only while the thread
+    has not run since: its latest checkpoint must still be the migrated one)."""
+    from langgraph_durable import versioning as v
+
+    with open_saver(dsn, schema) as saver:
+        try:
+            out = v.undo_migration(saver, thread_id, migration_id)
+        except DurableError as exc:
+            raise _fail(str(exc), 1) from None
+    if as_json:
+        print_json(out)
+        return
+    console.print(
+        f"thread {thread_id}: migration {out['migration_id']} undone, back at "
+        f"{out['restored_version']} (was {out['undone_version']})"
+    )
+
+
+@versions_app.command("fingerprint")
+def fingerprint_cmd(
+    graph: GraphOption,
+    describe: Annotated[bool, typer.Option("--describe", help="Also print what is hashed.")] = False,
+    include_source: Annotated[
+        bool, typer.Option("--include-source", help="Hash node source code too.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Print the graph's fingerprint (its version when none is given); put it in CI to
+    see which changes need a migration."""
+    from langgraph_durable import versioning as v
+
+    g, _ = _graph(graph)
+    fp = v.graph_fingerprint(g, include_source=include_source)
+    if as_json:
+        out: dict[str, Any] = {"fingerprint": fp}
+        if describe:
+            out["description"] = v.describe_graph(g, include_source=include_source)
+        print_json(out)
+        return
+    console.print(fp)
+    if describe:
+        console.print_json(data=v.describe_graph(g, include_source=include_source))
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the main app."""
+    app.add_typer(versions_app, name="versions")

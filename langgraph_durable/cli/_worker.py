@@ -1,9 +1,220 @@
-"""CLI commands: worker (placeholder: filled by the issue that owns it)."""
+"""CLI command: ``langgraph-durable worker`` -- run a recovery worker.
+
+    langgraph-durable worker --graph myapp.graphs:builder --concurrency 8 --dsn postgresql://...
+
+``--graph`` takes ``module:attr`` (``pkg.mod:attr``, or ``path/to/file.py:attr``), where
+``attr`` is a ``StateGraph`` builder (compiled here with the worker's saver), a compiled
+graph (its durable checkpointer is kept; one without a checkpointer gets the worker's),
+or a callable ``factory(saver) -> compiled graph``. Repeat ``--graph`` to serve several
+graphs from one worker (threads are routed by graph version).
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+from langgraph_durable.cli._common import DsnOption, SchemaOption, err_console
+from langgraph_durable.errors import ConfigurationError
+
+
+def load_object(spec: str) -> Any:
+    """Import ``module:attr`` or ``path/to/file.py:attr`` (dotted attrs allowed)."""
+    module_part, sep, attr = spec.partition(":")
+    if not sep or not module_part or not attr:
+        raise ConfigurationError(
+            f"--graph expects module:attr or path/to/file.py:attr, got {spec!r}", spec=spec
+        )
+    if module_part.endswith(".py") or os.sep in module_part:
+        path = Path(module_part).resolve()
+        if not path.is_file():
+            raise ConfigurationError(f"no such file {str(path)!r} (from {spec!r})", spec=spec)
+        name = "_lgd_graph_" + path.stem
+        loaded = importlib.util.spec_from_file_location(name, path)
+        if loaded is None or loaded.loader is None:
+            raise ConfigurationError(f"cannot import {str(path)!r}", spec=spec)
+        module = importlib.util.module_from_spec(loaded)
+        sys.modules[name] = module
+        # The graph's own module may import its siblings.
+        sys.path.insert(0, str(path.parent))
+        loaded.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_part)
+        except ImportError as exc:
+            raise ConfigurationError(f"cannot import {module_part!r}: {exc}", spec=spec) from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise ConfigurationError(f"{module_part!r} has no attribute {attr!r}", spec=spec) from exc
+    return obj
+
+
+def build_graph(obj: Any, saver: Any, spec: str = "") -> Any:
+    """A compiled graph checkpointed by a durable saver, from whatever ``--graph`` named."""
+    from langgraph.graph.state import StateGraph
+    from langgraph.pregel import Pregel
+
+    from langgraph_durable.saver import _DurableBase
+
+    if isinstance(obj, StateGraph):
+        return obj.compile(checkpointer=saver)
+    if isinstance(obj, Pregel):
+        if isinstance(obj.checkpointer, _DurableBase):
+            return obj
+        if obj.checkpointer in (None, True, False):
+            return obj.copy(update={"checkpointer": saver})
+        raise ConfigurationError(
+            f"{spec or 'the graph'} is compiled with {type(obj.checkpointer).__name__}: "
+            "compile it without a checkpointer (the worker supplies one) or with a "
+            "DurablePostgresSaver",
+            spec=spec,
+        )
+    if callable(obj):
+        return build_graph(obj(saver), saver, spec)
+    raise ConfigurationError(
+        f"{spec or 'the object'} is a {type(obj).__name__}, not a StateGraph, compiled graph "
+        "or factory",
+        spec=spec,
+    )
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the main app."""
+
+    @app.command("worker")
+    def worker(
+        graph: Annotated[
+            list[str],
+            typer.Option(
+                "--graph", "-g",
+                help="module:attr (or file.py:attr) of a StateGraph, compiled graph or "
+                "factory(saver). Repeatable.",
+            ),
+        ],
+        dsn: DsnOption = None,
+        schema: SchemaOption = None,
+        concurrency: Annotated[
+            int, typer.Option("--concurrency", "-c", min=1, help="Threads resumed at once.")
+        ] = 4,
+        lease_ttl: Annotated[
+            float, typer.Option("--lease-ttl", help="Lease time-to-live in seconds.")
+        ] = 30.0,
+        poll_interval: Annotated[
+            float, typer.Option("--poll-interval", help="Seconds between claims when idle.")
+        ] = 1.0,
+        max_resume_attempts: Annotated[
+            int, typer.Option("--max-resume-attempts", help="Quarantine after this many.")
+        ] = 3,
+        retry_errors: Annotated[
+            bool,
+            typer.Option(
+                "--retry-errors/--no-retry-errors",
+                help="Retry threads whose last run raised (with backoff, up to quarantine).",
+            ),
+        ] = True,
+        error_backoff: Annotated[
+            float, typer.Option("--error-backoff", help="Seconds before the first retry.")
+        ] = 5.0,
+        shutdown: Annotated[
+            str,
+            typer.Option(
+                "--shutdown",
+                help="On SIGTERM: 'step' hands runs back at the next step boundary; "
+                "'finish' lets them complete.",
+            ),
+        ] = "step",
+        until_idle: Annotated[
+            bool, typer.Option("--until-idle", help="Exit when nothing is left to recover.")
+        ] = False,
+        use_async: Annotated[
+            bool, typer.Option("--async", help="Asyncio tasks and the async saver.")
+        ] = False,
+        pool_size: Annotated[
+            int, typer.Option("--pool-size", help="Connections (default max(10, concurrency + 2)).")
+        ] = 0,
+        log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "INFO",
+    ) -> None:
+        """Resume crashed, handed-back and queued threads; many workers may share one DB."""
+        from langgraph_durable.embedded import resolve_dsn
+
+        logging.basicConfig(
+            level=getattr(logging, log_level.upper(), logging.INFO),
+            format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+            stream=sys.stderr,
+        )
+        if shutdown not in ("step", "finish"):
+            raise typer.BadParameter("--shutdown must be 'step' or 'finish'")
+        try:
+            objects = [(spec, load_object(spec)) for spec in graph]
+        except ConfigurationError as exc:
+            err_console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from exc
+        url = resolve_dsn(dsn)
+        options: dict[str, Any] = {
+            "lease_ttl": lease_ttl,
+            "max_resume_attempts": max_resume_attempts,
+        }
+        worker_options: dict[str, Any] = {
+            "concurrency": concurrency,
+            "poll_interval": poll_interval,
+            "retry_errors": retry_errors,
+            "error_backoff": error_backoff,
+            "shutdown": shutdown,
+        }
+        size = pool_size or max(10, concurrency + 2)
+        if use_async:
+            import asyncio
+
+            asyncio.run(_arun(url, schema, size, options, objects, worker_options, until_idle))
+        else:
+            _run(url, schema, size, options, objects, worker_options, until_idle)
+
+
+def _run(
+    url: str,
+    schema: str | None,
+    size: int,
+    options: dict[str, Any],
+    objects: list[tuple[str, Any]],
+    worker_options: dict[str, Any],
+    until_idle: bool,
+) -> None:
+    from langgraph_durable.recovery import RecoveryWorker
+    from langgraph_durable.saver import DurablePostgresSaver
+
+    with DurablePostgresSaver.from_conn_string(url, schema=schema, pool_size=size, **options) as saver:
+        saver.setup()
+        graphs = [build_graph(obj, saver, spec) for spec, obj in objects]
+        RecoveryWorker(graphs, **worker_options).run(until_idle=until_idle)
+
+
+async def _arun(
+    url: str,
+    schema: str | None,
+    size: int,
+    options: dict[str, Any],
+    objects: list[tuple[str, Any]],
+    worker_options: dict[str, Any],
+    until_idle: bool,
+) -> None:
+    from langgraph_durable.recovery import RecoveryWorker
+    from langgraph_durable.saver import AsyncDurablePostgresSaver
+
+    async with AsyncDurablePostgresSaver.from_conn_string(
+        url, schema=schema, pool_size=size, **options
+    ) as saver:
+        await saver.asetup()
+        graphs = [build_graph(obj, saver, spec) for spec, obj in objects]
+        await RecoveryWorker(graphs, **worker_options).arun(until_idle=until_idle)

@@ -1,0 +1,798 @@
+"""Read-only inspection of threads, checkpoints and storage: the data behind the CLI.
+
+Every function takes a sync saver (``DurablePostgresSaver``) and returns plain,
+JSON-able dicts and lists (timestamps as ISO strings), so scripts and notebooks can use
+them as they are. Metadata-only questions (lists, counts, sizes) are answered with SQL
+on the stock tables and ours; channel *values* are always decoded through the saver
+(``saver.get_tuple``), so artifact references re-hydrate and integrity checks apply.
+Nothing here takes a lease or writes a row.
+
+Thread *state* (the recovery view of issue 7) is derived from ``durable_threads``:
+
+* ``running``: a live lease (some process is executing it now);
+* ``recoverable``: status ``running`` with an expired or no lease (its worker died),
+  ``stopped`` (cancelled) or ``error`` (the last run raised; resumed until the poison
+  limit quarantines it) -- ``invoke(None, config)`` or a recovery worker picks it up;
+* ``waiting`` (interrupted, waits for ``Command(resume=...)``), ``quarantined``, ``done``;
+* ``untracked``: checkpoints written without this package's run tracking (by the
+  stock saver, or with ``leases=False``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import orjson
+import ormsgpack
+from psycopg import sql
+from psycopg.rows import dict_row, tuple_row
+
+from langgraph_durable.artifacts import _CHUNK_REF, _DICT, _INLINE, REF_TYPE
+from langgraph_durable.errors import DurableError
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+
+    from langgraph_durable.saver import DurablePostgresSaver
+
+__all__ = [
+    "STATES",
+    "InspectError",
+    "diff_checkpoints",
+    "is_internal",
+    "next_nodes",
+    "node_of",
+    "preview",
+    "list_threads",
+    "resolve_checkpoint",
+    "show_thread",
+    "storage_stats",
+    "thread_history",
+    "thread_status_counts",
+]
+
+STATES = ("running", "recoverable", "waiting", "quarantined", "done", "untracked")
+STOCK_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "checkpoint_migrations")
+DURABLE_TABLES = (
+    "durable_threads",
+    "durable_quarantine",
+    "durable_artifacts",
+    "durable_artifact_refs",
+    "durable_ledger",
+    "durable_migrations",
+)
+# Channels LangGraph uses for control flow rather than state.
+_INTERNAL_PREFIXES = ("branch:to:", "join:", "__")
+_PULL_PREFIX = "~__pregel_pull, "
+
+
+class InspectError(DurableError, LookupError):
+    """A thread or checkpoint named on the command line does not exist (or a
+    checkpoint-id prefix is ambiguous)."""
+
+
+# The thread's state, computed in SQL so ``--status`` filters before LIMIT.
+_STATE_SQL = """
+CASE
+    WHEN t.thread_id IS NULL THEN 'untracked'
+    WHEN t.status = 'quarantined' THEN 'quarantined'
+    WHEN t.lease_owner IS NOT NULL AND t.lease_expires_at > now() THEN 'running'
+    WHEN t.status IN ('running', 'stopped', 'error') THEN 'recoverable'
+    ELSE t.status
+END
+"""
+
+_LIST_SQL = sql.SQL("""
+WITH cp AS (
+    SELECT thread_id,
+           count(*) FILTER (WHERE checkpoint_ns = '') AS checkpoints,
+           sum(pg_column_size(checkpoint) + pg_column_size(metadata))::bigint AS cp_bytes,
+           max(checkpoint_id) FILTER (WHERE checkpoint_ns = '') AS latest_id
+    FROM checkpoints GROUP BY thread_id
+), bl AS (
+    SELECT thread_id, sum(octet_length(blob))::bigint AS bytes
+    FROM checkpoint_blobs GROUP BY thread_id
+), wr AS (
+    SELECT thread_id, sum(octet_length(blob))::bigint AS bytes, count(*) AS n
+    FROM checkpoint_writes GROUP BY thread_id
+), art AS (
+    SELECT r.thread_id, sum(octet_length(a.data))::bigint AS bytes, count(*) AS n
+    FROM durable_artifact_refs r JOIN durable_artifacts a ON a.digest = r.digest
+    GROUP BY r.thread_id
+), ids AS (
+    SELECT thread_id FROM cp UNION SELECT thread_id FROM durable_threads
+), rows AS (
+    SELECT ids.thread_id,
+           t.status,
+           {state} AS state,
+           COALESCE(t.graph_version, latest.metadata ->> 'graph_version') AS graph_version,
+           (latest.metadata ->> 'step')::int AS step,
+           COALESCE(cp.checkpoints, 0) AS checkpoints,
+           COALESCE(wr.n, 0) AS writes,
+           COALESCE(cp.cp_bytes, 0) + COALESCE(bl.bytes, 0) + COALESCE(wr.bytes, 0) AS row_bytes,
+           COALESCE(art.bytes, 0) AS artifact_bytes,
+           COALESCE(art.n, 0) AS artifacts,
+           t.attempts,
+           t.lease_owner,
+           EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8 AS lease_expires_in,
+           t.last_error,
+           GREATEST(t.updated_at, (latest.checkpoint ->> 'ts')::timestamptz) AS last_activity
+    FROM ids
+    LEFT JOIN durable_threads t ON t.thread_id = ids.thread_id
+    LEFT JOIN cp ON cp.thread_id = ids.thread_id
+    LEFT JOIN bl ON bl.thread_id = ids.thread_id
+    LEFT JOIN wr ON wr.thread_id = ids.thread_id
+    LEFT JOIN art ON art.thread_id = ids.thread_id
+    LEFT JOIN checkpoints latest ON latest.thread_id = ids.thread_id
+        AND latest.checkpoint_ns = '' AND latest.checkpoint_id = cp.latest_id
+)
+SELECT * FROM rows
+WHERE (%(status)s::text IS NULL OR state = %(status)s OR status = %(status)s)
+  AND (%(prefix)s::text IS NULL OR starts_with(thread_id, %(prefix)s))
+ORDER BY last_activity DESC NULLS LAST, thread_id
+LIMIT %(limit)s
+""").format(state=sql.SQL(_STATE_SQL))
+
+_COUNTS_SQL = sql.SQL("""
+SELECT {state} AS state, t.status, count(*)::int AS n
+FROM (SELECT DISTINCT thread_id FROM checkpoints UNION SELECT thread_id FROM durable_threads) ids
+LEFT JOIN durable_threads t ON t.thread_id = ids.thread_id
+GROUP BY 1, 2
+""").format(state=sql.SQL(_STATE_SQL))
+
+_THREAD_SQL = """
+SELECT thread_id, status, graph_version, lease_owner, lease_token,
+       lease_expires_at,
+       EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS lease_expires_in,
+       attempts, attempts_checkpoint_id, last_error, created_at, updated_at
+FROM durable_threads WHERE thread_id = %s
+"""
+
+_HISTORY_SQL = """
+SELECT checkpoint_id, parent_checkpoint_id, checkpoint -> 'channel_versions' AS versions,
+       checkpoint ->> 'ts' AS ts, metadata,
+       (pg_column_size(checkpoint) + pg_column_size(metadata))::int AS row_bytes
+FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s
+ORDER BY checkpoint_id DESC LIMIT %s
+"""
+
+_WRITES_SQL = """
+SELECT checkpoint_id, task_id, task_path, channel, type, octet_length(blob)::int AS bytes
+FROM checkpoint_writes
+WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = ANY(%s)
+ORDER BY checkpoint_id, task_id, idx
+"""
+
+_BLOB_SIZES_SQL = """
+SELECT channel, version, type, octet_length(blob)::int AS bytes
+FROM checkpoint_blobs WHERE thread_id = %s AND checkpoint_ns = %s
+"""
+
+
+# ------------------------------------------------------------------ helpers
+def _rows(conn: Connection[Any], query: Any, params: Any = None) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query, params)
+        return cur.fetchall()
+
+
+def _plain(value: Any) -> Any:
+    """JSON-able form of a row value (timestamps as ISO strings, bytes as hex)."""
+    if isinstance(value, _dt.datetime | _dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    return value
+
+
+def _plain_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _plain(v) for k, v in row.items()}
+
+
+def node_of(task_path: str | None) -> str | None:
+    """The node a task ran, from its stored task path (``~__pregel_pull, NODE``);
+    None for push tasks (Send, @task), whose path does not name the node."""
+    if task_path and task_path.startswith(_PULL_PREFIX):
+        return task_path[len(_PULL_PREFIX) :]
+    return None
+
+
+def is_internal(channel: str) -> bool:
+    return channel.startswith(_INTERNAL_PREFIXES)
+
+
+def _size(saver: DurablePostgresSaver, value: Any) -> int | None:
+    """Serialized size with the saver's serializer: what the stock saver would store."""
+    try:
+        return len(saver.serde.dumps_typed(value)[1])
+    except Exception:  # an inspection never fails on one odd value
+        return None
+
+
+def preview(value: Any, width: int = 60) -> str:
+    """A one-line human summary of a channel value."""
+    if isinstance(value, str):
+        text = (
+            repr(value)
+            if len(value) <= width
+            else repr(value[:width]) + f"... ({len(value)} chars)"
+        )
+    elif isinstance(value, list | tuple | set | frozenset):
+        text = f"{type(value).__name__}[{len(value)}]"
+        if value:
+            first = next(iter(value))
+            text += " " + preview(first, max(10, width - len(text) - 1))
+    elif isinstance(value, dict):
+        keys = ", ".join(str(k) for k in list(value)[:6])
+        text = f"dict[{len(value)}] {{{keys}{', ...' if len(value) > 6 else ''}}}"
+    else:
+        text = repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _version_gt(a: Any, b: Any) -> bool:
+    if b is None:
+        return a is not None
+    try:
+        return bool(a > b)
+    except TypeError:  # mixed int/str versions (never within one saver)
+        return str(a) > str(b)
+
+
+def next_nodes(checkpoint: Mapping[str, Any]) -> list[str]:
+    """Nodes a resume would run, read off a StateGraph checkpoint without the graph.
+
+    A node is triggered when one of its trigger channels (``branch:to:NODE``, or a
+    complete ``join:A+B:NODE`` barrier) has a version newer than the one the node last
+    saw; Send packets in ``__pregel_tasks`` name their target node. Exact for graphs
+    built with ``StateGraph``; ``graph.get_state(config).next`` is the authority.
+    """
+    versions: Mapping[str, Any] = checkpoint.get("channel_versions") or {}
+    seen: Mapping[str, Mapping[str, Any]] = checkpoint.get("versions_seen") or {}
+    values: Mapping[str, Any] = checkpoint.get("channel_values") or {}
+    out: list[str] = []
+    for channel, version in versions.items():
+        node: str | None = None
+        if channel.startswith("branch:to:"):
+            node = channel[len("branch:to:") :]
+        elif channel.startswith("join:"):
+            _, _, rest = channel.partition(":")
+            names, _, node = rest.rpartition(":")
+            arrived = values.get(channel)
+            if not isinstance(arrived, set | frozenset | list) or set(arrived) != set(
+                names.split("+")
+            ):
+                node = None
+        # Only an available channel triggers: a consumed trigger leaves channel_values
+        # (its version still moves), exactly as LangGraph's own _triggers check.
+        if (
+            node
+            and node not in out
+            and channel in values
+            and _version_gt(version, seen.get(node, {}).get(channel))
+        ):
+            out.append(node)
+    for packet in values.get("__pregel_tasks") or ():
+        node = getattr(packet, "node", None)
+        if node and node not in out:
+            out.append(str(node))
+    return out
+
+
+# ------------------------------------------------------------------ threads
+def list_threads(
+    saver: DurablePostgresSaver,
+    *,
+    status: str | None = None,
+    prefix: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """Threads, most recently active first.
+
+    ``status`` filters on the derived state (running, recoverable, waiting,
+    quarantined, done, untracked) or on the raw ``durable_threads.status`` (error,
+    stopped...). ``row_bytes`` are the thread's own rows (checkpoints, blobs, writes);
+    ``artifact_bytes`` the stored size of the artifacts it references, which other
+    threads may share.
+    """
+    with saver.connection() as conn:
+        rows = _rows(conn, _LIST_SQL, {"status": status, "prefix": prefix, "limit": int(limit)})
+    out = []
+    for row in rows:
+        item = _plain_row(row)
+        item["bytes"] = int(row["row_bytes"]) + int(row["artifact_bytes"])
+        out.append(item)
+    return out
+
+
+def thread_status_counts(saver: DurablePostgresSaver) -> dict[str, int]:
+    """How many threads are in each state (the recovery view).
+
+    Keys: every entry of ``STATES`` plus ``error`` (threads whose last run raised; they
+    are counted in ``recoverable`` too) and ``total``.
+    """
+    counts = dict.fromkeys(STATES, 0)
+    counts["error"] = 0
+    total = 0
+    with saver.connection() as conn:
+        for row in _rows(conn, _COUNTS_SQL):
+            counts[row["state"]] = counts.get(row["state"], 0) + row["n"]
+            if row["status"] == "error":
+                counts["error"] += row["n"]
+            total += row["n"]
+    counts["total"] = total
+    return counts
+
+
+def _thread_row(conn: Connection[Any], thread_id: str) -> dict[str, Any] | None:
+    rows = _rows(conn, _THREAD_SQL, (thread_id,))
+    return rows[0] if rows else None
+
+
+def _state_of(row: Mapping[str, Any] | None) -> str:
+    if row is None:
+        return "untracked"
+    if row["status"] == "quarantined":
+        return "quarantined"
+    expires = row.get("lease_expires_in")
+    if row.get("lease_owner") and expires is not None and expires > 0:
+        return "running"
+    if row["status"] in ("running", "stopped", "error"):
+        return "recoverable"
+    return str(row["status"])
+
+
+def show_thread(
+    saver: DurablePostgresSaver, thread_id: str, *, checkpoint_ns: str = ""
+) -> dict[str, Any]:
+    """The latest state of a thread: channels (type, logical and stored sizes, a
+    preview), next nodes, tasks already finished in the current step (their writes are
+    restored on resume, not re-run), interrupts, lease, quarantine and attempts."""
+    thread_id = str(thread_id)
+    with saver.connection() as conn:
+        row = _thread_row(conn, thread_id)
+        quarantine = _rows(
+            conn, "SELECT * FROM durable_quarantine WHERE thread_id = %s", (thread_id,)
+        )
+        count = _rows(
+            conn,
+            "SELECT count(*)::int AS n FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s",
+            (thread_id, checkpoint_ns),
+        )[0]["n"]
+        ledger = _rows(
+            conn,
+            "SELECT status, count(*)::int AS n FROM durable_ledger WHERE thread_id = %s GROUP BY status",
+            (thread_id,),
+        )
+    if row is None and count == 0:
+        raise InspectError(f"thread {thread_id!r} not found", thread_id=thread_id)
+    saved = saver.get_tuple(
+        {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}}
+    )
+    out: dict[str, Any] = {
+        "thread_id": thread_id,
+        "status": row["status"] if row else None,
+        "state": _state_of(row),
+        "graph_version": row["graph_version"] if row else None,
+        "attempts": row["attempts"] if row else None,
+        "attempts_checkpoint_id": row["attempts_checkpoint_id"] if row else None,
+        "last_error": row["last_error"] if row else None,
+        "created_at": _plain(row["created_at"]) if row else None,
+        "updated_at": _plain(row["updated_at"]) if row else None,
+        "lease": None,
+        "quarantine": _plain_row(quarantine[0]) if quarantine else None,
+        "checkpoints": count,
+        "checkpoint": None,
+        "channels": [],
+        "next": [],
+        "finished_tasks": [],
+        "interrupts": [],
+        "errors": [],
+        "ledger": {r["status"]: r["n"] for r in ledger},
+    }
+    if row and row["lease_owner"]:
+        expires_in = row["lease_expires_in"]
+        out["lease"] = {
+            "owner": row["lease_owner"],
+            "token": row["lease_token"],
+            "expires_at": _plain(row["lease_expires_at"]),
+            "expires_in": expires_in,
+            "live": expires_in is not None and expires_in > 0,
+        }
+    if saved is None:
+        return out
+    checkpoint = saved.checkpoint
+    cid = saved.config["configurable"]["checkpoint_id"]
+    md = dict(saved.metadata or {})
+    out["graph_version"] = out["graph_version"] or md.get("graph_version")
+    out["checkpoint"] = {
+        "id": cid,
+        "parent_id": (saved.parent_config or {}).get("configurable", {}).get("checkpoint_id"),
+        "step": md.get("step"),
+        "source": md.get("source"),
+        "graph_version": md.get("graph_version"),
+        "ts": checkpoint.get("ts"),
+    }
+    with saver.connection() as conn:
+        blob_rows = _rows(conn, _BLOB_SIZES_SQL, (thread_id, checkpoint_ns))
+        write_rows = _rows(conn, _WRITES_SQL, (thread_id, checkpoint_ns, [cid]))
+    stored = {(r["channel"], r["version"]): r for r in blob_rows}
+    versions = checkpoint.get("channel_versions") or {}
+    values = checkpoint.get("channel_values") or {}
+    for channel in sorted(set(values) | {c for c in versions if not is_internal(c)}):
+        value = values.get(channel)
+        version = versions.get(channel)
+        blob = stored.get((channel, str(version)))
+        if blob is not None:
+            stored_bytes, storage = (
+                blob["bytes"],
+                "artifact-ref" if blob["type"] == REF_TYPE else "blob",
+            )
+        else:
+            stored_bytes, storage = len(orjson.dumps(value, default=str)), "inline"
+        out["channels"].append(
+            {
+                "channel": channel,
+                "internal": is_internal(channel),
+                "type": type(value).__name__,
+                "version": version,
+                "size": _size(saver, value),
+                "stored": stored_bytes,
+                "storage": storage,
+                "preview": preview(value),
+            }
+        )
+    out["next"] = next_nodes(cast(Mapping[str, Any], checkpoint))
+    tasks: dict[str, dict[str, Any]] = {}
+    for w in write_rows:
+        task = tasks.setdefault(
+            w["task_id"],
+            {
+                "task_id": w["task_id"],
+                "node": node_of(w["task_path"]),
+                "path": w["task_path"],
+                "channels": [],
+                "bytes": 0,
+            },
+        )
+        task["channels"].append(w["channel"])
+        task["bytes"] += w["bytes"] or 0
+    for task_id, channel, value in saved.pending_writes or ():
+        node = tasks.get(task_id, {}).get("node")
+        if channel == "__interrupt__":
+            for intr in value if isinstance(value, list | tuple) else (value,):
+                out["interrupts"].append(
+                    {
+                        "task_id": task_id,
+                        "node": node,
+                        "id": getattr(intr, "id", None),
+                        "value": preview(getattr(intr, "value", intr), 120),
+                    }
+                )
+        elif channel == "__error__":
+            out["errors"].append({"task_id": task_id, "node": node, "error": preview(value, 200)})
+    out["finished_tasks"] = [
+        t for t in tasks.values() if not set(t["channels"]) & {"__interrupt__", "__error__"}
+    ]
+    # Like LangGraph's StateSnapshot.next: a task whose writes are saved will not run
+    # again on resume, so it is listed as finished, not as next.
+    finished = {t["node"] for t in out["finished_tasks"]}
+    out["next"] = [n for n in out["next"] if n not in finished]
+    return out
+
+
+def _updated(versions: Mapping[str, Any], parent: Mapping[str, Any] | None) -> list[str]:
+    parent = parent or {}
+    return sorted(c for c, v in versions.items() if parent.get(c) != v)
+
+
+def thread_history(
+    saver: DurablePostgresSaver,
+    thread_id: str,
+    *,
+    limit: int = 50,
+    checkpoint_ns: str = "",
+) -> list[dict[str, Any]]:
+    """Checkpoints of a thread, newest first: step, source, graph version, the
+    channels each one updated (and the bytes stored for them), and the writes of the
+    tasks that ran from it (node, channels, bytes). SQL only: no value is decoded."""
+    thread_id = str(thread_id)
+    with saver.connection() as conn:
+        rows = _rows(conn, _HISTORY_SQL, (thread_id, checkpoint_ns, int(limit) + 1))
+        if not rows:
+            if _thread_row(conn, thread_id) is None:
+                raise InspectError(f"thread {thread_id!r} not found", thread_id=thread_id)
+            return []
+        ids = [r["checkpoint_id"] for r in rows[:limit]]
+        writes = _rows(conn, _WRITES_SQL, (thread_id, checkpoint_ns, ids))
+        blobs = _rows(conn, _BLOB_SIZES_SQL, (thread_id, checkpoint_ns))
+        by_id = {r["checkpoint_id"]: r for r in rows}
+        missing_parent = rows[-1]["parent_checkpoint_id"] if len(rows) <= limit else None
+        if missing_parent and missing_parent not in by_id:
+            extra = _rows(
+                conn,
+                "SELECT checkpoint_id, checkpoint -> 'channel_versions' AS versions FROM checkpoints "
+                "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
+                (thread_id, checkpoint_ns, missing_parent),
+            )
+            for r in extra:
+                by_id[r["checkpoint_id"]] = r
+    blob_bytes = {(b["channel"], b["version"]): b["bytes"] for b in blobs}
+    tasks_by_cp: dict[str, dict[str, dict[str, Any]]] = {}
+    for w in writes:
+        tasks = tasks_by_cp.setdefault(w["checkpoint_id"], {})
+        task = tasks.setdefault(
+            w["task_id"],
+            {"task_id": w["task_id"], "node": node_of(w["task_path"]), "channels": [], "bytes": 0},
+        )
+        task["channels"].append(w["channel"])
+        task["bytes"] += w["bytes"] or 0
+    out = []
+    for r in rows[:limit]:
+        versions = r["versions"] or {}
+        parent = by_id.get(r["parent_checkpoint_id"] or "")
+        updated = _updated(versions, parent["versions"] if parent else None)
+        md = r["metadata"] or {}
+        ran = list(tasks_by_cp.get(r["checkpoint_id"], {}).values())
+        out.append(
+            {
+                "checkpoint_id": r["checkpoint_id"],
+                "parent_id": r["parent_checkpoint_id"],
+                "step": md.get("step"),
+                "source": md.get("source"),
+                "graph_version": md.get("graph_version"),
+                "ts": r["ts"],
+                "updated_channels": [c for c in updated if not is_internal(c)],
+                "bytes": r["row_bytes"]
+                + sum(blob_bytes.get((c, str(versions[c])), 0) for c in updated),
+                "writes": ran,
+                "write_bytes": sum(t["bytes"] for t in ran),
+            }
+        )
+    return out
+
+
+def resolve_checkpoint(
+    saver: DurablePostgresSaver, thread_id: str, ref: str, *, checkpoint_ns: str = ""
+) -> str:
+    """A checkpoint id from ``ref``: a full id, a unique prefix, ``latest``, or
+    ``latest~N`` (N checkpoints before the latest)."""
+    thread_id = str(thread_id)
+    ref = ref.strip()
+    with saver.connection() as conn:
+        if ref == "latest" or ref.startswith("latest~"):
+            back = int(ref.partition("~")[2] or 0)
+            rows = _rows(
+                conn,
+                "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s "
+                "ORDER BY checkpoint_id DESC OFFSET %s LIMIT 1",
+                (thread_id, checkpoint_ns, back),
+            )
+        else:
+            # starts_with: the prefix is a value, never a LIKE pattern.
+            rows = _rows(
+                conn,
+                "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s "
+                "AND starts_with(checkpoint_id, %s) ORDER BY checkpoint_id DESC LIMIT 2",
+                (thread_id, checkpoint_ns, ref),
+            )
+            exact = [r for r in rows if r["checkpoint_id"] == ref]
+            rows = exact or rows
+    if not rows:
+        raise InspectError(
+            f"no checkpoint {ref!r} in thread {thread_id!r}", thread_id=thread_id, ref=ref
+        )
+    if len(rows) > 1:
+        raise InspectError(
+            f"checkpoint prefix {ref!r} is ambiguous in thread {thread_id!r}",
+            thread_id=thread_id,
+            ref=ref,
+        )
+    return str(rows[0]["checkpoint_id"])
+
+
+def diff_checkpoints(
+    saver: DurablePostgresSaver,
+    thread_id: str,
+    a: str,
+    b: str,
+    *,
+    checkpoint_ns: str = "",
+) -> dict[str, Any]:
+    """Which channels differ between two checkpoints of a thread.
+
+    Each channel is ``added``, ``removed``, ``changed`` (new version, different value),
+    ``rewritten`` (new version, same serialized value) or ``same``; with sizes before
+    and after (serialized with the saver's serializer) and short previews.
+    """
+    thread_id = str(thread_id)
+    ids = [resolve_checkpoint(saver, thread_id, ref, checkpoint_ns=checkpoint_ns) for ref in (a, b)]
+    tuples = []
+    for cid in ids:
+        saved = saver.get_tuple(
+            {
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": checkpoint_ns,
+                    "checkpoint_id": cid,
+                }
+            }
+        )
+        assert saved is not None  # resolve_checkpoint found it
+        tuples.append(saved)
+    ca, cb = (t.checkpoint for t in tuples)
+    va, vb = ca.get("channel_versions") or {}, cb.get("channel_versions") or {}
+    xa, xb = ca.get("channel_values") or {}, cb.get("channel_values") or {}
+    channels = []
+    for channel in sorted(set(va) | set(vb) | set(xa) | set(xb)):
+        in_a, in_b = channel in xa, channel in xb
+        size_a = _size(saver, xa[channel]) if in_a else None
+        size_b = _size(saver, xb[channel]) if in_b else None
+        if not in_a and not in_b:
+            change = "same" if va.get(channel) == vb.get(channel) else "changed"
+        elif not in_a:
+            change = "added"
+        elif not in_b:
+            change = "removed"
+        elif va.get(channel) == vb.get(channel):
+            change = "same"
+        else:
+            same_bytes = saver.serde.dumps_typed(xa[channel]) == saver.serde.dumps_typed(
+                xb[channel]
+            )
+            change = "rewritten" if same_bytes else "changed"
+        channels.append(
+            {
+                "channel": channel,
+                "internal": is_internal(channel),
+                "change": change,
+                "version_a": va.get(channel),
+                "version_b": vb.get(channel),
+                "size_a": size_a,
+                "size_b": size_b,
+                "delta": (size_b or 0) - (size_a or 0),
+                "before": preview(xa[channel]) if in_a else None,
+                "after": preview(xb[channel]) if in_b else None,
+            }
+        )
+    meta = [dict(t.metadata or {}) for t in tuples]
+    return {
+        "thread_id": thread_id,
+        "a": {
+            "checkpoint_id": ids[0],
+            "step": meta[0].get("step"),
+            "graph_version": meta[0].get("graph_version"),
+        },
+        "b": {
+            "checkpoint_id": ids[1],
+            "step": meta[1].get("step"),
+            "graph_version": meta[1].get("graph_version"),
+        },
+        "channels": channels,
+        "changed": [c["channel"] for c in channels if c["change"] != "same" and not c["internal"]],
+    }
+
+
+# ------------------------------------------------------------------ storage
+def _table_stats(conn: Connection[Any], names: Iterable[str]) -> list[dict[str, Any]]:
+    out = []
+    for name in names:
+        found = _rows(conn, "SELECT to_regclass(%s)::oid AS oid", (name,))[0]["oid"]
+        if found is None:
+            continue
+        size = _rows(
+            conn,
+            "SELECT pg_total_relation_size(%s)::bigint AS total, pg_relation_size(%s)::bigint AS heap, "
+            "pg_indexes_size(%s)::bigint AS indexes",
+            (found, found, found),
+        )[0]
+        # The name comes from a fixed list and is quoted as an identifier.
+        count = _rows(
+            conn, sql.SQL("SELECT count(*)::bigint AS n FROM {}").format(sql.Identifier(name))
+        )[0]["n"]
+        out.append({"table": name, "rows": count, **size})
+    return out
+
+
+def _envelope_refs(data: bytes, elements: Counter[bytes], chunks: Counter[bytes]) -> None:
+    kind, items = ormsgpack.unpackb(data)
+    for item in (i for _, i in items) if kind == _DICT else items:
+        if item[0] == _INLINE:
+            continue
+        (chunks if item[0] == _CHUNK_REF else elements)[bytes(item[1])] += 1
+
+
+def _artifact_stats(saver: DurablePostgresSaver, conn: Connection[Any]) -> dict[str, Any]:
+    """Dedup figures computed from the tables alone (no in-process cache involved).
+
+    logical bytes: the uncompressed content every reference in checkpoint_blobs and
+    checkpoint_writes stands for, counted once per reference (a chunk counts its
+    elements); unique bytes: the distinct content; stored bytes: what the artifact
+    table holds (compressed). dedup_ratio = logical / stored.
+    """
+    elements: Counter[bytes] = Counter()
+    chunks: Counter[bytes] = Counter()
+    for query in (
+        "SELECT blob FROM checkpoint_blobs WHERE type = %s",
+        "SELECT blob FROM checkpoint_writes WHERE type = %s",
+    ):
+        with conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query, (REF_TYPE,))
+            for (blob,) in cur:
+                _envelope_refs(bytes(blob), elements, chunks)
+    totals = _rows(
+        conn,
+        "SELECT count(*)::bigint AS n, COALESCE(sum(size), 0)::bigint AS unique_bytes, "
+        "COALESCE(sum(octet_length(data)), 0)::bigint AS stored_bytes FROM durable_artifacts",
+    )[0]
+    sizes: dict[bytes, int] = {}
+    chunk_logical: dict[bytes, int] = {}
+    if chunks:
+        for r in _rows(
+            conn,
+            "SELECT digest, data FROM durable_artifacts WHERE digest = ANY(%s)",
+            (list(chunks),),
+        ):
+            content = saver.codec.decompress(bytes(r["data"]))
+            inner: Counter[bytes] = Counter()
+            inline = 0
+            for item in ormsgpack.unpackb(content[1:]):
+                if item[0] == _INLINE:
+                    inline += len(item[2])
+                else:
+                    inner[bytes(item[1])] += 1
+            chunk_logical[bytes(r["digest"])] = inline
+            for d, n in inner.items():
+                elements[d] += n * chunks[bytes(r["digest"])]
+    if elements:
+        for r in _rows(
+            conn,
+            "SELECT digest, size FROM durable_artifacts WHERE digest = ANY(%s)",
+            (list(elements),),
+        ):
+            sizes[bytes(r["digest"])] = int(r["size"])
+    logical = sum(sizes.get(d, 0) * n for d, n in elements.items())
+    logical += sum(chunk_logical.get(d, 0) * n for d, n in chunks.items())
+    stored = int(totals["stored_bytes"])
+    return {
+        "artifacts": int(totals["n"]),
+        "references": sum(elements.values()) + sum(chunks.values()),
+        "logical_bytes": logical,
+        "unique_bytes": int(totals["unique_bytes"]),
+        "stored_bytes": stored,
+        "dedup_ratio": round(logical / stored, 3) if stored else None,
+    }
+
+
+def storage_stats(saver: DurablePostgresSaver) -> dict[str, Any]:
+    """Table sizes (stock and this package's), thread and checkpoint counts, and the
+    artifact dedup ratio."""
+    with saver.connection() as conn:
+        tables = _table_stats(conn, (*STOCK_TABLES, *DURABLE_TABLES))
+        artifacts = (
+            _artifact_stats(saver, conn)
+            if any(t["table"] == "durable_artifacts" for t in tables)
+            else None
+        )
+        db = _rows(
+            conn,
+            "SELECT current_database() AS name, pg_database_size(current_database())::bigint AS bytes",
+        )[0]
+    by_name = {t["table"]: t for t in tables}
+    return {
+        "database": db["name"],
+        "database_bytes": db["bytes"],
+        "tables": tables,
+        "total_bytes": sum(t["total"] for t in tables),
+        "checkpoint_bytes": sum(by_name[t]["total"] for t in STOCK_TABLES if t in by_name),
+        "artifact_table_bytes": sum(
+            by_name[t]["total"]
+            for t in ("durable_artifacts", "durable_artifact_refs")
+            if t in by_name
+        ),
+        "artifacts": artifacts,
+    }

@@ -1,0 +1,436 @@
+"""Operator tools for quarantined (poisoned) threads: list, show, release, rewind.
+
+The counting and the quarantine itself live in the saver's run lifecycle (see
+``saver._DurableBase._flow_run_start``): every root run start from a checkpoint counts
+one attempt in ``durable_threads`` before any node runs, a run that ends done or waiting
+on an interrupt resets the count, and the start that finds more than
+``max_resume_attempts`` failed attempts at the same checkpoint quarantines the thread
+(``durable_threads.status = 'quarantined'`` plus a row in ``durable_quarantine``) and
+raises ``PoisonCheckpointError``. This module is what an operator does next, the DBOS
+dead-letter queue / Restate paused-invocation workflow:
+
+* ``list_quarantined`` / ``show``: what is stuck, where, why (SQL only: works on a
+  thread whose checkpoint cannot be decoded).
+* ``release``: lift the quarantine and reset the count; the next ``invoke`` runs the same
+  checkpoint again with ``max_resume_attempts`` fresh attempts (DBOS ``resume``).
+* ``rewind``: make a copy of an earlier checkpoint the thread's head (a fork: nothing is
+  deleted, history keeps the poisoned branch), reset the count, lift the quarantine; the
+  next ``invoke(None, ...)`` continues from there (DBOS ``fork_workflow``, Restate
+  restart-from-prefix).
+
+Every function takes a saver (``DurablePostgresSaver`` or ``AsyncDurablePostgresSaver``)
+and has an async twin prefixed ``a``. Statements are written once as ops (see ``_io``)
+and run by the saver's own driver.
+
+Retention and recovery code must skip threads whose ``durable_threads.status`` is
+``QUARANTINED``; a run started on one anyway (by a worker, a user, Studio) raises
+``PoisonCheckpointError`` before any node runs, whoever starts it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from langgraph.checkpoint.base.id import uuid6
+
+from langgraph_durable._io import Batch, Op, Stmt
+from langgraph_durable.errors import (
+    CheckpointNotFoundError,
+    NotQuarantinedError,
+    ThreadBusyError,
+)
+from langgraph_durable.saver import _jsonb
+from langgraph_durable.versioning import VERSION_KEY
+
+logger = logging.getLogger("langgraph_durable")
+
+QUARANTINED = "quarantined"
+
+# LangGraph's channel for a task's exception (langgraph._internal._constants.ERROR).
+_ERROR_CHANNEL = "__error__"
+
+# head_checkpoint_id: the thread's newest root checkpoint (ids are time-ordered uuid6).
+LIST_SQL = """
+SELECT q.thread_id, q.checkpoint_id, q.attempts, q.last_error, q.graph_version, q.reason,
+       q.quarantined_at,
+       (SELECT c.checkpoint_id FROM checkpoints c
+        WHERE c.thread_id = q.thread_id AND c.checkpoint_ns = ''
+        ORDER BY c.checkpoint_id DESC LIMIT 1) AS head_checkpoint_id
+FROM durable_quarantine q JOIN durable_threads t ON t.thread_id = q.thread_id
+WHERE t.status = 'quarantined'
+ORDER BY q.quarantined_at DESC, q.thread_id
+LIMIT %s
+"""
+
+ENTRY_SQL = """
+SELECT q.thread_id, q.checkpoint_id, q.attempts, q.last_error, q.graph_version, q.reason,
+       q.quarantined_at,
+       (SELECT c.checkpoint_id FROM checkpoints c
+        WHERE c.thread_id = q.thread_id AND c.checkpoint_ns = ''
+        ORDER BY c.checkpoint_id DESC LIMIT 1) AS head_checkpoint_id
+FROM durable_quarantine q WHERE q.thread_id = %s
+"""
+
+THREAD_SQL = """
+SELECT status, attempts, attempts_checkpoint_id, last_error, graph_version, lease_owner,
+       EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS expires_in
+FROM durable_threads WHERE thread_id = %s
+"""
+
+HISTORY_SQL = """
+SELECT c.checkpoint_id, c.parent_checkpoint_id, c.metadata ->> 'step' AS step,
+       c.metadata ->> 'source' AS source, c.metadata ->> %s AS graph_version,
+       c.checkpoint ->> 'ts' AS ts,
+       (SELECT count(*) FROM checkpoint_writes w
+        WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
+          AND w.checkpoint_id = c.checkpoint_id) AS writes,
+       (SELECT count(*) FROM checkpoint_writes w
+        WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
+          AND w.checkpoint_id = c.checkpoint_id AND w.channel = %s) AS errors
+FROM checkpoints c
+WHERE c.thread_id = %s AND c.checkpoint_ns = ''
+ORDER BY c.checkpoint_id DESC
+LIMIT %s
+"""
+
+# Row lock: a run start (ACQUIRE_SQL upserts this row) waits for the operator's change.
+LOCK_THREAD_SQL = """
+SELECT status, lease_owner,
+       EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS expires_in
+FROM durable_threads WHERE thread_id = %s FOR UPDATE
+"""
+
+RELEASE_QUARANTINE_SQL = "DELETE FROM durable_quarantine WHERE thread_id = %s RETURNING thread_id"
+
+# 'stopped': the thread has unfinished work and nothing runs it, like a crashed run, so
+# a recovery worker may pick it up again; the count starts over.
+RESET_THREAD_SQL = """
+UPDATE durable_threads SET status = 'stopped', attempts = 0,
+    attempts_checkpoint_id = COALESCE(%(checkpoint_id)s, attempts_checkpoint_id),
+    last_error = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE thread_id = %(thread_id)s
+"""
+
+HEAD_SQL = """
+SELECT checkpoint_id FROM checkpoints
+WHERE thread_id = %s AND checkpoint_ns = '' ORDER BY checkpoint_id DESC LIMIT 1
+"""
+
+# The fork: the chosen checkpoint copied under a new (newest) id, with the same parent
+# and channel versions, so it reads the same blobs and artifacts (nothing else to copy)
+# and a DeltaChannel walk from it sees what it saw from the original. Pending writes are
+# not copied: every task after the chosen checkpoint runs again. run_id is dropped so a
+# rollback of the old run (delete_for_runs) cannot delete the fork.
+FORK_SQL = """
+INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id,
+                         type, checkpoint, metadata)
+SELECT thread_id, checkpoint_ns, %(new_id)s, parent_checkpoint_id, type,
+       jsonb_set(jsonb_set(checkpoint, '{id}', to_jsonb(%(new_id)s::text)),
+                 '{ts}', to_jsonb(%(ts)s::text)),
+       (metadata - 'run_id') || %(extra)s
+FROM checkpoints
+WHERE thread_id = %(thread_id)s AND checkpoint_ns = '' AND checkpoint_id = %(to)s
+RETURNING checkpoint_id
+"""
+
+
+@dataclass(frozen=True)
+class QuarantineEntry:
+    """One quarantined thread, as ``durable_quarantine`` records it.
+
+    ``attempts``: failed runs from ``checkpoint_id``. ``reason``: ``max_attempts`` (a
+    crash or error loop: fix the cause, then release) or ``load_error`` (the stored
+    checkpoint cannot be decoded: rewind). ``head_checkpoint_id``: the thread's newest
+    checkpoint now (differs from ``checkpoint_id`` after an ``update_state``)."""
+
+    thread_id: str
+    checkpoint_id: str | None
+    attempts: int
+    last_error: str | None
+    graph_version: str | None
+    reason: str
+    quarantined_at: _dt.datetime
+    head_checkpoint_id: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["quarantined_at"] = self.quarantined_at.isoformat()
+        return d
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    """A root checkpoint of a thread, read without decoding any value."""
+
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    step: int | None
+    source: str | None
+    graph_version: str | None
+    ts: str | None
+    writes: int
+    errors: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ThreadReport:
+    """What ``show`` returns: the thread's lifecycle row, its quarantine record (if it
+    is quarantined) and its newest root checkpoints, newest first."""
+
+    thread_id: str
+    status: str | None
+    attempts: int
+    attempts_checkpoint_id: str | None
+    last_error: str | None
+    graph_version: str | None
+    lease_owner: str | None
+    quarantine: QuarantineEntry | None
+    history: list[CheckpointSummary] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id,
+            "status": self.status,
+            "attempts": self.attempts,
+            "attempts_checkpoint_id": self.attempts_checkpoint_id,
+            "last_error": self.last_error,
+            "graph_version": self.graph_version,
+            "lease_owner": self.lease_owner,
+            "quarantine": self.quarantine.to_dict() if self.quarantine else None,
+            "history": [c.to_dict() for c in self.history],
+        }
+
+
+@dataclass(frozen=True)
+class RewindResult:
+    """``checkpoint_id``: the new head (a copy of ``rewound_to``); ``rewound_from``: the
+    head before; ``released``: whether a quarantine was lifted."""
+
+    thread_id: str
+    checkpoint_id: str
+    rewound_to: str
+    rewound_from: str | None
+    released: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------- ops
+def _entry(row: dict[str, Any]) -> QuarantineEntry:
+    return QuarantineEntry(
+        thread_id=row["thread_id"],
+        checkpoint_id=row["checkpoint_id"],
+        attempts=int(row["attempts"]),
+        last_error=row["last_error"],
+        graph_version=row["graph_version"],
+        reason=row["reason"],
+        quarantined_at=row["quarantined_at"],
+        head_checkpoint_id=row["head_checkpoint_id"],
+    )
+
+
+def _op_list(limit: int | None) -> Op[list[QuarantineEntry]]:
+    rows = yield Batch([Stmt(LIST_SQL, (limit,), fetch=True)])
+    return [_entry(r) for r in rows[0]]
+
+
+def _op_show(thread_id: str, history: int) -> Op[ThreadReport]:
+    rows = yield Batch(
+        [
+            Stmt(THREAD_SQL, (thread_id,), fetch=True),
+            Stmt(ENTRY_SQL, (thread_id,), fetch=True),
+            Stmt(HISTORY_SQL, (VERSION_KEY, _ERROR_CHANNEL, thread_id, history), fetch=True),
+        ]
+    )
+    thread, entry, hist = rows
+    if not thread and not hist:
+        raise CheckpointNotFoundError(thread_id, None)
+    t = thread[0] if thread else {}
+    status = t.get("status")
+    return ThreadReport(
+        thread_id=thread_id,
+        status=status,
+        attempts=int(t.get("attempts") or 0),
+        attempts_checkpoint_id=t.get("attempts_checkpoint_id"),
+        last_error=t.get("last_error"),
+        graph_version=t.get("graph_version"),
+        lease_owner=t.get("lease_owner") if (t.get("expires_in") or 0) > 0 else None,
+        quarantine=_entry(entry[0]) if entry and status == QUARANTINED else None,
+        history=[
+            CheckpointSummary(
+                checkpoint_id=r["checkpoint_id"],
+                parent_checkpoint_id=r["parent_checkpoint_id"],
+                step=int(r["step"]) if r["step"] is not None else None,
+                source=r["source"],
+                graph_version=r["graph_version"],
+                ts=r["ts"],
+                writes=int(r["writes"]),
+                errors=int(r["errors"]),
+            )
+            for r in hist
+        ],
+    )
+
+
+def _op_release(thread_id: str) -> Op[QuarantineEntry]:
+    rows = yield Batch(
+        [Stmt(LOCK_THREAD_SQL, (thread_id,), fetch=True), Stmt(ENTRY_SQL, (thread_id,), fetch=True)]
+    )
+    thread, entry = rows
+    status = thread[0]["status"] if thread else None
+    if status != QUARANTINED or not entry:
+        raise NotQuarantinedError(thread_id, status)
+    yield Batch(
+        [
+            Stmt(RELEASE_QUARANTINE_SQL, (thread_id,)),
+            Stmt(RESET_THREAD_SQL, {"thread_id": thread_id, "checkpoint_id": None}),
+        ]
+    )
+    released = _entry(entry[0])
+    logger.warning(
+        "thread %s released from quarantine (checkpoint %s, %d failed attempts): the next "
+        "run starts from it again",
+        thread_id, released.checkpoint_id, released.attempts,
+    )
+    return released
+
+
+def _next_id(head: str | None, step: int) -> str:
+    """A checkpoint id newer than ``head``: LangGraph's own uuid6, or, when this
+    machine's clock is behind the one that wrote ``head``, ``head`` plus 409.6 us (one
+    unit of uuid6's time_mid field; the version nibble below it is left untouched)."""
+    new = str(uuid6(clock_seq=step))
+    if head is not None and new <= head:
+        new = str(uuid.UUID(int=uuid.UUID(head).int + (1 << 80)))
+    return new
+
+
+def _op_rewind(thread_id: str, to: str, step: int) -> Op[RewindResult]:
+    rows = yield Batch(
+        [Stmt(LOCK_THREAD_SQL, (thread_id,), fetch=True), Stmt(HEAD_SQL, (thread_id,), fetch=True)]
+    )
+    thread, head_rows = rows
+    if thread and thread[0]["lease_owner"] and (thread[0]["expires_in"] or 0) > 0:
+        raise ThreadBusyError(thread_id, thread[0]["lease_owner"], thread[0]["expires_in"])
+    head = head_rows[0]["checkpoint_id"] if head_rows else None
+    new_id = _next_id(head, step)
+    extra = {"source": "fork", "rewound_to": to, "rewound_from": head}
+    params = {
+        "thread_id": thread_id,
+        "to": to,
+        "new_id": new_id,
+        "ts": _dt.datetime.now(_dt.UTC).isoformat(),
+        "extra": _jsonb(extra),
+    }
+    rows = yield Batch(
+        [
+            Stmt(FORK_SQL, params, fetch=True),
+            Stmt(RELEASE_QUARANTINE_SQL, (thread_id,), fetch=True),
+            Stmt(RESET_THREAD_SQL, {"thread_id": thread_id, "checkpoint_id": new_id}),
+        ]
+    )
+    if not rows[0]:
+        # Checked before the transaction; only a concurrent delete_thread gets here.
+        raise CheckpointNotFoundError(thread_id, to)
+    released = bool(rows[1])
+    logger.warning(
+        "thread %s rewound to checkpoint %s (new head %s, previous head %s)%s",
+        thread_id, to, new_id, head, "; quarantine lifted" if released else "",
+    )
+    return RewindResult(thread_id, new_id, to, head, released)
+
+
+def _target_config(thread_id: str, to: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": to}}
+
+
+def _target_step(thread_id: str, to: str, saved: Any) -> int:
+    # The chosen checkpoint must exist and decode: a rewind onto unreadable bytes would
+    # only be quarantined again (CheckpointLoadError propagates from the read).
+    if saved is None:
+        raise CheckpointNotFoundError(thread_id, to)
+    step = (saved.metadata or {}).get("step")
+    return int(step) if isinstance(step, int) else 0
+
+
+# ---------------------------------------------------------------------- public API
+def list_quarantined(saver: Any, *, limit: int | None = None) -> list[QuarantineEntry]:
+    """Quarantined threads, most recently quarantined first."""
+    return list(saver.run_op(lambda: _op_list(limit)))
+
+
+async def alist_quarantined(saver: Any, *, limit: int | None = None) -> list[QuarantineEntry]:
+    return list(await saver.arun_op(lambda: _op_list(limit)))
+
+
+def show(saver: Any, thread_id: str, *, history: int = 10) -> ThreadReport:
+    """A thread's lifecycle row, quarantine record and newest ``history`` root
+    checkpoints. Raises ``CheckpointNotFoundError`` for a thread never seen."""
+    tid = str(thread_id)
+    report: ThreadReport = saver.run_op(lambda: _op_show(tid, history))
+    return report
+
+
+async def ashow(saver: Any, thread_id: str, *, history: int = 10) -> ThreadReport:
+    tid = str(thread_id)
+    report: ThreadReport = await saver.arun_op(lambda: _op_show(tid, history))
+    return report
+
+
+def release(saver: Any, thread_id: str) -> QuarantineEntry:
+    """Lift the quarantine of ``thread_id`` and reset its attempt count; the next run
+    starts from the same checkpoint with ``max_resume_attempts`` fresh attempts. Returns
+    the record that was lifted. Raises ``NotQuarantinedError`` otherwise."""
+    tid = str(thread_id)
+    entry: QuarantineEntry = saver.run_op(lambda: _op_release(tid))
+    return entry
+
+
+async def arelease(saver: Any, thread_id: str) -> QuarantineEntry:
+    tid = str(thread_id)
+    entry: QuarantineEntry = await saver.arun_op(lambda: _op_release(tid))
+    return entry
+
+
+def rewind(saver: Any, thread_id: str, to: str) -> RewindResult:
+    """Fork ``thread_id`` from its earlier root checkpoint ``to``: a copy of it becomes
+    the head (history is kept), the count is reset and a quarantine lifted; the next
+    ``invoke(None, {"configurable": {"thread_id": ...}})`` continues from there. Works
+    on any thread no run holds (``ThreadBusyError`` otherwise). ``to`` must exist
+    (``CheckpointNotFoundError``) and decode (``CheckpointLoadError``)."""
+    tid, cid = str(thread_id), str(to)
+    step = _target_step(tid, cid, saver.get_tuple(_target_config(tid, cid)))
+    result: RewindResult = saver.run_op(lambda: _op_rewind(tid, cid, step))
+    return result
+
+
+async def arewind(saver: Any, thread_id: str, to: str) -> RewindResult:
+    tid, cid = str(thread_id), str(to)
+    step = _target_step(tid, cid, await saver.aget_tuple(_target_config(tid, cid)))
+    result: RewindResult = await saver.arun_op(lambda: _op_rewind(tid, cid, step))
+    return result
+
+
+__all__ = [
+    "QUARANTINED",
+    "CheckpointSummary",
+    "QuarantineEntry",
+    "RewindResult",
+    "ThreadReport",
+    "alist_quarantined",
+    "arelease",
+    "arewind",
+    "ashow",
+    "list_quarantined",
+    "release",
+    "rewind",
+    "show",
+]

@@ -1,0 +1,797 @@
+"""Recovery workers: find threads whose last run did not finish and resume them.
+
+Any number of worker processes, on any number of machines, point at one Postgres. All
+coordination lives in ``durable_threads``; a worker keeps no state that another needs:
+
+* **Claim.** One statement selects a candidate with ``FOR UPDATE SKIP LOCKED`` (workers
+  never queue behind each other's row locks) and writes a lease for this worker on it
+  (owner, fencing token + 1, expiry). A candidate is a thread with a root checkpoint to
+  resume from, no live lease, and status
+
+  - ``running`` with an expired lease: its process died (crash, SIGKILL, lost machine);
+  - ``stopped``: handed back (a worker shut down at a step boundary, a cancelled run);
+  - ``queued``: new work submitted with :func:`submit`;
+  - ``error`` (``retry_errors=True``, the default): retried after an exponential
+    backoff; poison detection (``max_resume_attempts`` on the saver) quarantines the
+    thread once that many attempts at the same checkpoint failed, which bounds the loop.
+
+  Never ``waiting`` (an interrupt waits for a human), ``quarantined`` or ``done``.
+  The latest checkpoint's ``graph_version`` stamp must be one the worker's graph can
+  run: its own version, or one with a registered migration path to it (``refuse``
+  policy), any version (``warn`` / ``auto-upgrade``), unstamped threads only when the
+  saver adopts them.
+* **Resume.** ``graph.stream(None, config)`` (``astream`` in :meth:`RecoveryWorker.arun`)
+  with the claim handed to the run: the run's own lease acquisition takes it over from
+  the same owner, so there is no window where the thread is free. From there the saver's
+  run lifecycle applies (renewal, fencing, release with done / waiting / stopped / error).
+* **Shutdown.** :meth:`RecoveryWorker.stop` (SIGTERM / SIGINT in :meth:`RecoveryWorker.run`)
+  stops claiming; running threads stop at their next superstep boundary (the step in
+  flight finishes and is checkpointed), their leases are released with status
+  ``stopped`` and any other worker resumes them at once. ``shutdown="finish"`` lets runs
+  complete instead. A second signal exits at once: leases then expire after ``lease_ttl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+from langchain_core.runnables import RunnableConfig
+
+from langgraph_durable._io import Batch, Op, Stmt
+from langgraph_durable.errors import (
+    ConfigurationError,
+    GraphVersionMismatchError,
+    LeaseLostError,
+    MigrationError,
+    PoisonCheckpointError,
+    ThreadBusyError,
+)
+from langgraph_durable.saver import CLAIM_KEY, _DurableBase
+from langgraph_durable.versioning import VERSION_KEY, MigrationRegistry, graph_fingerprint
+
+logger = logging.getLogger("langgraph_durable.recovery")
+
+Shutdown = Literal["step", "finish"]
+
+# Statuses a claim may pick up (besides 'error', which is opt-in with a backoff).
+RECOVERABLE = ("running", "stopped", "queued")
+
+CLAIM_SQL = """
+WITH cand AS (
+    SELECT t.thread_id, t.status AS prev_status, t.attempts, t.attempts_checkpoint_id,
+           cp.checkpoint_id, cp.graph_version
+    FROM durable_threads t
+    CROSS JOIN LATERAL (
+        SELECT c.checkpoint_id, c.metadata ->> 'graph_version' AS graph_version
+        FROM checkpoints c
+        WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = ''
+        ORDER BY c.checkpoint_id DESC
+        LIMIT 1
+    ) cp
+    WHERE (t.lease_owner IS NULL OR t.lease_expires_at < now())
+      AND (t.status = ANY(%(statuses)s)
+           OR (t.status = 'error' AND %(retry_errors)s
+               AND t.updated_at < now() - make_interval(secs => LEAST(
+                   %(backoff)s * power(2, GREATEST(t.attempts - 1, 0)), %(max_backoff)s))))
+      AND (%(any_version)s
+           OR cp.graph_version = ANY(%(versions)s)
+           OR (cp.graph_version IS NULL AND %(adopt)s))
+      AND NOT (t.thread_id = ANY(%(skip)s))
+    ORDER BY t.updated_at
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE durable_threads AS t
+SET lease_owner = %(owner)s,
+    lease_token = t.lease_token + 1,
+    lease_expires_at = now() + make_interval(secs => %(ttl)s)
+FROM cand
+WHERE t.thread_id = cand.thread_id
+RETURNING t.thread_id, t.lease_token, cand.prev_status, cand.checkpoint_id, cand.graph_version,
+          CASE WHEN cand.attempts_checkpoint_id IS NOT DISTINCT FROM cand.checkpoint_id
+               THEN cand.attempts + 1 ELSE 1 END AS attempt
+"""
+
+# After a run: drop the claim if the run never took it over (it failed before its
+# lease acquisition), then read where the thread ended up.
+FINISH_SQL = """
+UPDATE durable_threads SET lease_owner = NULL, lease_expires_at = NULL
+WHERE thread_id = %(thread_id)s AND lease_owner = %(owner)s AND lease_token = %(token)s
+"""
+
+THREAD_STATE_SQL = """
+SELECT status, lease_owner, lease_token, attempts, last_error
+FROM durable_threads WHERE thread_id = %s
+"""
+
+QUEUE_SQL = """
+INSERT INTO durable_threads AS t (thread_id, status, graph_version, updated_at)
+VALUES (%(thread_id)s, 'queued', %(version)s, now())
+ON CONFLICT (thread_id) DO UPDATE SET
+    status = 'queued',
+    graph_version = COALESCE(EXCLUDED.graph_version, t.graph_version),
+    attempts = 0,
+    attempts_checkpoint_id = NULL,
+    last_error = NULL,
+    updated_at = now()
+WHERE t.status <> 'quarantined'
+  AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
+RETURNING thread_id
+"""
+
+STATUS_COUNTS_SQL = """
+SELECT CASE
+         WHEN t.status IN ('done', 'waiting', 'quarantined') THEN t.status
+         WHEN t.lease_owner IS NOT NULL AND t.lease_expires_at > now() THEN 'running'
+         WHEN t.status = 'error' THEN 'error'
+         WHEN EXISTS (SELECT 1 FROM checkpoints c
+                      WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '') THEN 'recoverable'
+         ELSE 'orphaned'
+       END AS kind,
+       count(*) AS n
+FROM durable_threads t
+GROUP BY 1
+"""
+
+STATUS_KINDS = ("running", "recoverable", "waiting", "quarantined", "done", "error", "orphaned")
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A thread this worker holds a lease on and is about to resume."""
+
+    thread_id: str
+    owner: str
+    token: int
+    checkpoint_id: str
+    graph_version: str | None
+    previous_status: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class RecoveryResult:
+    """How one recovery ended. ``status`` is the thread's status afterwards (done,
+    waiting, stopped, error, quarantined, ...); ``outcome`` says what happened to this
+    run: ``finished`` (the run ended on its own), ``handed_back`` (stopped at a step
+    boundary on shutdown), ``lease_lost`` (fenced out by a takeover), ``refused``
+    (poison / version / busy before any node ran) or ``failed`` (the graph raised)."""
+
+    thread_id: str
+    checkpoint_id: str
+    attempt: int
+    previous_status: str
+    status: str | None
+    outcome: str
+    error: str | None
+    seconds: float
+    worker: str
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    def add(self, result: RecoveryResult) -> None:
+        self.claimed += 1
+        self.outcomes[result.outcome] = self.outcomes.get(result.outcome, 0) + 1
+
+
+# --------------------------------------------------------------------------- graphs
+
+
+def durable_saver_of(graph: Any) -> _DurableBase:
+    """The durable saver a compiled graph checkpoints with, or ``ConfigurationError``."""
+    saver = getattr(graph, "checkpointer", None)
+    if not isinstance(saver, _DurableBase):
+        raise ConfigurationError(
+            "recovery needs a graph compiled with a DurablePostgresSaver or "
+            f"AsyncDurablePostgresSaver checkpointer, got {type(saver).__name__}",
+            checkpointer=type(saver).__name__,
+        )
+    return saver
+
+
+def graph_version_of(graph: Any) -> str | None:
+    """The version the saver stamps runs of ``graph`` with (see ``_current_version``)."""
+    saver = durable_saver_of(graph)
+    if saver.graph_version:
+        return saver.graph_version
+    try:
+        return graph_fingerprint(graph)
+    except Exception:  # a graph we cannot describe runs unversioned, as in the saver
+        return None
+
+
+def runnable_versions(version: str | None, migrations: MigrationRegistry) -> set[str]:
+    """Stored versions a graph at ``version`` can resume: its own and every version with
+    a registered migration path to it."""
+    if version is None:
+        return set()
+    # The registry exposes path(); walk every version it mentions (edges are keyed by
+    # source version) and keep those with a chain to ours.
+    edges = cast("dict[str, list[Any]]", getattr(migrations, "_edges", {}))
+    known = set(edges) | {m.to_version for ms in edges.values() for m in ms}
+    return {version} | {v for v in known if migrations.path(v, version) is not None}
+
+
+@dataclass(frozen=True)
+class _Target:
+    graph: Any
+    saver: _DurableBase
+    version: str | None
+    versions: frozenset[str]
+    any_version: bool
+    adopt: bool
+
+
+def _target(graph: Any) -> _Target:
+    saver = durable_saver_of(graph)
+    version = graph_version_of(graph)
+    any_version = saver.version_policy in ("warn", "auto-upgrade") or version is None
+    return _Target(
+        graph=graph,
+        saver=saver,
+        version=version,
+        versions=frozenset(runnable_versions(version, saver.migrations)),
+        any_version=any_version,
+        adopt=saver.unversioned_policy == "adopt",
+    )
+
+
+def _owner(name: str) -> str:
+    return f"{name}:{uuid.uuid4().hex[:12]}"
+
+
+# --------------------------------------------------------------------------- ops
+
+
+def _op_claim(
+    targets: Sequence[_Target],
+    owner: str,
+    ttl: float,
+    *,
+    retry_errors: bool,
+    backoff: float,
+    max_backoff: float,
+    statuses: Sequence[str],
+    skip: Iterable[str],
+) -> Op[Claim | None]:
+    versions = sorted({v for t in targets for v in t.versions})
+    params = {
+        "statuses": list(statuses),
+        "retry_errors": retry_errors,
+        "backoff": float(backoff),
+        "max_backoff": float(max_backoff),
+        "any_version": any(t.any_version for t in targets),
+        "versions": versions,
+        # Unstamped threads belong to no graph in particular: only a worker with one
+        # graph may take them (which graph would it pick otherwise?).
+        "adopt": len(targets) == 1 and targets[0].adopt,
+        "skip": sorted(skip),
+        "limit": 1,
+        "owner": owner,
+        "ttl": float(ttl),
+    }
+    rows = yield Batch([Stmt(CLAIM_SQL, params, fetch=True, prepare=False)])
+    if not rows[0]:
+        return None
+    r = rows[0][0]
+    return Claim(
+        thread_id=r["thread_id"],
+        owner=owner,
+        token=int(r["lease_token"]),
+        checkpoint_id=r["checkpoint_id"],
+        graph_version=r["graph_version"],
+        previous_status=r["prev_status"],
+        attempt=int(r["attempt"]),
+    )
+
+
+def _op_finish(claim: Claim) -> Op[dict[str, Any] | None]:
+    params = {"thread_id": claim.thread_id, "owner": claim.owner, "token": claim.token}
+    rows = yield Batch(
+        [
+            Stmt(FINISH_SQL, params),
+            Stmt(THREAD_STATE_SQL, (claim.thread_id,), fetch=True),
+        ]
+    )
+    return rows[1][0] if rows[1] else None
+
+
+def _op_status_counts() -> Op[dict[str, int]]:
+    rows = yield Batch([Stmt(STATUS_COUNTS_SQL, fetch=True)])
+    counts = dict.fromkeys(STATUS_KINDS, 0)
+    for r in rows[0]:
+        counts[r["kind"]] = int(r["n"])
+    return counts
+
+
+def status_counts(saver: Any) -> dict[str, int]:
+    """Threads by lifecycle: running (live lease), recoverable (a worker would resume
+    it: crashed, handed back or queued), waiting (on an interrupt), quarantined, done,
+    error (the last run raised; retried with backoff when workers retry errors) and
+    orphaned (its run died before writing a first checkpoint: nothing to resume)."""
+    return cast("dict[str, int]", saver.run_op(_op_status_counts))
+
+
+async def astatus_counts(saver: Any) -> dict[str, int]:
+    return cast("dict[str, int]", await saver.arun_op(_op_status_counts))
+
+
+# --------------------------------------------------------------------------- submit
+
+
+def _submit_config(graph: Any, config: RunnableConfig) -> tuple[RunnableConfig, str, str | None]:
+    configurable = dict(config.get("configurable") or {})
+    if "thread_id" not in configurable:
+        raise ConfigurationError("submit() needs config['configurable']['thread_id']")
+    version = configurable.get(VERSION_KEY) or graph_version_of(graph)
+    if version:
+        # Stamps the input checkpoint, so the claim's version filter sees it.
+        configurable[VERSION_KEY] = version
+    cfg = cast(RunnableConfig, {**config, "configurable": configurable})
+    return cfg, str(configurable["thread_id"]), version
+
+
+def _op_queue(thread_id: str, version: str | None) -> Op[bool]:
+    rows = yield Batch(
+        [Stmt(QUEUE_SQL, {"thread_id": thread_id, "version": version}, fetch=True)]
+    )
+    return bool(rows[0])
+
+
+def submit(graph: Any, input: Any, config: RunnableConfig) -> RunnableConfig:
+    """Queue new work for the workers instead of running it here: the input is saved as
+    the thread's next checkpoint (``update_state(..., as_node="__input__")``, the same
+    checkpoint ``invoke`` would write first) and the thread is marked ``queued``; a
+    worker running ``graph`` picks it up. Raises ``ThreadBusyError`` while a run holds
+    the thread. Returns the config of the input checkpoint."""
+    saver = durable_saver_of(graph)
+    cfg, thread_id, version = _submit_config(graph, config)
+    out = graph.update_state(cfg, input, as_node="__input__")
+    if not saver.run_op(lambda: _op_queue(thread_id, version)):
+        raise ThreadBusyError(thread_id, None, None)
+    logger.info("queued thread=%s graph_version=%s", thread_id, version)
+    return cast(RunnableConfig, out)
+
+
+async def asubmit(graph: Any, input: Any, config: RunnableConfig) -> RunnableConfig:
+    saver = durable_saver_of(graph)
+    cfg, thread_id, version = _submit_config(graph, config)
+    out = await graph.aupdate_state(cfg, input, as_node="__input__")
+    if not await saver.arun_op(lambda: _op_queue(thread_id, version)):
+        raise ThreadBusyError(thread_id, None, None)
+    logger.info("queued thread=%s graph_version=%s", thread_id, version)
+    return cast(RunnableConfig, out)
+
+
+# --------------------------------------------------------------------------- worker
+
+
+class RecoveryWorker:
+    """Resumes unfinished threads of the given graphs; see the module docstring.
+
+    ``graphs``: one compiled graph or several (each compiled with a durable saver on
+    the same database; several graphs must have distinct versions, which route each
+    thread to the graph that wrote it). ``concurrency``: threads resumed at once (OS
+    threads in :meth:`run`, asyncio tasks in :meth:`arun`). ``config``: extra config
+    for every resumed run (e.g. ``recursion_limit``)."""
+
+    def __init__(
+        self,
+        graphs: Any,
+        *,
+        concurrency: int = 1,
+        poll_interval: float = 1.0,
+        retry_errors: bool = True,
+        error_backoff: float = 5.0,
+        max_error_backoff: float = 300.0,
+        recover_stopped: bool = True,
+        shutdown: Shutdown = "step",
+        config: RunnableConfig | None = None,
+        name: str | None = None,
+        on_recovery: Callable[[RecoveryResult], Any] | None = None,
+    ) -> None:
+        graph_list = _mapping_or_list(graphs)
+        if not graph_list:
+            raise ConfigurationError("RecoveryWorker needs at least one graph")
+        if concurrency < 1:
+            raise ConfigurationError("concurrency must be >= 1", concurrency=concurrency)
+        if poll_interval <= 0:
+            raise ConfigurationError("poll_interval must be > 0", poll_interval=poll_interval)
+        if error_backoff < 0 or max_error_backoff < 0:
+            raise ConfigurationError("error backoffs must be >= 0")
+        if shutdown not in ("step", "finish"):
+            raise ConfigurationError(f"unknown shutdown mode {shutdown!r}", shutdown=shutdown)
+        self.targets = [_target(g) for g in graph_list]
+        self._check_targets()
+        self.saver = self.targets[0].saver
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.retry_errors = retry_errors
+        self.error_backoff = error_backoff
+        self.max_error_backoff = max_error_backoff
+        self.statuses = RECOVERABLE if recover_stopped else ("running", "queued")
+        self.shutdown = shutdown
+        self.config: dict[str, Any] = dict(config or {})
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.on_recovery = on_recovery
+        self.stats = WorkerStats()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        # Threads a run refused before starting (version / migration / busy): not
+        # re-claimed by this worker for a while, so a bad thread cannot spin it. Pure
+        # optimisation: another worker may still try, and a restart forgets it.
+        self._skip: dict[str, float] = {}
+        self._aio_stop: asyncio.Event | None = None
+
+    def _check_targets(self) -> None:
+        if len(self.targets) > 1:
+            seen: dict[str | None, Any] = {}
+            for t in self.targets:
+                if t.any_version or t.version is None:
+                    raise ConfigurationError(
+                        "with several graphs each needs its own version and version_policy "
+                        "'refuse' (threads are routed to graphs by version)"
+                    )
+                if t.version in seen:
+                    raise ConfigurationError(
+                        f"two graphs have the same version {t.version!r}: bind them to "
+                        "distinct versions (saver.bind(graph_version=...))",
+                        version=t.version,
+                    )
+                seen[t.version] = t.graph
+
+    # ----------------------------------------------------------------- routing
+    def _target_for(self, version: str | None) -> _Target | None:
+        for t in self.targets:
+            if version is not None and version in t.versions:
+                return t
+        for t in self.targets:
+            if t.any_version or (version is None and t.adopt):
+                return t
+        return None
+
+    def _skip_list(self) -> list[str]:
+        now = time.monotonic()
+        with self._lock:
+            for tid in [k for k, until in self._skip.items() if until <= now]:
+                del self._skip[tid]
+            return list(self._skip)
+
+    def _claim_op(self) -> Callable[[], Op[Claim | None]]:
+        owner = _owner(self.name)
+        skip = self._skip_list()
+        return lambda: _op_claim(
+            self.targets,
+            owner,
+            self.saver.lease_ttl,
+            retry_errors=self.retry_errors,
+            backoff=self.error_backoff,
+            max_backoff=self.max_error_backoff,
+            statuses=self.statuses,
+            skip=skip,
+        )
+
+    def _run_config(self, claim: Claim) -> RunnableConfig:
+        configurable = dict(self.config.get("configurable") or {})
+        configurable["thread_id"] = claim.thread_id
+        configurable[CLAIM_KEY] = (claim.thread_id, claim.owner)
+        return cast(RunnableConfig, {**self.config, "configurable": configurable})
+
+    def _log_start(self, claim: Claim) -> None:
+        logger.info(
+            "recovering thread=%s checkpoint=%s attempt=%d previous_status=%s "
+            "graph_version=%s worker=%s",
+            claim.thread_id, claim.checkpoint_id, claim.attempt, claim.previous_status,
+            claim.graph_version, self.name,
+        )
+
+    def _result(
+        self,
+        claim: Claim,
+        row: dict[str, Any] | None,
+        exc: BaseException | None,
+        handed_back: bool,
+        started: float,
+    ) -> RecoveryResult:
+        error = None if exc is None else f"{type(exc).__name__}: {exc}"
+        if exc is None:
+            outcome = "handed_back" if handed_back else "finished"
+        elif isinstance(exc, LeaseLostError):
+            outcome = "lease_lost"
+        elif isinstance(
+            exc, PoisonCheckpointError | GraphVersionMismatchError | MigrationError | ThreadBusyError
+        ):
+            outcome = "refused"
+            with self._lock:
+                self._skip[claim.thread_id] = time.monotonic() + max(60.0, self.poll_interval)
+        else:
+            outcome = "failed"
+        result = RecoveryResult(
+            thread_id=claim.thread_id,
+            checkpoint_id=claim.checkpoint_id,
+            attempt=claim.attempt,
+            previous_status=claim.previous_status,
+            status=None if row is None else row["status"],
+            outcome=outcome,
+            error=error,
+            seconds=time.monotonic() - started,
+            worker=self.name,
+        )
+        level = logging.INFO if exc is None else logging.WARNING
+        logger.log(
+            level,
+            "recovered thread=%s checkpoint=%s attempt=%d outcome=%s status=%s in %.2fs%s",
+            result.thread_id, result.checkpoint_id, result.attempt, result.outcome,
+            result.status, result.seconds, f" error={error}" if error else "",
+        )
+        with self._lock:
+            self.stats.add(result)
+        if self.on_recovery is not None:
+            try:
+                self.on_recovery(result)
+            except Exception:
+                logger.exception("on_recovery hook failed for thread %s", claim.thread_id)
+        return result
+
+    # ----------------------------------------------------------------- sync
+    def stop(self) -> None:
+        """Stop claiming; running threads stop at their next step boundary (or finish,
+        with ``shutdown="finish"``). Safe to call from any thread or a signal handler."""
+        self._stop.set()
+        aio, loop = self._aio_stop, getattr(self, "_aio_loop", None)
+        if aio is not None and loop is not None:
+            loop.call_soon_threadsafe(aio.set)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def recover_one(self) -> RecoveryResult | None:
+        """Claim one recoverable thread and resume it in this thread; ``None`` when
+        there is nothing to do."""
+        claim = cast("Claim | None", self.saver.run_op(self._claim_op()))
+        if claim is None:
+            return None
+        return self._resume(claim)
+
+    def _resume(self, claim: Claim) -> RecoveryResult:
+        started = time.monotonic()
+        self._log_start(claim)
+        target = self._target_for(claim.graph_version)
+        exc: BaseException | None = None
+        handed_back = False
+        try:
+            if target is None:  # the claim filtered on versions: only a race gets here
+                raise GraphVersionMismatchError(claim.thread_id, claim.graph_version, None)
+            for _ in target.graph.stream(None, self._run_config(claim), stream_mode="values"):
+                # A "values" chunk is emitted after a superstep's writes are applied and
+                # its checkpoint submitted, before the next step's tasks start: breaking
+                # here closes the run at a step boundary (status 'stopped', lease released).
+                if self._stop.is_set() and self.shutdown == "step":
+                    handed_back = True
+                    break
+        except Exception as e:
+            exc = e
+        row = None
+        try:
+            row = self.saver.run_op(lambda: _op_finish(claim))
+        except Exception:
+            logger.exception("could not read back thread %s", claim.thread_id)
+        return self._result(claim, row, exc, handed_back, started)
+
+    def _slot(self, until_idle: bool, max_recoveries: int | None) -> None:
+        while not self._stop.is_set():
+            if max_recoveries is not None and self.stats.claimed >= max_recoveries:
+                return
+            try:
+                result = self.recover_one()
+            except Exception as exc:  # database down: back off, keep the worker alive
+                logger.warning("claim failed: %s", exc)
+                self._stop.wait(self.poll_interval)
+                continue
+            if result is None:
+                if until_idle:
+                    return
+                # Jitter spreads the polls of many idle workers.
+                self._stop.wait(self.poll_interval * random.uniform(0.5, 1.5))
+
+    def run(
+        self,
+        *,
+        until_idle: bool = False,
+        max_recoveries: int | None = None,
+        install_signal_handlers: bool = True,
+    ) -> WorkerStats:
+        """Run ``concurrency`` recovery slots on OS threads until :meth:`stop` (SIGTERM
+        or SIGINT when called from the main thread), or, with ``until_idle``, until
+        nothing is left to claim."""
+        restore = self._install_signals() if install_signal_handlers else None
+        logger.info(
+            "worker %s started: concurrency=%d graphs=%s",
+            self.name, self.concurrency, [t.version for t in self.targets],
+        )
+        try:
+            slots = [
+                threading.Thread(
+                    target=self._slot, args=(until_idle, max_recoveries),
+                    name=f"langgraph-durable-recovery-{i}", daemon=True,
+                )
+                for i in range(self.concurrency)
+            ]
+            for s in slots:
+                s.start()
+            for s in slots:
+                # join() in slices keeps the main thread responsive to signals.
+                while s.is_alive():
+                    s.join(0.2)
+        finally:
+            if restore is not None:
+                restore()
+        logger.info("worker %s stopped: %s", self.name, self.stats)
+        return self.stats
+
+    def _install_signals(self) -> Callable[[], None] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._stop.is_set():
+                logger.warning("second signal %d: exiting now; leases expire on their own", signum)
+                os._exit(128 + signum)
+            logger.info("signal %d: stop claiming, hand back running threads", signum)
+            self.stop()
+
+        for s in previous:
+            signal.signal(s, handler)
+
+        def restore() -> None:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+        return restore
+
+    # ----------------------------------------------------------------- async
+    async def arecover_one(self) -> RecoveryResult | None:
+        claim = cast("Claim | None", await self.saver.arun_op(self._claim_op()))
+        if claim is None:
+            return None
+        return await self._aresume(claim)
+
+    async def _aresume(self, claim: Claim) -> RecoveryResult:
+        started = time.monotonic()
+        self._log_start(claim)
+        target = self._target_for(claim.graph_version)
+        exc: BaseException | None = None
+        handed_back = False
+        try:
+            if target is None:
+                raise GraphVersionMismatchError(claim.thread_id, claim.graph_version, None)
+            async for _ in target.graph.astream(
+                None, self._run_config(claim), stream_mode="values"
+            ):
+                if self._stop.is_set() and self.shutdown == "step":
+                    handed_back = True
+                    break
+        except Exception as e:
+            exc = e
+        row = None
+        try:
+            row = await self.saver.arun_op(lambda: _op_finish(claim))
+        except Exception:
+            logger.exception("could not read back thread %s", claim.thread_id)
+        return self._result(claim, row, exc, handed_back, started)
+
+    async def _aslot(self, until_idle: bool, max_recoveries: int | None) -> None:
+        assert self._aio_stop is not None
+        while not self._stop.is_set():
+            if max_recoveries is not None and self.stats.claimed >= max_recoveries:
+                return
+            try:
+                result = await self.arecover_one()
+            except Exception as exc:
+                logger.warning("claim failed: %s", exc)
+                result = None
+                if until_idle:
+                    until_idle = False  # a failed claim is not "idle": retry
+            if result is None:
+                if until_idle:
+                    return
+                try:
+                    await asyncio.wait_for(
+                        self._aio_stop.wait(), self.poll_interval * random.uniform(0.5, 1.5)
+                    )
+                except TimeoutError:
+                    pass
+
+    async def arun(
+        self,
+        *,
+        until_idle: bool = False,
+        max_recoveries: int | None = None,
+        install_signal_handlers: bool = True,
+    ) -> WorkerStats:
+        """The asyncio twin of :meth:`run`: ``concurrency`` tasks on this event loop."""
+        loop = asyncio.get_running_loop()
+        self._aio_stop = asyncio.Event()
+        self._aio_loop = loop
+        if self._stop.is_set():
+            self._aio_stop.set()
+        installed: list[int] = []
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGINT):
+
+                def handler(signum: int = s) -> None:
+                    if self._stop.is_set():
+                        logger.warning("second signal %d: exiting now", signum)
+                        os._exit(128 + signum)
+                    logger.info("signal %d: stop claiming, hand back running threads", signum)
+                    self.stop()
+
+                try:
+                    loop.add_signal_handler(s, handler)
+                    installed.append(s)
+                except (NotImplementedError, RuntimeError):
+                    pass
+        logger.info("worker %s started (async): concurrency=%d", self.name, self.concurrency)
+        try:
+            await asyncio.gather(
+                *(self._aslot(until_idle, max_recoveries) for _ in range(self.concurrency))
+            )
+        finally:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+        logger.info("worker %s stopped: %s", self.name, self.stats)
+        return self.stats
+
+
+def recover(graph: Any, **options: Any) -> WorkerStats:
+    """Resume every thread of ``graph`` that is recoverable now, then return (a one-shot
+    sweep, e.g. at application start-up or from a cron job)."""
+    concurrency = int(options.pop("concurrency", 1))
+    worker = RecoveryWorker(graph, concurrency=concurrency, **options)
+    return worker.run(until_idle=True, install_signal_handlers=False)
+
+
+async def arecover(graph: Any, **options: Any) -> WorkerStats:
+    concurrency = int(options.pop("concurrency", 1))
+    worker = RecoveryWorker(graph, concurrency=concurrency, **options)
+    return await worker.arun(until_idle=True, install_signal_handlers=False)
+
+
+def _mapping_or_list(graphs: Any) -> list[Any]:
+    if isinstance(graphs, Mapping):
+        return list(graphs.values())
+    return list(graphs) if isinstance(graphs, list | tuple) else [graphs]
+
+
+__all__ = [
+    "Claim",
+    "RecoveryResult",
+    "RecoveryWorker",
+    "WorkerStats",
+    "arecover",
+    "astatus_counts",
+    "asubmit",
+    "recover",
+    "status_counts",
+    "submit",
+]
