@@ -28,6 +28,7 @@ from langgraph_durable.errors import (
     PoisonCheckpointError,
     SerializationError,
     ThreadBusyError,
+    UnstableKeyError,
 )
 from langgraph_durable.idempotency import (
     IdempotentTool,
@@ -88,6 +89,7 @@ __all__ = [
     "RewindResult",
     "SerializationError",
     "ThreadBusyError",
+    "UnstableKeyError",
     "ThreadReport",
     "amigrate_threads",
     "apurge_expired_keys",

@@ -149,6 +149,14 @@ class SyncDriver:
             except Exception as exc:
                 if attempt < CONNECTION_RETRIES and _is_connection_failure(exc, conn):
                     logger.warning("connection lost (%s); retrying on a fresh connection", exc)
+                    if isinstance(self.conn, ConnectionPool):
+                        # The pool's other idle connections most likely died with this
+                        # one (server restart, idle-timeout kill): test and replace them
+                        # all now, so the retry gets a live connection.
+                        try:
+                            self.conn.check()
+                        except Exception:
+                            logger.debug("pool check failed", exc_info=True)
                     time.sleep(min(0.2 * 2**attempt, 2.0))
                     continue
                 raise
@@ -277,6 +285,11 @@ class AsyncDriver:
             except Exception as exc:
                 if attempt < CONNECTION_RETRIES and _is_connection_failure(exc, conn):
                     logger.warning("connection lost (%s); retrying on a fresh connection", exc)
+                    if isinstance(self.conn, AsyncConnectionPool):
+                        try:
+                            await self.conn.check()
+                        except Exception:
+                            logger.debug("pool check failed", exc_info=True)
                     await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
                     continue
                 raise

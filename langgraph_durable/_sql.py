@@ -162,8 +162,15 @@ MIGRATIONS: list[str] = [
 
 # Take the lease if it is free, expired or already ours (a retried statement after an
 # ambiguous commit), bump the fencing token, and count one attempt for the checkpoint
-# the run starts from. Quarantined threads are never taken. The conditional upsert is
-# atomic: concurrent acquirers serialize on the row lock and the loser re-evaluates the
+# the run starts from. Poison counting: attempts_checkpoint_id is the checkpoint the
+# previous run started from. The same checkpoint: one more attempt. Another one with
+# status still 'running': the previous run moved on to it and died there (SIGKILL, OOM:
+# no exit handler ran), so that was attempt 1 at it and this is attempt 2. Otherwise the
+# previous run ended (done/waiting/stopped reset or undo; an error moved the count to
+# its head itself): attempt 1. Counting here, not in every put, keeps puts write-free
+# on durable_threads (an UPDATE per checkpoint cost ~20% per step). last_error belongs
+# to attempts_checkpoint_id and is cleared with it. Quarantined threads are never
+# taken. The conditional upsert is atomic: concurrent acquirers serialize on the row lock and the loser re-evaluates the
 # WHERE on the winner's row, so at most one owner holds a live lease (no SELECT ... FOR
 # UPDATE needed). prev_* report the row as it was, to restore it if the run never starts.
 ACQUIRE_SQL = """
@@ -180,8 +187,12 @@ ON CONFLICT (thread_id) DO UPDATE SET
     lease_token = t.lease_token + 1,
     lease_expires_at = EXCLUDED.lease_expires_at,
     attempts = CASE WHEN t.attempts_checkpoint_id IS NOT DISTINCT FROM EXCLUDED.attempts_checkpoint_id
-                    THEN t.attempts + 1 ELSE 1 END,
+                    THEN t.attempts + 1
+                    WHEN t.status = 'running' THEN 2
+                    ELSE 1 END,
     attempts_checkpoint_id = EXCLUDED.attempts_checkpoint_id,
+    last_error = CASE WHEN t.attempts_checkpoint_id IS NOT DISTINCT FROM EXCLUDED.attempts_checkpoint_id
+                      THEN t.last_error END,
     updated_at = now()
 WHERE t.status <> 'quarantined'
   AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR t.lease_owner = EXCLUDED.lease_owner)
@@ -227,17 +238,6 @@ FOREIGN_LEASE_SQL = """
 SELECT lease_owner, EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS expires_in
 FROM durable_threads
 WHERE thread_id = %s AND lease_owner IS NOT NULL AND lease_expires_at > now()
-"""
-
-# The fence of a root checkpoint written by the lease holder, doubling as the poison
-# counter's bookkeeping: the run is now at a new checkpoint, its first attempt there.
-# The row lock it takes (exclusive, vs FOR SHARE in FENCE_SQL) also orders the write
-# before any takeover. An error exit keeps attempts = 1 at this checkpoint, a crash
-# leaves it for the next run start to count on, done/waiting reset it to 0.
-ADVANCE_FENCE_SQL = """
-UPDATE durable_threads SET attempts = 1, attempts_checkpoint_id = %s, last_error = NULL
-WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s
-RETURNING 1 AS ok
 """
 
 RENEW_SQL = """

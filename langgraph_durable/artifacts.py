@@ -120,8 +120,15 @@ def _element_content(tag: str, data: bytes) -> bytes:
     return _ELEMENT + tag.encode() + b"\x00" + data
 
 
-def _digest(content: bytes) -> bytes:
-    return hashlib.sha256(content).digest()
+def _digest(content: bytes, space: bytes = b"") -> bytes:
+    return hashlib.sha256(space + content).digest()
+
+
+def _space(cipher_name: str | None) -> bytes:
+    """Digest namespace: encrypted artifacts never share a row with plaintext ones (a
+    plaintext saver could not read the row, an encrypting one would find its value
+    stored in the clear), nor with another cipher's."""
+    return b"" if cipher_name is None else b"S" + cipher_name.encode() + b"\x00"
 
 
 def _split_serde(serde: Any) -> tuple[Any, Any]:
@@ -137,6 +144,7 @@ class _Encoder:
     def __init__(self, codec: ArtifactCodec, serde: Any, threshold: int) -> None:
         self.serde = serde
         self.plain, self.cipher = _split_serde(serde)
+        self.space = _space(codec.cipher_name(self.cipher))
         self.threshold = threshold
         self.chunk = codec.config.chunk_size
         self.artifacts: dict[bytes, bytes] = {}
@@ -146,7 +154,7 @@ class _Encoder:
 
     def offload(self, tag: str, data: bytes) -> list[Any]:
         content = _element_content(tag, data)
-        digest = _digest(content)
+        digest = _digest(content, self.space)
         self.artifacts[digest] = content
         return [_ELEMENT_REF, digest]
 
@@ -175,7 +183,7 @@ class _Encoder:
             top: list[Any] = []
             for start in range(0, full, self.chunk):
                 content = _CHUNKED + ormsgpack.packb(items[start : start + self.chunk])
-                digest = _digest(content)
+                digest = _digest(content, self.space)
                 self.artifacts[digest] = content
                 top.append([_CHUNK_REF, digest])
             top.extend(items[full:])
@@ -216,6 +224,7 @@ class ArtifactCodec:
         self.config = config or ArtifactConfig()
         self.cache = ArtifactCache(self.config.cache_bytes)
         self._local = threading.local()
+        self._cipher_names: dict[int, tuple[Any, str]] = {}
 
     # -- compression (zstd contexts are not thread-safe: one per thread) --------------
     def compress(self, content: bytes) -> bytes:
@@ -239,15 +248,30 @@ class ArtifactCodec:
         name, ciphertext = cipher.encrypt(data)
         return _SEALED + name.encode() + b"\x00" + ciphertext
 
+    def cipher_name(self, cipher: Any) -> str | None:
+        """The name a cipher tags its output with (probed once per cipher object)."""
+        if cipher is None:
+            return None
+        names = self._cipher_names
+        name = names.get(id(cipher))
+        if name is None or name[0] is not cipher:
+            name = names[id(cipher)] = (cipher, cipher.encrypt(b"")[0])
+        return str(name[1])
+
     def unseal(self, data: bytes, serde: Any) -> bytes:
         """Content of a stored artifact (decrypted, decompressed, NOT verified)."""
+        return self._unseal(data, serde)[0]
+
+    def _unseal(self, data: bytes, serde: Any) -> tuple[bytes, bytes]:
+        """(content, digest namespace) of a stored artifact."""
         if data[:1] == _SEALED:
             _, cipher = _split_serde(serde)
             if cipher is None:
                 raise ValueError("artifact is encrypted but the saver's serializer has no cipher")
             name, _, ciphertext = data[1:].partition(b"\x00")
             data = cipher.decrypt(name.decode(), ciphertext)
-        return self.decompress(data)
+            return self.decompress(data), _space(name.decode())
+        return self.decompress(data), b""
 
     # -- encoding ---------------------------------------------------------------------
     def encode(self, serde: Any, value: Any) -> Encoded:
@@ -381,14 +405,14 @@ class ArtifactCodec:
             digest = bytes(digest)
             where: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
             try:
-                content = self.unseal(bytes(data), serde)
+                content, space = self._unseal(bytes(data), serde)
             except Exception as exc:  # zstd or cipher failure: the bytes are not ours
                 if locate is not None:
                     where = dict(locate(digest) or where)
                 raise ArtifactIntegrityError(
                     digest.hex(), actual=f"undecodable ({type(exc).__name__})", **where
                 ) from None
-            actual = _digest(content)
+            actual = _digest(content, space)
             if actual != digest:
                 if locate is not None:
                     where = dict(locate(digest) or where)

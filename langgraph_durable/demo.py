@@ -43,7 +43,7 @@ from typing import Annotated, Any, TypedDict
 
 import psycopg
 from langchain_core.runnables import RunnableConfig
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from langgraph_durable.embedded import ENV_DSN
 
@@ -73,6 +73,9 @@ SUPERSTEPS: list[list[str]] = [
 STEPS = [node for group in SUPERSTEPS for node in group]
 EFFECT_STEPS = ("charge_customer", "email_customer")
 DEFAULT_KILL_AT = "draft_recommendations"
+# The demo's lease TTL (the saver's default is 30 s): a killed worker's lease stays
+# live for up to this long, so the resume visibly waits it out (the fencing), briefly.
+DEFAULT_LEASE_TTL = 2.0
 
 # Seconds of simulated work per step (ticks of 0.2 s, scaled by --speed).
 DURATIONS = {
@@ -82,12 +85,12 @@ DURATIONS = {
     "analyze_competitors": 1.2,
     "analyze_risks": 1.0,
     "analyze_pricing": 1.4,
-    "charge_customer": 0.4,
+    "charge_customer": 1.0,
     "draft_summary": 0.6,
     "draft_findings": 0.8,
     "draft_recommendations": 2.4,
     "assemble_report": 0.4,
-    "email_customer": 0.4,
+    "email_customer": 0.6,
 }
 TICK = 0.2
 
@@ -238,11 +241,16 @@ def charge_card(
 ) -> dict[str, Any]:
     """The payment: one row in a table that does NOT deduplicate."""
     with _effect_conn(conn) as c:
-        row = c.execute(
-            "INSERT INTO lgd_demo_payments (thread_id, customer, amount_cents, pid) "
-            "VALUES (%s, %s, %s, %s) RETURNING id",
-            (thread_id, customer, amount_cents, os.getpid()),
-        ).fetchone()
+        # tuple rows whatever the connection's row factory (the ledger's is dict_row).
+        row = (
+            c.cursor(row_factory=tuple_row)
+            .execute(
+                "INSERT INTO lgd_demo_payments (thread_id, customer, amount_cents, pid) "
+                "VALUES (%s, %s, %s, %s) RETURNING id",
+                (thread_id, customer, amount_cents, os.getpid()),
+            )
+            .fetchone()
+        )
     assert row is not None
     return {
         "payment_id": int(row[0]),
@@ -257,11 +265,16 @@ def send_email(
 ) -> dict[str, Any]:
     """The delivery: one row per email sent."""
     with _effect_conn(conn) as c:
-        row = c.execute(
-            "INSERT INTO lgd_demo_emails (thread_id, recipient, subject, pid) "
-            "VALUES (%s, %s, %s, %s) RETURNING id",
-            (thread_id, recipient, subject, os.getpid()),
-        ).fetchone()
+        # tuple rows whatever the connection's row factory (the ledger's is dict_row).
+        row = (
+            c.cursor(row_factory=tuple_row)
+            .execute(
+                "INSERT INTO lgd_demo_emails (thread_id, recipient, subject, pid) "
+                "VALUES (%s, %s, %s, %s) RETURNING id",
+                (thread_id, recipient, subject, os.getpid()),
+            )
+            .fetchone()
+        )
     assert row is not None
     return {"email_id": int(row[0]), "recipient": recipient, "pid": os.getpid()}
 
@@ -415,7 +428,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m langgraph_durable.demo worker")
     parser.add_argument("--thread-id", required=True)
     parser.add_argument("--phase", choices=("start", "resume"), required=True)
-    parser.add_argument("--lease-ttl", type=float, default=2.0)
+    parser.add_argument("--lease-ttl", type=float, default=DEFAULT_LEASE_TTL)
     parser.add_argument("--speed", type=float, default=1.0)
     args = parser.parse_args(argv)
     # The DSN comes through the environment, not argv: argv is visible to every user
@@ -440,6 +453,12 @@ def worker_main(argv: list[str] | None = None) -> int:
                 {"topic": TOPIC, "customer": CUSTOMER, "log": []}, config, durability="sync"
             )
         else:
+            # Standby: everything is imported and connected; wait for the driver's
+            # "go" (sent right after the SIGKILL), so the resume meets the dead
+            # worker's lease however slow this machine starts Python.
+            ctx.emit("ready")
+            if sys.stdin.readline().strip() != "go":
+                return 0
             snapshot = graph.get_state(config)
             ctx.emit(
                 "loaded",
@@ -448,11 +467,16 @@ def worker_main(argv: list[str] | None = None) -> int:
                 finished=[t.name for t in snapshot.tasks if t.result is not None],
                 completed=list((snapshot.values or {}).get("log", [])),
             )
+            # A lease that outlives several TTLs belongs to a live worker, not the
+            # dead one: give up rather than wait forever.
+            give_up = time.monotonic() + 4 * args.lease_ttl + 10
             while True:
                 try:
                     graph.invoke(None, config, durability="sync")
                     break
                 except ThreadBusyError as exc:
+                    if time.monotonic() > give_up:
+                        raise
                     # The killed worker's lease is still live: no second worker may run
                     # this thread until it expires (fencing). Wait, then take over.
                     left = float(getattr(exc, "expires_in", None) or 0.0)
@@ -514,7 +538,10 @@ def _spawn(
         "--thread-id", thread_id, "--phase", phase,
         "--lease-ttl", str(lease_ttl), "--speed", str(speed),
     ]  # fmt: skip
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    stdin = subprocess.PIPE if phase == "resume" else subprocess.DEVNULL
+    return subprocess.Popen(
+        cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=log, text=True, env=env
+    )
 
 
 def _prepare(dsn: str, thread_id: str) -> None:
@@ -646,7 +673,7 @@ def run_demo(
     *,
     thread_id: str | None = None,
     kill_at: str = DEFAULT_KILL_AT,
-    lease_ttl: float = 2.0,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
     speed: float = 1.0,
     console: Any = None,
     live: bool = True,
@@ -718,6 +745,7 @@ class _Driver:
                 else contextlib.nullcontext() as view,
             ):
                 self.spawn(1, "start", log)
+                self.spawn(2, "resume", log)
                 st.phase = "worker 1 running the pipeline"
                 # A hung worker must not hang the demo forever.
                 deadline = time.monotonic() + 300 / self.speed
@@ -785,11 +813,16 @@ class _Driver:
         self.say(
             f"[bold red]SIGKILL[/] sent to worker 1 (pid {self.procs[1].pid}, exit code {code}) "
             f"while {st.kill_at} was {done}/{total} done"
+            + (" (its side effect had already happened)" if st.kill_at in EFFECT_STEPS else "")
         )
-        self.spawn(2, "resume", log)
-        st.phase = "worker 1 is dead; starting worker 2"
+        standby = self.procs[2]
+        assert standby.stdin is not None
+        standby.stdin.write("go\n")
+        standby.stdin.flush()
+        st.phase = "worker 1 is dead; worker 2 takes over"
         self.say(
-            f"starting worker 2 (pid {self.procs[2].pid}): a new process, same thread id, no input"
+            f"worker 2 (pid {standby.pid}), a separate process that never touched this thread, "
+            "now resumes it: same thread id, no input"
         )
 
     def apply(self, worker: int, ev: dict[str, Any]) -> None:
@@ -799,6 +832,11 @@ class _Driver:
         if kind == "worker":
             st.pids[worker] = int(ev["pid"])
             st.idempotent = bool(ev.get("idempotent"))
+        elif kind == "ready":
+            self.say(
+                f"worker 2 (pid {st.pids.get(worker)}) is up as a standby: a separate process, "
+                "idle until worker 1 dies"
+            )
         elif kind == "start":
             st.steps[ev["node"]].runs[worker] = "running"
             st.steps[ev["node"]].progress[worker] = (0, 1)
@@ -851,6 +889,11 @@ class _Driver:
                 f"lease expired after {self.lease_wait:.1f}s of waiting: worker 2 took the "
                 "thread over (new fencing token; the dead worker could no longer write)"
             )
+        else:
+            self.say(
+                "the dead worker's lease had already expired when worker 2 asked for it "
+                f"(this machine took longer than the {self.lease_ttl:g}s lease TTL): no wait"
+            )
         self.st.phase = "worker 2 resumed the thread with graph.invoke(None, config)"
         self.say(
             f"[bold]worker 2[/] (pid {self.st.pids.get(2)}) resumed with graph.invoke(None, config)"
@@ -864,9 +907,11 @@ def _stderr_tail(log: Any, lines: int = 15) -> str:
 
 
 def _should_kill(st: DemoState, conn: psycopg.Connection[Any]) -> bool:
-    """Kill worker 1 once the chosen step is half done and every sibling step that
-    already finished has its writes in Postgres, so what the display calls "restored"
-    is restorable. A step that finishes before that point is killed at the next."""
+    """Kill worker 1 once the chosen step is half done (an effect step: once its effect
+    happened, the first progress tick, leaving the rest of the step as margin) and every
+    sibling step that already finished has its writes in Postgres, so what the display
+    calls "restored" is restorable. A step that finishes before that point is killed at
+    the next."""
     step = st.steps[st.kill_at]
     if 1 not in st.pids:
         return False
@@ -874,7 +919,8 @@ def _should_kill(st: DemoState, conn: psycopg.Connection[Any]) -> bool:
     if state is None:
         return False
     done, total = step.progress.get(1, (0, 1))
-    if state == "running" and done * 2 < total:
+    reached = done >= 1 if st.kill_at in EFFECT_STEPS else done * 2 >= total
+    if state == "running" and not reached:
         return False
     group = next(g for g in SUPERSTEPS if st.kill_at in g)
     finished = {n for n in group if st.steps[n].runs.get(1) == "done" and n != st.kill_at}
@@ -893,14 +939,14 @@ def render(st: DemoState) -> Any:
     table = Table(expand=False)
     table.add_column("step", no_wrap=True)
     table.add_column(f"worker 1\npid {st.pids.get(1, '-')}", no_wrap=True)
-    table.add_column(f"worker 2 (new process)\npid {st.pids.get(2, '-')}", no_wrap=True)
+    table.add_column(f"worker 2 (standby)\npid {st.pids.get(2, '-')}", no_wrap=True)
     for node in STEPS:
         v = st.steps[node]
         label = node + (" [bold magenta]$[/]" if node in EFFECT_STEPS else "")
         table.add_row(label, _cell(v, 1), _cell(v, 2))
     head = (
         f"thread [bold]{st.thread_id}[/] on {st.target}\n"
-        f"kill point: worker 1 is killed with SIGKILL halfway through {st.kill_at}\n"
+        f"kill point: worker 1 is killed with SIGKILL {_kill_point(st.kill_at)}\n"
         f"[bold]{st.phase}[/]\n"
         f"payments for this thread: [bold]{st.payments}[/]   emails: [bold]{st.emails}[/]"
     )
@@ -913,6 +959,12 @@ def render(st: DemoState) -> Any:
         table,
         legend,
     )
+
+
+def _kill_point(step: str) -> str:
+    if step in EFFECT_STEPS:
+        return f"inside {step}, after its side effect, before its checkpoint"
+    return f"halfway through {step}"
 
 
 def _cell(v: StepView, worker: int) -> str:

@@ -339,6 +339,21 @@ class InvalidIdempotencyKeyError(IdempotencyError, ValueError):
         super().__init__(f"invalid idempotency key {key!r}: {reason}", key=key, reason=reason)
 
 
+class UnstableKeyError(IdempotencyError):
+    """A key derived from the running task would not survive a resume: the checkpoint
+    the task runs from is not (or never will be) stored."""
+
+    def __init__(self, thread_id: str | None, checkpoint_id: str | None, reason: str) -> None:
+        super().__init__(
+            f"cannot derive a resume-stable idempotency key in thread {thread_id!r} "
+            f"(checkpoint {checkpoint_id!r}): {reason}; pass key= (the operation's own "
+            "identity) instead",
+            thread_id=thread_id,
+            checkpoint_id=checkpoint_id,
+            reason=reason,
+        )
+
+
 __all__ = [
     "ArtifactError",
     "ArtifactIntegrityError",
@@ -354,6 +369,7 @@ __all__ = [
     "IdempotencyError",
     "IdempotentCallFailedError",
     "InvalidIdempotencyKeyError",
+    "UnstableKeyError",
     "InvalidIdentifierError",
     "LeaseLostError",
     "MigrationError",

@@ -78,6 +78,7 @@ from langgraph_durable.errors import (
     NoLedgerError,
     OutcomeUnknownError,
     SerializationError,
+    UnstableKeyError,
 )
 from langgraph_durable.saver import (
     AsyncDurablePostgresSaver,
@@ -102,6 +103,7 @@ _CHECKPOINTER = "__pregel_checkpointer"
 _TASK_ID = "__pregel_task_id"
 _READ = "__pregel_read"
 _RUNTIME = "__pregel_runtime"
+_DURABILITY = "__pregel_durability"
 
 # --- SQL -------------------------------------------------------------------------------
 # Kept beside the protocol that uses it (only this module touches durable_ledger rows;
@@ -212,6 +214,12 @@ DELETE FROM durable_ledger WHERE key = %s
 RETURNING key
 """
 
+# Is the checkpoint a task was prepared from stored yet? (Checkpoint ids are uuid6, so
+# the thread and the id are enough; the namespace differs for subgraphs.)
+CHECKPOINT_STORED_SQL = """
+SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s) AS ok
+"""
+
 PURGE_EXPIRED_SQL = """
 DELETE FROM durable_ledger WHERE expires_at IS NOT NULL AND expires_at <= now()
   AND NOT (status = 'started' AND claim_expires_at IS NOT NULL AND claim_expires_at > now())
@@ -231,6 +239,8 @@ class _Site:
     checkpointer: Any
     anchor: Any  # an object that lives exactly as long as this execution of the task
     attempt: int
+    checkpoint_id: str | None  # the checkpoint the task was prepared from
+    durability: str
 
 
 def _current_site() -> _Site | None:
@@ -254,34 +264,45 @@ def _current_site() -> _Site | None:
         checkpointer=conf.get(_CHECKPOINTER),
         anchor=conf.get(_READ),
         attempt=int(getattr(info, "node_attempt", 1) or 1),
+        checkpoint_id=getattr(info, "checkpoint_id", None) or None,
+        durability=str(conf.get(_DURABILITY) or "async"),
     )
 
 
-# Per-execution call counters. The anchor is the task's read function (a partial that
+@dataclass
+class _TaskState:
+    counters: dict[int, Callable[[], int]] = field(default_factory=dict)
+    stored: bool = False  # the task's checkpoint is known to be in the database
+
+
+# Per-execution task state. The anchor is the task's read function (a partial that
 # LangGraph creates once per task per run and keeps through RetryPolicy retries); the
 # node attempt number separates retries, so a retried task counts from 0 again and
 # finds the calls its first attempt recorded. A new run (a resume) creates new anchors,
-# so its indices also start at 0. Weak keys: a finished task's counters go with it.
-_COUNTERS: weakref.WeakKeyDictionary[Any, dict[int, Callable[[], int]]] = (
-    weakref.WeakKeyDictionary()
-)
-_COUNTERS_LOCK = threading.Lock()
+# so its indices also start at 0. Weak keys: a finished task's state goes with it.
+_TASKS: weakref.WeakKeyDictionary[Any, _TaskState] = weakref.WeakKeyDictionary()
+_TASKS_LOCK = threading.Lock()
 
 
-def _next_index(site: _Site) -> int:
-    with _COUNTERS_LOCK:
+def _task_state(site: _Site) -> _TaskState:
+    with _TASKS_LOCK:
         try:
-            per_attempt = _COUNTERS.get(site.anchor)
-            if per_attempt is None:
-                per_attempt = _COUNTERS[site.anchor] = {}
+            state = _TASKS.get(site.anchor)
+            if state is None:
+                state = _TASKS[site.anchor] = _TaskState()
         except TypeError as exc:  # an anchor we cannot track: no stable index
             raise InvalidIdempotencyKeyError(
                 None,
                 "cannot derive a stable call index in this task (unknown runtime); pass key=",
             ) from exc
-        counter = per_attempt.get(site.attempt)
+        return state
+
+
+def _next_index(site: _Site, state: _TaskState) -> int:
+    with _TASKS_LOCK:
+        counter = state.counters.get(site.attempt)
         if counter is None:
-            counter = per_attempt[site.attempt] = itertools.count().__next__
+            counter = state.counters[site.attempt] = itertools.count().__next__
         return counter()
 
 
@@ -480,6 +501,11 @@ def idempotent(
         raise ConfigurationError("transactional must be a bool")
     if key is not None and not callable(key):
         raise ConfigurationError("key must be a callable returning the key string")
+    if ledger is not None and not isinstance(ledger, _DurableBase) and not callable(ledger):
+        raise ConfigurationError(
+            "ledger= must be a DurablePostgresSaver or AsyncDurablePostgresSaver (or a "
+            f"callable returning one), got {type(ledger).__name__}"
+        )
     wait = _seconds(wait_timeout, "wait_timeout")
     claim = _seconds(claim_ttl, "claim_ttl")
     if claim is not None and claim <= 0.5:
@@ -605,6 +631,10 @@ class _Call:
     ttl: float | None
     claim_ttl: float | None
     invoke: Callable[[Any], Any]  # conn (transactional) or None -> result / awaitable
+    # (thread_id, checkpoint_id) that must be stored before the key is used, and the
+    # task state that remembers it is.
+    await_checkpoint: tuple[str, str] | None = None
+    task_state: _TaskState | None = None
     owner: str = field(default_factory=_owner)
     lost: bool = False
 
@@ -674,6 +704,8 @@ def _build_call(
     site = _current_site()
     ledger = _resolve_ledger(spec, site)
     fingerprint, preview = _fingerprint(spec.name, args_for_fp, ledger.serde)
+    await_checkpoint: tuple[str, str] | None = None
+    state: _TaskState | None = None
     parent = _PARENT.get()
     origin = site.thread_id if site else (parent.origin if parent else None)
     ttl: float | None = None
@@ -689,11 +721,23 @@ def _build_call(
         key = "call:" + _digest("nested", parent.key, str(parent.counter()))
         thread_id, ttl = parent.thread_id, parent.ttl
     elif site is not None:
-        index = _next_index(site)
+        if site.durability == "exit":
+            raise UnstableKeyError(
+                site.thread_id,
+                site.checkpoint_id,
+                "durability='exit' stores no checkpoint before the run ends, so a resumed "
+                "task runs under new task ids; use durability 'async' or 'sync'",
+            )
+        state = _task_state(site)
+        index = _next_index(site, state)
         key = "call:" + _digest(
             "task", site.thread_id or "", site.checkpoint_ns, site.task_id, str(index)
         )
         thread_id = site.thread_id
+        if not state.stored and site.thread_id and site.checkpoint_id and _same_db(
+            site.checkpointer, ledger
+        ):
+            await_checkpoint = (site.thread_id, site.checkpoint_id)
     else:
         raise InvalidIdempotencyKeyError(
             None,
@@ -713,6 +757,21 @@ def _build_call(
         ttl=ttl,
         claim_ttl=spec.claim_ttl if spec.claim_ttl is not None else ledger.lease_ttl,
         invoke=invoke_factory(key),
+        await_checkpoint=await_checkpoint,
+        task_state=state,
+    )
+
+
+def _same_db(checkpointer: Any, ledger: _DurableBase) -> bool:
+    """Whether the graph's checkpoints live where the ledger can see them."""
+    if not isinstance(checkpointer, _DurableBase):
+        return False
+    if checkpointer is ledger:
+        return True
+    mine, theirs = cast(Any, ledger), cast(Any, checkpointer)
+    return bool(
+        getattr(mine, "_conninfo", None) == getattr(theirs, "_conninfo", None)
+        and mine.schema == theirs.schema
     )
 
 
@@ -847,8 +906,38 @@ def _is_bubble(exc: BaseException) -> bool:
     return isinstance(exc, GraphBubbleUp)
 
 
+def _await_checkpoint(call: _Call) -> Generator[Any, Any, None]:
+    """Wait until the checkpoint the task was prepared from is stored.
+
+    A derived key hashes the task id, which hashes that checkpoint's id. With the
+    default durability ("async") LangGraph stores the checkpoint in the background while
+    the task already runs; if the process died before it was stored, the resumed run
+    would prepare the task again from a *new* checkpoint (new id, new task id, new
+    key) and the effect would run twice. Claiming only once the checkpoint is stored
+    closes that window; with durability "sync" the first check already succeeds."""
+    if call.await_checkpoint is None:
+        return
+    started, delay = time.monotonic(), 0.005
+    while True:
+        rows = yield _Op(functools.partial(_op_one, CHECKPOINT_STORED_SQL, call.await_checkpoint))
+        if rows and rows[0]["ok"]:
+            if call.task_state is not None:
+                call.task_state.stored = True
+            return
+        waited = time.monotonic() - started
+        if waited >= max(call.spec.wait_timeout, 1.0):
+            raise UnstableKeyError(
+                call.await_checkpoint[0],
+                call.await_checkpoint[1],
+                f"the checkpoint this task runs from was not stored after {waited:.1f} s",
+            )
+        yield _Wait(delay)
+        delay = min(delay * 2, 0.2)
+
+
 def _protocol(call: _Call) -> Generator[Any, Any, Any]:
     """The plain (non-transactional) call: claim, run, record."""
+    yield from _await_checkpoint(call)
     started = time.monotonic()
     delay = 0.02
     logged = False
@@ -978,8 +1067,12 @@ def _enter(call: _Call) -> contextvars.Token[_Parent | None]:
 
 def _run(call: _Call) -> Any:
     if call.spec.transactional:
+        _drive(call, _await_checkpoint(call))
         return _run_tx(call)
-    gen = _protocol(call)
+    return _drive(call, _protocol(call))
+
+
+def _drive(call: _Call, gen: Generator[Any, Any, Any]) -> Any:
     send: Any = None
     throw: BaseException | None = None
     while True:
@@ -1007,8 +1100,12 @@ def _run(call: _Call) -> Any:
 
 async def _arun(call: _Call) -> Any:
     if call.spec.transactional:
+        await _adrive(call, _await_checkpoint(call))
         return await _arun_tx(call)
-    gen = _protocol(call)
+    return await _adrive(call, _protocol(call))
+
+
+async def _adrive(call: _Call, gen: Generator[Any, Any, Any]) -> Any:
     send: Any = None
     throw: BaseException | None = None
     while True:

@@ -30,7 +30,15 @@ import ormsgpack
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 
-from langgraph_durable.artifacts import _CHUNK_REF, _DICT, _INLINE, REF_TYPE
+from langgraph_durable.artifacts import (
+    _CHUNK_REF,
+    _ELEMENT_REF,
+    _INLINE,
+    _NESTED,
+    REF_TYPE,
+    _envelope_items,
+    _payload_items,
+)
 from langgraph_durable.errors import DurableError
 
 if TYPE_CHECKING:
@@ -698,12 +706,23 @@ def _table_stats(conn: Connection[Any], names: Iterable[str]) -> list[dict[str, 
     return out
 
 
-def _envelope_refs(data: bytes, elements: Counter[bytes], chunks: Counter[bytes]) -> None:
-    kind, items = ormsgpack.unpackb(data)
-    for item in (i for _, i in items) if kind == _DICT else items:
-        if item[0] == _INLINE:
-            continue
-        (chunks if item[0] == _CHUNK_REF else elements)[bytes(item[1])] += 1
+def _count_refs(
+    items: Iterable[list[Any]], elements: Counter[bytes], chunks: Counter[bytes]
+) -> int:
+    """Add the artifact references among envelope/chunk items to the counters (one per
+    occurrence, nested containers included); return the bytes stored inline."""
+    inline = 0
+    for item in items:
+        kind = item[0]
+        if kind == _INLINE:
+            inline += len(item[2])
+        elif kind == _ELEMENT_REF:
+            elements[bytes(item[1])] += 1
+        elif kind == _CHUNK_REF:
+            chunks[bytes(item[1])] += 1
+        elif kind == _NESTED:
+            inline += _count_refs(_payload_items(item[1], item[2]), elements, chunks)
+    return inline
 
 
 def _artifact_stats(saver: DurablePostgresSaver, conn: Connection[Any]) -> dict[str, Any]:
@@ -723,40 +742,50 @@ def _artifact_stats(saver: DurablePostgresSaver, conn: Connection[Any]) -> dict[
         with conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(query, (REF_TYPE,))
             for (blob,) in cur:
-                _envelope_refs(bytes(blob), elements, chunks)
+                _count_refs(_envelope_items(bytes(blob)), elements, chunks)
     totals = _rows(
         conn,
         "SELECT count(*)::bigint AS n, COALESCE(sum(size), 0)::bigint AS unique_bytes, "
         "COALESCE(sum(octet_length(data)), 0)::bigint AS stored_bytes FROM durable_artifacts",
     )[0]
-    sizes: dict[bytes, int] = {}
-    chunk_logical: dict[bytes, int] = {}
-    if chunks:
+    # What each chunk holds: inline bytes, element refs and sub-chunk refs. Fetched
+    # level by level (a chunk may hold chunks), each chunk once.
+    expansion: dict[bytes, tuple[int, Counter[bytes], Counter[bytes]]] = {}
+    wanted = set(chunks)
+    while wanted:
         for r in _rows(
             conn,
             "SELECT digest, data FROM durable_artifacts WHERE digest = ANY(%s)",
-            (list(chunks),),
+            (list(wanted),),
         ):
-            content = saver.codec.decompress(bytes(r["data"]))
-            inner: Counter[bytes] = Counter()
-            inline = 0
-            for item in ormsgpack.unpackb(content[1:]):
-                if item[0] == _INLINE:
-                    inline += len(item[2])
-                else:
-                    inner[bytes(item[1])] += 1
-            chunk_logical[bytes(r["digest"])] = inline
-            for d, n in inner.items():
-                elements[d] += n * chunks[bytes(r["digest"])]
-    if elements:
+            content = saver.codec.unseal(bytes(r["data"]), saver.serde)
+            inner_el: Counter[bytes] = Counter()
+            inner_ch: Counter[bytes] = Counter()
+            inline = _count_refs(ormsgpack.unpackb(content[1:]), inner_el, inner_ch)
+            expansion[bytes(r["digest"])] = (inline, inner_el, inner_ch)
+        wanted = {d for _, _, sub in expansion.values() for d in sub if d not in expansion} - wanted
+    needed = set(elements) | {d for _, el, _ in expansion.values() for d in el}
+    sizes: dict[bytes, int] = {}
+    if needed:
         for r in _rows(
             conn,
             "SELECT digest, size FROM durable_artifacts WHERE digest = ANY(%s)",
-            (list(elements),),
+            (list(needed),),
         ):
             sizes[bytes(r["digest"])] = int(r["size"])
+    memo: dict[bytes, int] = {}
+
+    def chunk_bytes(digest: bytes, depth: int = 0) -> int:
+        if digest not in memo:
+            inline, el, sub = expansion.get(digest, (0, Counter(), Counter()))
+            total = inline + sum(sizes.get(d, 0) * n for d, n in el.items())
+            if depth < 8:  # chunks nest one level today; the bound only guards a cycle
+                total += sum(chunk_bytes(d, depth + 1) * n for d, n in sub.items())
+            memo[digest] = total
+        return memo[digest]
+
     logical = sum(sizes.get(d, 0) * n for d, n in elements.items())
-    logical += sum(chunk_logical.get(d, 0) * n for d, n in chunks.items())
+    logical += sum(chunk_bytes(d) * n for d, n in chunks.items())
     stored = int(totals["stored_bytes"])
     return {
         "artifacts": int(totals["n"]),

@@ -303,17 +303,17 @@ def _op_release(thread_id: str) -> Op[QuarantineEntry]:
     return released
 
 
-def _next_id(head: str | None, step: int) -> str:
+def _next_id(head: str | None) -> str:
     """A checkpoint id newer than ``head``: LangGraph's own uuid6, or, when this
     machine's clock is behind the one that wrote ``head``, ``head`` plus 409.6 us (one
     unit of uuid6's time_mid field; the version nibble below it is left untouched)."""
-    new = str(uuid6(clock_seq=step))
+    new = str(uuid6())
     if head is not None and new <= head:
         new = str(uuid.UUID(int=uuid.UUID(head).int + (1 << 80)))
     return new
 
 
-def _op_rewind(thread_id: str, to: str, step: int) -> Op[RewindResult]:
+def _op_rewind(saver: Any, thread_id: str, to: str) -> Op[RewindResult]:
     rows = yield Batch(
         [Stmt(LOCK_THREAD_SQL, (thread_id,), fetch=True), Stmt(HEAD_SQL, (thread_id,), fetch=True)]
     )
@@ -321,7 +321,7 @@ def _op_rewind(thread_id: str, to: str, step: int) -> Op[RewindResult]:
     if thread and thread[0]["lease_owner"] and (thread[0]["expires_in"] or 0) > 0:
         raise ThreadBusyError(thread_id, thread[0]["lease_owner"], thread[0]["expires_in"])
     head = head_rows[0]["checkpoint_id"] if head_rows else None
-    new_id = _next_id(head, step)
+    new_id = _next_id(head)
     extra = {"source": "fork", "rewound_to": to, "rewound_from": head}
     params = {
         "thread_id": thread_id,
@@ -330,17 +330,21 @@ def _op_rewind(thread_id: str, to: str, step: int) -> Op[RewindResult]:
         "ts": _dt.datetime.now(_dt.UTC).isoformat(),
         "extra": _jsonb(extra),
     }
+    rows = yield Batch([Stmt(FORK_SQL, params, fetch=True)])
+    if not rows[0]:
+        raise CheckpointNotFoundError(thread_id, to)
+    # Read the fork back in the same transaction, as the next run will: a chosen
+    # checkpoint that does not decode raises CheckpointLoadError and the transaction
+    # rolls back (nothing written). Only what the fork carries is checked: the chosen
+    # checkpoint's own pending writes (not copied) may be the broken part.
+    yield from saver._op_get_tuple(_target_config(thread_id, new_id))
     rows = yield Batch(
         [
-            Stmt(FORK_SQL, params, fetch=True),
             Stmt(RELEASE_QUARANTINE_SQL, (thread_id,), fetch=True),
             Stmt(RESET_THREAD_SQL, {"thread_id": thread_id, "checkpoint_id": new_id}),
         ]
     )
-    if not rows[0]:
-        # Checked before the transaction; only a concurrent delete_thread gets here.
-        raise CheckpointNotFoundError(thread_id, to)
-    released = bool(rows[1])
+    released = bool(rows[0])
     logger.warning(
         "thread %s rewound to checkpoint %s (new head %s, previous head %s)%s",
         thread_id, to, new_id, head, "; quarantine lifted" if released else "",
@@ -348,17 +352,10 @@ def _op_rewind(thread_id: str, to: str, step: int) -> Op[RewindResult]:
     return RewindResult(thread_id, new_id, to, head, released)
 
 
-def _target_config(thread_id: str, to: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": to}}
-
-
-def _target_step(thread_id: str, to: str, saved: Any) -> int:
-    # The chosen checkpoint must exist and decode: a rewind onto unreadable bytes would
-    # only be quarantined again (CheckpointLoadError propagates from the read).
-    if saved is None:
-        raise CheckpointNotFoundError(thread_id, to)
-    step = (saved.metadata or {}).get("step")
-    return int(step) if isinstance(step, int) else 0
+def _target_config(thread_id: str, checkpoint_id: str) -> dict[str, Any]:
+    return {
+        "configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
+    }
 
 
 # ---------------------------------------------------------------------- public API
@@ -407,15 +404,13 @@ def rewind(saver: Any, thread_id: str, to: str) -> RewindResult:
     on any thread no run holds (``ThreadBusyError`` otherwise). ``to`` must exist
     (``CheckpointNotFoundError``) and decode (``CheckpointLoadError``)."""
     tid, cid = str(thread_id), str(to)
-    step = _target_step(tid, cid, saver.get_tuple(_target_config(tid, cid)))
-    result: RewindResult = saver.run_op(lambda: _op_rewind(tid, cid, step))
+    result: RewindResult = saver.run_op(lambda: _op_rewind(saver, tid, cid))
     return result
 
 
 async def arewind(saver: Any, thread_id: str, to: str) -> RewindResult:
     tid, cid = str(thread_id), str(to)
-    step = _target_step(tid, cid, await saver.aget_tuple(_target_config(tid, cid)))
-    result: RewindResult = await saver.arun_op(lambda: _op_rewind(tid, cid, step))
+    result: RewindResult = await saver.arun_op(lambda: _op_rewind(saver, tid, cid))
     return result
 
 

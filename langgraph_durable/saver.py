@@ -96,7 +96,6 @@ from langgraph_durable._io import (
     one_op,
 )
 from langgraph_durable.artifacts import ArtifactCodec, ArtifactConfig, KnownRefs
-from langgraph_durable.retention import op_recompute_refs
 from langgraph_durable.embedded import resolve_dsn
 from langgraph_durable.errors import (
     CheckpointLoadError,
@@ -108,6 +107,7 @@ from langgraph_durable.errors import (
     PoisonCheckpointError,
     ThreadBusyError,
 )
+from langgraph_durable.retention import op_recompute_refs
 from langgraph_durable.versioning import (
     INHERIT_VERSION_SQL,
     INSERT_LOG_SQL,
@@ -428,28 +428,37 @@ class _DurableBase(BasePostgresSaver):
         await self._arun_op(self._op_setup, transaction=False)
 
     # ------------------------------------------------------------------ loading
-    def _op_resolve(self, pairs: list[tuple[str, bytes]], where: Mapping[str, Any]) -> Op[None]:
-        """Fetch every artifact the (type, data) pairs need into the cache: batched,
-        one round trip per nesting level (chunks, then elements)."""
-        for _ in range(4):
-            missing = self.codec.missing(pairs)
+    def _op_resolve(
+        self,
+        pairs: list[tuple[str, bytes]],
+        where: Mapping[str, Any],
+        locate: Callable[[bytes], Mapping[str, Any] | None] | None = None,
+    ) -> Op[dict[bytes, bytes]]:
+        """Fetch every artifact the (type, data) pairs need: batched, one round trip
+        per nesting level (chunks, then elements). Returns what was fetched (verified),
+        which the decode uses whatever the bounded cache has evicted meanwhile."""
+        from langgraph_durable.errors import ArtifactNotFoundError
+
+        local: dict[bytes, bytes] = {}
+        while True:
+            missing = self.codec.missing(pairs, local)
             if not missing:
-                return
+                return local
             rows = yield Batch(
-                [Stmt(_sql.FETCH_ARTIFACTS_SQL, (list(missing),), fetch=True, prepare=False)]
+                [Stmt(_sql.FETCH_ARTIFACTS_SQL, (sorted(missing),), fetch=True, prepare=False)]
             )
             found = [(r["digest"], r["data"]) for r in rows[0]]
-            self.codec.accept(found, **where)
+            self.codec.accept(found, serde=self.serde, local=local, locate=locate, **where)
             if len(found) < len(missing):
                 got = {bytes(d) for d, _ in found}
-                from langgraph_durable.errors import ArtifactNotFoundError
+                lost = min(missing - got)
+                at = dict((locate(lost) if locate else None) or where)
+                raise ArtifactNotFoundError(lost.hex(), **at)
 
-                lost = sorted(d.hex() for d in missing - got)
-                raise ArtifactNotFoundError(lost[0], **where)
-        return
-
-    def _decode(self, tag: str, data: bytes, where: Mapping[str, Any]) -> Any:
-        return self.codec.decode(self.serde, tag, data, **where)
+    def _decode(
+        self, tag: str, data: bytes, where: Mapping[str, Any], local: Mapping[bytes, bytes] | None = None
+    ) -> Any:
+        return self.codec.decode(self.serde, tag, data, local=local, **where)
 
     def _op_load_rows(self, rows: list[Any]) -> Op[list[CheckpointTuple]]:
         pairs: list[tuple[str, bytes]] = []
@@ -458,6 +467,7 @@ class _DurableBase(BasePostgresSaver):
                 pairs.append((t.decode(), v))
             for w in row["pending_writes"] or ():
                 pairs.append((w[2].decode(), w[3]))
+        local: dict[bytes, bytes] | None = None
         if any(self.codec.is_ref(t) for t, _ in pairs):
             first = rows[0]
             where = {
@@ -465,10 +475,21 @@ class _DurableBase(BasePostgresSaver):
                 "checkpoint_ns": first["checkpoint_ns"],
                 "checkpoint_id": first["checkpoint_id"],
             }
-            yield from self._op_resolve(pairs, where)
-        return [self._load_tuple(row) for row in rows]
+            local = yield from self._op_resolve(pairs, where, partial(self._locate, rows))
+        return [self._load_tuple(row, local) for row in rows]
 
-    def _load_tuple(self, value: Any) -> CheckpointTuple:
+    def _locate(self, rows: list[Any], digest: bytes) -> Mapping[str, Any] | None:
+        """The first of ``rows`` (newest first) whose values need ``digest``: names
+        the right checkpoint in an integrity error when ``list`` loads many."""
+        for row in rows:
+            pairs = [(t.decode(), v) for _, t, v in row["channel_values"] or ()]
+            pairs += [(w[2].decode(), w[3]) for w in row["pending_writes"] or ()]
+            found, _ = self.codec.referenced(pairs)
+            if digest in found:
+                return {k: row[k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id")}
+        return None
+
+    def _load_tuple(self, value: Any, local: Mapping[bytes, bytes] | None = None) -> CheckpointTuple:
         where = {
             "thread_id": value["thread_id"],
             "checkpoint_ns": value["checkpoint_ns"],
@@ -491,12 +512,12 @@ class _DurableBase(BasePostgresSaver):
             )
         try:
             blobs = {
-                k.decode(): self._decode(t.decode(), v, where)
+                k.decode(): self._decode(t.decode(), v, where, local)
                 for k, t, v in value["channel_values"] or ()
                 if t.decode() != "empty"
             }
             writes = [
-                (tid.decode(), ch.decode(), self._decode(t.decode(), v, where))
+                (tid.decode(), ch.decode(), self._decode(t.decode(), v, where, local))
                 for tid, ch, t, v, _, _ in sorted(
                     value["pending_writes"] or (),
                     key=lambda w: writes_sort_key(w[4].decode(), w[0].decode(), int(w[5])),
@@ -668,18 +689,6 @@ class _DurableBase(BasePostgresSaver):
                 artifacts.update(enc.artifacts)
                 blob_rows.append((thread_id, checkpoint_ns, k, cast(str, ver), enc.type, enc.data))
         fence, lease = self._fence(thread_id)
-        advance = lease is not None and checkpoint_ns == ""
-        if advance:
-            assert lease is not None
-            # The run moved past the checkpoint it started from: the new one is being
-            # attempted for the first time. Recorded in the fence statement itself (a
-            # row-locking UPDATE instead of SELECT ... FOR SHARE), so a SIGKILL from here
-            # on counts one failed attempt at it, exactly like an exception would.
-            fence = Stmt(
-                _sql.ADVANCE_FENCE_SQL,
-                (checkpoint["id"], thread_id, lease.token, lease.owner),
-                fetch=True,
-            )
         md = self._stamp(config, metadata, lease)
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         lock = art_stmts[:1]
@@ -701,13 +710,6 @@ class _DurableBase(BasePostgresSaver):
         self._check_fence(thread_id, lease, rows[len(lock)])
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
-        if advance:
-            assert lease is not None
-
-            def _advanced() -> None:
-                lease.attempts = 1
-
-            yield AfterCommit(_advanced)
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -885,10 +887,11 @@ class _DurableBase(BasePostgresSaver):
             stage2 = rows[0]
         where = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
         pairs = [(r["type"], r["blob"]) for r in stage2 if r["type"] and r["blob"] is not None]
+        local: dict[bytes, bytes] | None = None
         if any(self.codec.is_ref(t) for t, _ in pairs):
-            yield from self._op_resolve(pairs, where)
+            local = yield from self._op_resolve(pairs, where)
         # The stock helper only reads ``self.serde``: give it one that resolves refs.
-        shim = SimpleNamespace(serde=_ResolvingSerde(self, where))
+        shim = SimpleNamespace(serde=_ResolvingSerde(self, where, local))
         return BasePostgresSaver._build_delta_channels_writes_history(
             cast(Any, shim),
             channels=channels,
@@ -1585,12 +1588,15 @@ class _DurableBase(BasePostgresSaver):
 class _ResolvingSerde:
     """Serde facade for the stock delta helper: resolves artifact envelopes."""
 
-    def __init__(self, saver: _DurableBase, where: Mapping[str, Any]) -> None:
+    def __init__(
+        self, saver: _DurableBase, where: Mapping[str, Any], local: Mapping[bytes, bytes] | None = None
+    ) -> None:
         self.saver = saver
         self.where = where
+        self.local = local
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:
-        return self.saver._decode(data[0], data[1], self.where)
+        return self.saver._decode(data[0], data[1], self.where, self.local)
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
         return self.saver.serde.dumps_typed(obj)
@@ -1742,7 +1748,7 @@ class DurablePostgresSaver(_DurableBase):
         schema: str | None = None,
         **options: Any,
     ) -> Iterator[DurablePostgresSaver]:
-        """Open a checked connection pool on ``conn_string`` (else
+        """Open a connection pool on ``conn_string`` (else
         ``LANGGRAPH_DURABLE_DSN``, else the embedded PostgreSQL) and yield a saver."""
         dsn = resolve_dsn(conn_string)
         schema = _sql.validate_schema(schema)
@@ -1752,7 +1758,11 @@ class DurablePostgresSaver(_DurableBase):
             max_size=pool_size,
             kwargs=dict(_CONN_KWARGS),
             configure=_configure_schema(schema),
-            check=ConnectionPool.check_connection,
+            # No check= on checkout: when a restart or idle-timeout kill has broken
+            # several idle connections, the pool's check loop backs off 1, 2, 4... s
+            # per broken one (37 s measured with 10) before giving up. The driver
+            # instead retries the failed op once after pool.check() replaced them all,
+            # and no op pays a SELECT 1 round trip.
             open=True,
             name="langgraph-durable",
         ) as pool:
@@ -1827,7 +1837,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
             max_size=pool_size,
             kwargs=dict(_CONN_KWARGS),
             configure=_aconfigure_schema(schema),
-            check=AsyncConnectionPool.check_connection,
+            # No check= on checkout: see DurablePostgresSaver.from_conn_string.
             open=False,
             name="langgraph-durable",
         ) as pool:

@@ -117,8 +117,6 @@ def graph_fingerprint(graph: Any, *, include_source: bool = False) -> str:
 
 def describe_graph(graph: Any, *, include_source: bool = False) -> dict[str, Any]:
     """The canonical, JSON-able description that ``graph_fingerprint`` hashes."""
-    from langgraph.graph.state import StateGraph
-
     builder, compiled = _builder_and_compiled(graph)
     desc: dict[str, Any] = {"channels": _describe_channels(compiled.channels)}
     if builder is not None:
@@ -141,15 +139,14 @@ def describe_graph(graph: Any, *, include_source: bool = False) -> dict[str, Any
         )
         branches: dict[str, Any] = {}
         for source, specs in builder.branches.items():
-            for bname, bspec in specs.items():
-                # Only the destinations: the path function's body is logic, and a
-                # branch without a path map can go anywhere ("dynamic").
-                ends_map = bspec.ends
-                branches[f"{source}:{bname}"] = (
-                    sorted(set(ends_map.values())) if ends_map else "dynamic"
-                )
+            # Only the destinations: the path function's body (and name) is logic, and
+            # a branch without a path map can go anywhere ("dynamic").
+            dests = [
+                sorted(set(b.ends.values())) if b.ends else ["<dynamic>"] for b in specs.values()
+            ]
+            if dests:
+                branches[source] = sorted(dests)
         desc["branches"] = branches
-        assert isinstance(builder, StateGraph)
     else:
         nodes = {}
         for name, node in compiled.nodes.items():
@@ -394,6 +391,14 @@ class MigrationRegistry:
                 queue.append((m.to_version, nxt))
         return None
 
+    def versions(self) -> set[str]:
+        """Every version a registered migration starts from or leads to."""
+        return set(self._edges) | {m.to_version for ms in self._edges.values() for m in ms}
+
+    def sources(self, to_version: str) -> set[str]:
+        """Stored versions a graph at ``to_version`` can run after migrating (itself included)."""
+        return {to_version} | {v for v in self.versions() if self.path(v, to_version) is not None}
+
     def __iter__(self) -> Iterator[Migration]:
         for edges in self._edges.values():
             yield from edges
@@ -423,7 +428,7 @@ class MigrationResult:
 
     checkpoint: dict[str, Any]
     writes: list[tuple[str, str, Any]]
-    # State channels whose value changed (they were re-versioned).
+    # Channels whose value changed (state, Sends, barriers): they were re-versioned.
     changed: set[str]
     # Whether the pending writes differ from the stored ones (else they are kept as is).
     writes_changed: bool
@@ -569,9 +574,15 @@ def apply_migrations(
                     continue
                 nk = rename_channel(k, r)
                 if nk.startswith("join:") and isinstance(v, set | frozenset):
-                    v = type(v)(r.get(x, x) for x in v)
+                    renamed_set = type(v)(r.get(x, x) for x in v)
+                    if renamed_set != v:
+                        changed.add(nk)  # a new value: stored under a new version
+                    v = renamed_set
                 if k == _TASKS and isinstance(v, list):
-                    v = _rename_sends(v, r, drop, send_pos, Send)
+                    sends = _rename_sends(v, r, drop, send_pos, Send)
+                    if sends != v:
+                        changed.add(nk)
+                    v = sends
                 if nk in new_values:
                     # Two nodes merged into one (e.g. a removed node's work mapped onto
                     # an existing node): the channel is re-versioned below so it fires.

@@ -229,11 +229,14 @@ def chaos(spec: dict[str, Any]) -> None:
         cfg: RunnableConfig = {"configurable": {"thread_id": thread_id}}
         while True:
             try:
+                # Always run: "no next node" can also mean the last task's writes are
+                # saved but the next checkpoint is not (durability "async").
                 snap = app.get_state(cfg)
-                if snap.values and not snap.next:
-                    emit(event="done", thread_id=thread_id, state=snap.values)
-                    return
                 app.invoke(None if snap.values else {"order": order, "receipts": []}, cfg)
+                final = app.get_state(cfg)
+                if not final.next and not final.tasks:
+                    emit(event="done", thread_id=thread_id, state=final.values)
+                    return
             except OutcomeUnknownError as exc:
                 found = reconcile(exc.key)
                 emit(event="unknown", thread_id=thread_id, key=exc.key, found=found)

@@ -9,9 +9,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _child_versioning_graphs as g  # noqa: E402
+import _child_versioning_graphs as g
 
-from langgraph_durable import graph_fingerprint  # noqa: E402
+from langgraph_durable import graph_fingerprint
 
 for graph in (
     g.build_v1(),

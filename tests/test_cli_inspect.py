@@ -393,3 +393,34 @@ def test_resume_after_inspection_still_works(dsn: str, data: dict[str, Any]) -> 
     out = data["waiting"].invoke(Command(resume="yes"), cfg("t-wait"))
     assert out["answer"] == "yes"
     assert run_json("threads", "show", "t-wait", "--dsn", dsn)["state"] == "done"
+
+
+def test_stats_expands_chunked_lists(dsn: str, data: dict[str, Any]) -> None:
+    """A long list is stored as chunk artifacts of 16 elements plus a tail: the
+    logical bytes count every element of every chunk, once per reference."""
+
+    class Chunky(TypedDict, total=False):
+        items: list[str]
+
+    items = [f"item {i} " + ("chunked payload " * 100) for i in range(40)]
+
+    def produce(state: Chunky) -> dict[str, Any]:
+        return {"items": items}
+
+    g = StateGraph(Chunky)
+    g.add_node("produce", produce)
+    g.add_edge(START, "produce")
+    g.add_edge("produce", END)
+    before = run_json("stats", "--dsn", dsn)["artifacts"]
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        g.compile(checkpointer=saver).invoke({}, cfg("t-chunks"))
+        # Uncompressed content of one element artifact: kind byte, type tag, NUL, data.
+        one_copy = 0
+        for item in items:
+            tag, blob = saver.serde.dumps_typed(item)
+            one_copy += 1 + len(tag.encode()) + 1 + len(blob)
+    after = run_json("stats", "--dsn", dsn)["artifacts"]
+    # Two references to the whole list: produce's write and the channel's blob.
+    assert after["logical_bytes"] - before["logical_bytes"] == 2 * one_copy
+    assert after["references"] - before["references"] == 2 * (2 + 40 % 16)  # 2 chunks + tail
+    assert after["artifacts"] - before["artifacts"] == 40 + 2

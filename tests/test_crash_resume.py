@@ -31,12 +31,13 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
-
 from crash_child import NODE_RUNS_DDL, Recorder, build, initial_input
+from langchain_core.runnables import RunnableConfig
+
 from langgraph_durable import DurablePostgresSaver
 
 pytestmark = pytest.mark.chaos
@@ -219,7 +220,7 @@ def reference(crash_db: str) -> dict[str, dict[str, Any]]:
     ):
         for kind in ("linear", "sub"):
             graph = build(kind, recorder).compile(checkpointer=saver)
-            cfg = {"configurable": {"thread_id": f"ref-{kind}", "run_no": 0}}
+            cfg: RunnableConfig = {"configurable": {"thread_id": f"ref-{kind}", "run_no": 0}}
             out[kind] = dict(graph.invoke(initial_input(kind), cfg, durability="sync"))
             rows = node_rows(conn, f"ref-{kind}")
             assert all(r == [0] for r in rows.values()), rows
@@ -314,7 +315,7 @@ def test_sigkill_at_random_moments_then_resume(crash_db: str, reference: dict[st
             ):
                 for key in ("log", "sub_log"):
                     for node in tup.checkpoint["channel_values"].get(key) or []:
-                        first_in.setdefault(node, int(tup.metadata["run_no"]))
+                        first_in.setdefault(node, int(cast(dict[str, Any], tup.metadata)["run_no"]))
             assert set(first_in) == set(expected), t.thread_id
             for node, runs in rows.items():
                 assert max(runs) <= first_in[node], (t.thread_id, node, runs, first_in[node])
@@ -322,7 +323,7 @@ def test_sigkill_at_random_moments_then_resume(crash_db: str, reference: dict[st
         reruns = sum(len(r) - 1 for t in threads for r in node_rows(conn, t.thread_id).values())
 
         # 5. Every lease was released and every thread is marked done.
-        states = dict(
+        states: dict[str, str] = dict(
             conn.execute(
                 "SELECT thread_id, status || ':' || coalesce(lease_owner, '-') FROM durable_threads "
                 "WHERE thread_id = ANY(%s)",

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+import _child_versioning_graphs as g
 import pytest
 from langgraph.graph import END, START, StateGraph
 
-import _child_versioning_graphs as g
 from langgraph_durable import ConfigurationError, graph_fingerprint
 from langgraph_durable.versioning import describe_graph
 
@@ -122,7 +122,18 @@ def test_conditional_edge_destinations_are_covered() -> None:
         return b
 
     assert graph_fingerprint(build(["b"])) != graph_fingerprint(build(["b", "c"]))
-    assert describe_graph(build(None))["branches"] == {"a:<lambda>": "dynamic"}
+    assert describe_graph(build(None))["branches"] == {"a": [["<dynamic>"]]}
+
+    # The routing function's name and body are logic, not topology.
+    def route(s: Any) -> Any:
+        return "b"
+
+    renamed = StateGraph(S)
+    for name in ("a", "b", "c"):
+        renamed.add_node(name, lambda s: {})
+    renamed.add_edge(START, "a")
+    renamed.add_conditional_edges("a", route, ["b"])
+    assert graph_fingerprint(renamed) == graph_fingerprint(build(["b"]))
 
 
 def test_subgraph_change_changes_parent() -> None:
@@ -147,3 +158,21 @@ def test_functional_api_graph_is_described() -> None:
 def test_not_a_graph_is_a_typed_error() -> None:
     with pytest.raises(ConfigurationError):
         graph_fingerprint(object())
+
+
+def test_command_destinations_and_defer_are_covered() -> None:
+    class S(TypedDict, total=False):
+        n: int
+
+    def build(destinations: tuple[str, ...], defer: bool) -> StateGraph:
+        b = StateGraph(S)
+        b.add_node("a", lambda s: {}, destinations=destinations)
+        b.add_node("b", lambda s: {}, defer=defer)
+        b.add_node("c", lambda s: {})
+        b.add_edge(START, "a")
+        return b
+
+    base = graph_fingerprint(build(("b",), False))
+    assert graph_fingerprint(build(("b", "c"), False)) != base
+    assert graph_fingerprint(build(("b",), True)) != base
+    assert graph_fingerprint(build(("b",), False)) == base

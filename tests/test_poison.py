@@ -532,7 +532,7 @@ CORRUPTIONS = {
     # a pending write (the interrupt the thread waits on)
     "write": "UPDATE checkpoint_writes SET blob = '\\xc1'::bytea WHERE thread_id = %s AND channel = '__interrupt__'",
     # an offloaded artifact (content-addressed: its hash no longer matches)
-    "artifact": """UPDATE durable_artifacts SET data = '\\x00bad'::bytea WHERE digest IN
+    "artifact": """UPDATE durable_artifacts SET data = '\\xdeadbeef'::bytea WHERE digest IN
                    (SELECT digest FROM durable_artifact_refs WHERE thread_id = %s)""",
     # the checkpoint JSON itself
     "json": """UPDATE checkpoints SET checkpoint = checkpoint - 'versions_seen'
@@ -587,17 +587,24 @@ def test_corrupted_checkpoint_fails_closed(dsn: str, what: str) -> None:
             graph.invoke(Command(resume="yes"), cfg)
         assert len(records) == 1 and calls["ask"] == 1
 
-        # Rewinding onto the broken checkpoint is refused; onto the one before `load`, works.
-        with pytest.raises(CheckpointLoadError):
-            poison.rewind(saver, t, bad_head)
-        report = poison.show(saver, t)
-        before_load = [c for c in report.history if c.step == 0]
-        assert report.quarantine is not None and len(before_load) == 1
-        result = poison.rewind(saver, t, before_load[0].checkpoint_id)
+        report = poison.show(saver, t)  # SQL only: works on the broken thread
+        assert report.quarantine is not None and report.history[0].checkpoint_id == bad_head
+        if what == "write":
+            # Only a pending write is broken: a fork of the same checkpoint leaves the
+            # writes behind, so rewinding onto it is enough.
+            result = poison.rewind(saver, t, bad_head)
+        else:
+            # Rewinding onto the broken checkpoint is refused, nothing written ...
+            with pytest.raises(CheckpointLoadError):
+                poison.rewind(saver, t, bad_head)
+            assert quarantine_row(dsn, t) is not None and head(dsn, t) == bad_head
+            # ... onto the one before `load` (the broken value is `load`'s output) works.
+            [before_load] = [c for c in report.history if c.step == 0]
+            result = poison.rewind(saver, t, before_load.checkpoint_id)
         assert result.released and result.rewound_from == bad_head
         assert "__interrupt__" in graph.invoke(None, cfg)
         assert graph.invoke(Command(resume="yes"), cfg)["answer"] == "yes"
-        assert calls == Counter({"load": 2, "ask": 3})
+        assert calls == Counter({"load": 1 if what == "write" else 2, "ask": 3})
 
     if what != "artifact":  # the stock saver cannot read artifacts at all
         stock_t = f"stock-corrupt-{what}"
@@ -744,3 +751,45 @@ def test_cli_list_show_release_rewind(dsn: str) -> None:
     assert res.exit_code == 1 and "not found" in res.stderr
     listed_after = json.loads(cli("list", "--json").stdout)
     assert not {"cli-a", "cli-b"} & {e["thread_id"] for e in listed_after}
+
+
+# ---------------------------------------------------------------------- recovery, retention
+def test_recovery_and_retention_leave_quarantined_threads_alone(dsn: str) -> None:
+    # Last in the module: retention below deletes every completed thread of this database.
+    from langgraph_durable.recovery import recover
+    from langgraph_durable.retention import retain
+
+    calls, failing = Calls(), {"on": True}
+
+    def boom(state: S) -> S:
+        calls["boom"] += 1
+        if failing["on"]:
+            raise RuntimeError("boom")
+        return {"x": 2}
+
+    t = "rr-quarantined"
+    cfg = {"configurable": {"thread_id": t}}
+    with DurablePostgresSaver.from_conn_string(dsn, max_resume_attempts=1) as saver:
+        graph = _chain(("boom", boom)).compile(checkpointer=saver.bind(graph_version="rr-v"))
+        with pytest.raises(RuntimeError):
+            graph.invoke({"x": 0}, cfg)
+        with pytest.raises(PoisonCheckpointError):
+            graph.invoke(None, cfg)
+        checkpoints = n_checkpoints(dsn, t)
+
+        # A recovery worker for this graph never resumes it ...
+        recover(graph, error_backoff=0.0)
+        assert calls["boom"] == 1
+        assert thread_row(dsn, t)["status"] == "quarantined"  # type: ignore[index]
+        # ... retention never deletes it, even with the age limit at zero.
+        report = retain(saver, older_than_days=0, keep_last=1)
+        assert report.skipped.get("quarantined", 0) >= 1 and t not in report.deleted_thread_ids
+        assert n_checkpoints(dsn, t) == checkpoints and quarantine_row(dsn, t) is not None
+
+        # Released (after a fix), the thread is unfinished work again: the worker runs it.
+        failing["on"] = False
+        poison.release(saver, t)
+        recover(graph, error_backoff=0.0)
+        assert calls["boom"] == 2
+        assert thread_row(dsn, t)["status"] == "done"  # type: ignore[index]
+        assert graph.get_state(cfg).values["x"] == 2

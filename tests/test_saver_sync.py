@@ -112,7 +112,7 @@ async def test_conformance_through_sync_methods(dsn: str) -> None:
     @checkpointer_test(name="DurablePostgresSaver (sync methods)")
     async def factory() -> AsyncIterator[SyncDriven]:
         with SyncDriven.from_conn_string(dsn) as saver:
-            yield saver
+            yield cast(SyncDriven, saver)
 
     _assert_full_pass(await validate(factory))
 
@@ -439,7 +439,7 @@ def test_unserializable_value_is_a_typed_error_and_nothing_is_written(saver: Dur
     )
     with pytest.raises(SerializationError) as info:
         saver.put(cfg, cp, generate_metadata(step=1), {"big": "1", "lock": "1"})
-    assert info.value.value_type == "lock" and isinstance(info.value, DurableError)
+    assert info.value.fields["value_type"] == "lock" and isinstance(info.value, DurableError)
     with pytest.raises(SerializationError):
         saver.put_writes(cfg, [("ok", "fine"), ("lock", threading.Lock())], "t")
     # Neither the checkpoint, nor the blob or artifact of the channel that did
@@ -467,7 +467,8 @@ def test_corrupted_blob_raises_checkpoint_load_error_naming_it(saver: DurablePos
         with pytest.raises(CheckpointLoadError) as info:
             read()
         err = info.value
-        assert (err.thread_id, err.checkpoint_ns, err.checkpoint_id) == ("corrupt", "", cid)
+        assert err.fields == {"thread_id": "corrupt", "checkpoint_ns": "", "checkpoint_id": cid}
+        assert vars(err)["checkpoint_id"] == cid  # fields are attributes too
         assert "corrupt" in str(err) and cid in str(err)
 
 
@@ -478,7 +479,7 @@ def test_corrupted_pending_write_and_artifact(saver: DurablePostgresSaver) -> No
     _corrupt(dsn, "UPDATE checkpoint_writes SET blob = %s WHERE thread_id = %s", (b"\xc1", "corrupt-w"))
     with pytest.raises(CheckpointLoadError) as info:
         saver.get_tuple(cfg)
-    assert info.value.thread_id == "corrupt-w"
+    assert info.value.fields["thread_id"] == "corrupt-w"
 
     (cfg2,) = put_chain(saver, "corrupt-a", [{"big": "z" * 10_000}])
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
@@ -500,7 +501,7 @@ def test_corrupted_pending_write_and_artifact(saver: DurablePostgresSaver) -> No
     with pytest.raises(ArtifactIntegrityError) as ainfo:
         saver.get_tuple(cfg2)
     assert isinstance(ainfo.value, CheckpointLoadError)
-    assert ainfo.value.checkpoint_id == cfg2["configurable"]["checkpoint_id"]
+    assert ainfo.value.fields["checkpoint_id"] == cfg2["configurable"]["checkpoint_id"]
 
 
 # --------------------------------------------------------------------------- threads
@@ -521,7 +522,7 @@ def _hammer(saver: DurablePostgresSaver, n_threads: int, n_puts: int, prefix: st
                 [("i", -i)],
                 f"task-{i}",
             )
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]

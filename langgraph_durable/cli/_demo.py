@@ -69,6 +69,8 @@ def demo(
             target=target,
         )
     except demo_mod.DemoError as exc:
+        if not json_out:
+            console.print()  # end the live display's last line
         err_console.print(f"[red]demo failed:[/] {exc}")
         raise typer.Exit(1) from None
     if json_out:
@@ -106,9 +108,14 @@ def _report(s: dict[str, object]) -> None:
         f"payments for thread {s['thread_id']}: [bold]{s['payments']}[/] ({once}; {how}); "
         f"emails sent: [bold]{s['emails']}[/]"
     )
+    wait = s["lease_wait_seconds"]
+    fencing = (
+        f"waited {wait}s for the dead worker's lease (lease_ttl {s['lease_ttl']}s)"
+        if wait is not None
+        else "the dead worker's lease had expired before the resume"
+    )
     console.print(
-        f"thread status: {s['status']}  ·  all steps done: {s['all_steps_done']}  ·  "
-        f"waited {s['lease_wait_seconds']}s for the dead worker's lease (lease_ttl {s['lease_ttl']}s)"
+        f"thread status: {s['status']}  ·  all steps done: {s['all_steps_done']}  ·  {fencing}"
     )
     console.print(
         f"[dim]inspect it: langgraph-durable threads show {s['thread_id']}  ·  "

@@ -75,9 +75,16 @@ def load_object(spec: str) -> tuple[Any, ModuleType]:
             module = importlib.util.module_from_spec(loader_spec)
             sys.modules[name] = module
             sys.path.insert(0, str(path.parent))
-            loader_spec.loader.exec_module(module)
+            try:
+                loader_spec.loader.exec_module(module)
+            except Exception as exc:
+                del sys.modules[name]
+                raise typer.BadParameter(f"{spec!r}: importing {path} failed: {exc!r}") from exc
     else:
-        module = importlib.import_module(target)
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise typer.BadParameter(f"{spec!r}: cannot import {target!r}: {exc}") from exc
     obj: Any = module
     for part in attr.split("."):
         try:
