@@ -170,9 +170,10 @@ MIGRATIONS: list[str] = [
 # its head itself): attempt 1. Counting here, not in every put, keeps puts write-free
 # on durable_threads (an UPDATE per checkpoint cost ~20% per step). last_error belongs
 # to attempts_checkpoint_id and is cleared with it. Quarantined threads are never
-# taken. The conditional upsert is atomic: concurrent acquirers serialize on the row lock and the loser re-evaluates the
-# WHERE on the winner's row, so at most one owner holds a live lease (no SELECT ... FOR
-# UPDATE needed). prev_* report the row as it was, to restore it if the run never starts.
+# taken. The conditional upsert is atomic: concurrent acquirers serialize on the row
+# lock and the loser re-evaluates the WHERE on the winner's row, so at most one owner
+# holds a live lease (no SELECT ... FOR UPDATE needed). prev_* report the row as it
+# was, to restore it if the run never starts.
 ACQUIRE_SQL = """
 WITH prev AS (SELECT status, graph_version FROM durable_threads WHERE thread_id = %(thread_id)s)
 INSERT INTO durable_threads AS t (

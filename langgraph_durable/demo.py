@@ -5,12 +5,13 @@ pipeline plans, fetches sources, runs four analyses in parallel, charges the cus
 drafts three sections in parallel, assembles the report and emails it. The demo
 
 1. starts a worker process (``python -m langgraph_durable.demo worker``) that runs the
-   graph on a ``DurablePostgresSaver``;
-2. kills it with a real SIGKILL while a draft section is half written (after its
+   graph on a ``DurablePostgresSaver``, and a second one as a standby (imported and
+   connected, it does not touch the thread until told to);
+2. kills worker 1 with a real SIGKILL while a draft section is half written (after its
    sibling sections finished and their writes reached Postgres);
-3. starts a NEW worker process that waits for the dead worker's lease to expire (the
-   fencing that stops two workers from running one thread) and resumes with
-   ``graph.invoke(None, config)``;
+3. tells worker 2 to resume: it meets the dead worker's lease (``ThreadBusyError``),
+   waits for it to expire (the fencing that stops two workers from running one
+   thread) and resumes with ``graph.invoke(None, config)``;
 4. shows, live, which steps were restored from the checkpoint and which ran, and
    counts the payments in a table: the customer is charged exactly once.
 

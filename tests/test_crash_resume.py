@@ -54,7 +54,7 @@ SPECS: list[tuple[str, str, str]] = [
     ("linear", "sync", "async"),
     ("linear", "sync", "exit"),
 ]
-MIN_KILL_POINTS = 20
+MIN_KILL_POINTS = 24
 MAX_KILLS = 12
 
 

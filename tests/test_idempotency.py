@@ -42,6 +42,7 @@ from langgraph_durable import (
     NoLedgerError,
     OutcomeUnknownError,
     SerializationError,
+    UnstableKeyError,
     apurge_expired_keys,
     idempotent,
     purge_expired_keys,
@@ -429,6 +430,23 @@ def test_a_resumed_node_replays_its_recorded_calls(saver: DurablePostgresSaver) 
     app.invoke(None, fork)
     assert calls == ["o1:1", "o1:2", "o1:1", "o1:2"]
     assert len(Ledger(saver).entries(thread_id=thread)) == 4
+
+
+def test_durability_exit_refuses_derived_keys(saver: DurablePostgresSaver) -> None:
+    @idempotent
+    def pay(x: int) -> int:
+        return x
+
+    @idempotent(key=lambda x: f"exit-{x}-{uuid.uuid4().hex[:6]}")
+    def pay_keyed(x: int) -> int:
+        return x
+
+    app = _one_node_graph(lambda s: {"receipts": [str(pay(1))]}, saver)
+    with pytest.raises(UnstableKeyError, match="durability='exit'"):
+        app.invoke({"order": "o", "receipts": []}, {"configurable": {"thread_id": k()}}, durability="exit")
+    keyed = _one_node_graph(lambda s: {"receipts": [str(pay_keyed(2))]}, saver)
+    out = keyed.invoke({"order": "o", "receipts": []}, {"configurable": {"thread_id": k()}}, durability="exit")
+    assert out["receipts"] == ["2"]
 
 
 def test_a_retried_task_counts_its_calls_from_zero_again(saver: DurablePostgresSaver) -> None:

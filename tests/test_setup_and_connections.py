@@ -3,6 +3,7 @@ and surviving a dropped connection -- where the stock saver dies."""
 
 from __future__ import annotations
 
+import json
 import logging
 import operator
 import os
@@ -36,6 +37,7 @@ from langgraph_durable import (
 )
 
 SETUP_CHILD = Path(__file__).with_name("_child_foundation_setup.py")
+EMBEDDED_CHILD = Path(__file__).with_name("_child_foundation_embedded.py")
 # The stock tables and this package's first ones; later migrations may add more, so the
 # tests compare against what setup() creates in the module database (``all_tables``).
 CORE_TABLES = {
@@ -208,6 +210,39 @@ def test_longest_valid_schema_name_works(fresh_db: str) -> None:
     with DurablePostgresSaver.from_conn_string(fresh_db, schema=name) as saver:
         saver.setup()
     assert set(tables_by_schema(fresh_db)) == {name}
+
+
+# --------------------------------------------------------------------------- DSN resolution
+async def test_dsn_from_environment(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LANGGRAPH_DURABLE_DSN", dsn)
+    with DurablePostgresSaver.from_conn_string() as saver:
+        assert cast(ConnectionPool, saver.conn).conninfo == dsn
+        saver.put(generate_config("env-dsn"), generate_checkpoint(), generate_metadata(), {})
+    async with AsyncDurablePostgresSaver.from_conn_string() as asaver:
+        assert await asaver.aget_tuple(generate_config("env-dsn")) is not None
+    # An explicit DSN wins over the environment.
+    monkeypatch.setenv("LANGGRAPH_DURABLE_DSN", UNREACHABLE)
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        assert saver.get_tuple(generate_config("env-dsn")) is not None
+
+
+def test_embedded_default_without_dsn_persists_and_stops(tmp_path: Path) -> None:
+    """No DSN anywhere: a private PostgreSQL in LANGGRAPH_DURABLE_HOME, reused by the
+    next process (data kept), stopped when the process that started it exits."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k != "LANGGRAPH_DURABLE_DSN"}
+    env["LANGGRAPH_DURABLE_HOME"] = str(home)
+    outputs = []
+    for mode in ("write", "read"):
+        proc = subprocess.run(
+            [sys.executable, str(EMBEDDED_CHILD), mode], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        # Stopped cleanly with its process: no server left running on the folder.
+        assert not (home / "pgdata" / "postmaster.pid").exists()
+    assert str(home / "pgdata") in outputs[0]["conninfo"]
+    assert outputs[1]["values"] == {"v": "kept\x00"}
 
 
 # --------------------------------------------------------------------------- connection loss
