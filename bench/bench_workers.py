@@ -86,6 +86,30 @@ def loop(dsn: str, saver_kind: str, threads: int, steps: int, prefix: str) -> fl
         return time.perf_counter() - t0
 
 
+def per_invoke(dsn: str, steps: int, samples: int) -> dict[str, float]:
+    """Median ms per step of one invoke, the three savers taking turns invoke by invoke,
+    so that load from elsewhere on the machine hits them alike (the throughput rounds
+    above are minutes apart and much noisier on a shared machine)."""
+    graph_input: State = {"step": 0, "note": ""}
+    timings: dict[str, list[float]] = {"stock": [], "durable": [], "leases off": []}
+    with (
+        PostgresSaver.from_conn_string(dsn) as stock,
+        DurablePostgresSaver.from_conn_string(dsn, graph_version=VERSION) as on,
+        DurablePostgresSaver.from_conn_string(dsn, graph_version=VERSION, leases=False) as off,
+    ):
+        graphs = {
+            "stock": build(steps).compile(checkpointer=stock),
+            "durable": build(steps).compile(checkpointer=on),
+            "leases off": build(steps).compile(checkpointer=off),
+        }
+        for i in range(samples):
+            for name, graph in graphs.items():
+                t0 = time.perf_counter()
+                graph.invoke(graph_input, {"configurable": {"thread_id": f"pi-{name}-{i}"}})
+                timings[name].append((time.perf_counter() - t0) * 1000 / steps)
+    return {name: statistics.median(v) for name, v in timings.items()}
+
+
 def workers(dsn: str, n: int, threads: int, steps: int, prefix: str) -> float:
     procs = [
         subprocess.Popen(
@@ -131,6 +155,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(HERE / "workers_results.json"))
     args = ap.parse_args()
@@ -180,16 +205,13 @@ def main() -> None:
                 "checkpoints_per_s": round(counts[label] / seconds, 1),
                 "ms_per_step": round(1000 * seconds / (args.threads * args.steps), 3),
             })
+        per_step = per_invoke(dsn, args.steps, args.samples)
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as admin:
             admin.execute(
                 psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name))
             )
 
-    by = {r["config"]: r for r in rows}
-    steps_total = args.threads * args.steps
-    lease_ms = (by["durable loop"]["seconds"] - by["durable loop, leases off"]["seconds"]) * 1000 / steps_total
-    vs_stock_ms = (by["durable loop"]["seconds"] - by["stock loop"]["seconds"]) * 1000 / steps_total
     print(f"\n{args.threads} threads x {args.steps}-step graph, one PostgreSQL, cores: "
           f"{os.cpu_count()}, median of {args.repeat} rounds\n")
     print("| configuration | processes | wall s | checkpoints | checkpoints/s | ms/step |")
@@ -197,12 +219,20 @@ def main() -> None:
     for r in rows:
         print(f"| {r['config']} | {r['processes']} | {r['seconds']:.2f} | {r['checkpoints']} | "
               f"{r['checkpoints_per_s']:.0f} | {r['ms_per_step']:.2f} |")
-    print(f"\nlease overhead per step (durable loop - leases off): {lease_ms:.3f} ms")
-    print(f"durable loop vs stock loop, per step: {vs_stock_ms:+.3f} ms")
+    print(f"\nper step, one invoke at a time, savers taking turns ({args.samples} invokes each):")
+    print("| saver | ms/step (median) |")
+    print("|---|---:|")
+    for name, ms in per_step.items():
+        print(f"| {name} | {ms:.2f} |")
+    lease_ms = per_step["durable"] - per_step["leases off"]
+    vs_stock_ms = per_step["durable"] - per_step["stock"]
+    print(f"\nlease overhead per step (durable - leases off): {lease_ms:+.3f} ms")
+    print(f"durable vs stock per step: {vs_stock_ms:+.3f} ms")
     Path(args.out).write_text(json.dumps({
         "threads": args.threads, "steps": args.steps, "cpu_count": os.cpu_count(),
         "repeat": args.repeat,
-        "rows": rows, "lease_overhead_ms_per_step": round(lease_ms, 3),
+        "rows": rows, "per_step_ms": {k: round(v, 3) for k, v in per_step.items()},
+        "lease_overhead_ms_per_step": round(lease_ms, 3),
         "durable_minus_stock_ms_per_step": round(vs_stock_ms, 3),
     }, indent=2) + "\n")
     print(f"saved {args.out}")

@@ -39,6 +39,17 @@ from langgraph_durable.idempotency import (
     purge_expired_keys,
 )
 from langgraph_durable.poison import QuarantineEntry, RewindResult, ThreadReport
+from langgraph_durable.recovery import (
+    RecoveryResult,
+    RecoveryWorker,
+    WorkerStats,
+    arecover,
+    astatus_counts,
+    asubmit,
+    recover,
+    status_counts,
+    submit,
+)
 from langgraph_durable.saver import AsyncDurablePostgresSaver, DurablePostgresSaver, PoisonRecord
 from langgraph_durable.versioning import (
     Migration,
@@ -86,12 +97,18 @@ __all__ = [
     "PoisonCheckpointError",
     "PoisonRecord",
     "QuarantineEntry",
+    "RecoveryResult",
+    "RecoveryWorker",
     "RewindResult",
     "SerializationError",
     "ThreadBusyError",
     "UnstableKeyError",
     "ThreadReport",
+    "WorkerStats",
     "amigrate_threads",
+    "arecover",
+    "astatus_counts",
+    "asubmit",
     "apurge_expired_keys",
     "embedded_dsn",
     "graph_fingerprint",
@@ -99,7 +116,10 @@ __all__ = [
     "migrate_threads",
     "poison",
     "purge_expired_keys",
+    "recover",
     "resolve_dsn",
+    "status_counts",
     "stop_embedded",
+    "submit",
     "undo_migration",
 ]

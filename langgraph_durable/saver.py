@@ -635,6 +635,7 @@ class _DurableBase(BasePostgresSaver):
         try:
             return self._run_op(factory)
         except psycopg.errors.ForeignKeyViolation:
+            logger.info("thread %s: an artifact was collected meanwhile; writing it again", thread_id)
             self._known_refs.forget_thread(thread_id)
             return self._run_op(factory)
 
@@ -642,6 +643,7 @@ class _DurableBase(BasePostgresSaver):
         try:
             return await self._arun_op(factory)
         except psycopg.errors.ForeignKeyViolation:
+            logger.info("thread %s: an artifact was collected meanwhile; writing it again", thread_id)
             self._known_refs.forget_thread(thread_id)
             return await self._arun_op(factory)
 

@@ -394,7 +394,9 @@ def test_two_resumers_after_crash_durable_runs_once_stock_runs_twice(crash_db: s
             return sorted(n for n, runs in rows.items() if {102, 103} <= set(runs))
 
         # The stock saver: both workers ran the rest of the graph (side effects twice).
-        assert duplicated(stock.thread_id), node_rows(conn, stock.thread_id)
+        twice = duplicated(stock.thread_id)
+        print(f"\ntwo resumers: stock saver ran {twice} twice; durable saver: one ran, one refused")
+        assert twice, node_rows(conn, stock.thread_id)
         # The durable saver: one worker ran it, the other was refused up front.
         assert duplicated(durable.thread_id) == []
         rows = node_rows(conn, durable.thread_id)

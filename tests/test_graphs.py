@@ -170,6 +170,11 @@ def test_interrupt_then_command_resume_from_another_saver(dsn: str) -> None:
     # semantics) and gets the resume value from interrupt().
     assert runs == Counter(plan=1, approve=2, act=1)
     assert thread_row(dsn, "approve-1") == ("done", None)
+    # Resuming a finished thread is a harmless no-op: the way to "resume if needed".
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        assert builder.compile(checkpointer=saver).invoke(None, cfg("approve-1")) == out
+    assert runs == Counter(plan=1, approve=2, act=1)
+    assert thread_row(dsn, "approve-1") == ("done", None)
 
 
 def test_subgraph_checkpoints_in_its_namespace_and_resumes_inside(dsn: str) -> None:
