@@ -34,6 +34,7 @@ coordination lives in ``durable_threads``; a worker keeps no state that another 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -223,11 +224,7 @@ def runnable_versions(version: str | None, migrations: MigrationRegistry) -> set
     a registered migration path to it."""
     if version is None:
         return set()
-    # The registry exposes path(); walk every version it mentions (edges are keyed by
-    # source version) and keep those with a chain to ours.
-    edges = cast("dict[str, list[Any]]", getattr(migrations, "_edges", {}))
-    known = set(edges) | {m.to_version for ms in edges.values() for m in ms}
-    return {version} | {v for v in known if migrations.path(v, version) is not None}
+    return migrations.sources(version)
 
 
 @dataclass(frozen=True)
@@ -581,13 +578,16 @@ class RecoveryWorker:
         try:
             if target is None:  # the claim filtered on versions: only a race gets here
                 raise GraphVersionMismatchError(claim.thread_id, claim.graph_version, None)
-            for _ in target.graph.stream(None, self._run_config(claim), stream_mode="values"):
-                # A "values" chunk is emitted after a superstep's writes are applied and
-                # its checkpoint submitted, before the next step's tasks start: breaking
-                # here closes the run at a step boundary (status 'stopped', lease released).
-                if self._stop.is_set() and self.shutdown == "step":
-                    handed_back = True
-                    break
+            stream = target.graph.stream(None, self._run_config(claim), stream_mode="values")
+            # Closed explicitly: the run's exit (lease release) happens in close().
+            with contextlib.closing(stream):
+                for _ in stream:
+                    # A "values" chunk is emitted after a superstep's writes are applied
+                    # and its checkpoint submitted, before the next step's tasks start:
+                    # closing here ends the run at a step boundary (status 'stopped').
+                    if self._stop.is_set() and self.shutdown == "step":
+                        handed_back = True
+                        break
         except Exception as e:
             exc = e
         row = None
@@ -685,12 +685,16 @@ class RecoveryWorker:
         try:
             if target is None:
                 raise GraphVersionMismatchError(claim.thread_id, claim.graph_version, None)
-            async for _ in target.graph.astream(
-                None, self._run_config(claim), stream_mode="values"
-            ):
-                if self._stop.is_set() and self.shutdown == "step":
-                    handed_back = True
-                    break
+            astream = target.graph.astream(None, self._run_config(claim), stream_mode="values")
+            # An abandoned async generator is only finalized later (by the event loop),
+            # after the worker may have closed its pool: close it here, at the boundary.
+            try:
+                async for _ in astream:
+                    if self._stop.is_set() and self.shutdown == "step":
+                        handed_back = True
+                        break
+            finally:
+                await astream.aclose()
         except Exception as e:
             exc = e
         row = None
@@ -707,20 +711,22 @@ class RecoveryWorker:
                 return
             try:
                 result = await self.arecover_one()
-            except Exception as exc:
+            except Exception as exc:  # database down: back off, keep the worker alive
                 logger.warning("claim failed: %s", exc)
-                result = None
-                if until_idle:
-                    until_idle = False  # a failed claim is not "idle": retry
+                await self._apause(self.poll_interval)
+                continue
             if result is None:
                 if until_idle:
                     return
-                try:
-                    await asyncio.wait_for(
-                        self._aio_stop.wait(), self.poll_interval * random.uniform(0.5, 1.5)
-                    )
-                except TimeoutError:
-                    pass
+                # Jitter spreads the polls of many idle workers.
+                await self._apause(self.poll_interval * random.uniform(0.5, 1.5))
+
+    async def _apause(self, seconds: float) -> None:
+        assert self._aio_stop is not None
+        try:
+            await asyncio.wait_for(self._aio_stop.wait(), seconds)
+        except TimeoutError:
+            pass
 
     async def arun(
         self,

@@ -245,6 +245,7 @@ def test_sigkill_at_random_moments_then_resume(crash_db: str, reference: dict[st
     active = [new_thread(*s) for s in SPECS]
     kill_points: list[tuple[str, str, int, frozenset[str], frozenset[str]]] = []
     run_no = 0
+    lease_lost = 0
     t0 = time.monotonic()
     with (
         DurablePostgresSaver.from_conn_string(crash_db) as saver,
@@ -265,9 +266,14 @@ def test_sigkill_at_random_moments_then_resume(crash_db: str, reference: dict[st
             else:
                 events = child.events()
                 assert child.proc.returncode == 0
-            finished = {e["thread_id"]: e for e in events}
+            finished = {e["thread_id"]: e for e in events if e["event"] == "done"}
+            # On a starved machine a run can miss its 2 s lease renewal: fencing then
+            # stops it with LeaseLostError (by design) and it is resumed like a killed
+            # run. Anything else is a failure.
+            fenced = {e["thread_id"] for e in events if e["event"] == "error" and e["error"].startswith("LeaseLostError")}
             for e in events:
-                assert e["event"] == "done", e
+                assert e["event"] == "done" or e["thread_id"] in fenced, e
+            lease_lost += len(fenced)
             still: list[Thread] = []
             for t in active:
                 if t.thread_id in finished:
@@ -275,11 +281,12 @@ def test_sigkill_at_random_moments_then_resume(crash_db: str, reference: dict[st
                     if killing:  # keep the process full of runs to kill
                         still.append(new_thread(t.kind, t.api, t.durability))
                     continue
-                assert killing, f"{t.thread_id} did not finish in an uninterrupted run"
+                assert killing or t.thread_id in fenced, f"{t.thread_id} did not finish in an uninterrupted run"
+                # Every run that stopped unfinished: what was committed must never rerun.
                 done = frozenset(committed_nodes(saver, t.thread_id))
                 t.kills.append((run_no, done))
                 ran_now = frozenset(n for n, runs in node_rows(conn, t.thread_id).items() if run_no in runs)
-                if ran_now:
+                if ran_now and killing and t.thread_id not in fenced:
                     kill_points.append((t.kind, t.durability, run_no, done, ran_now - done))
                 still.append(t)
             active = still
@@ -337,7 +344,7 @@ def test_sigkill_at_random_moments_then_resume(crash_db: str, reference: dict[st
     print(
         f"\ncrash test: {run_no} processes, {run_no - 1} SIGKILLs, {len(kill_points)} mid-run kill "
         f"points at {len(positions)} distinct positions, {len(threads)} threads, "
-        f"{reruns} node re-runs (all uncommitted), {elapsed:.1f} s"
+        f"{reruns} node re-runs (all uncommitted), {lease_lost} runs fenced out, {elapsed:.1f} s"
     )
     assert len(kill_points) >= MIN_KILL_POINTS
     assert len(positions) >= 10

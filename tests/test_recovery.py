@@ -303,18 +303,21 @@ async def test_async_worker_resumes_submitted_threads(db: str) -> None:
 # --------------------------------------------------------------------------- processes
 
 
-def test_sigterm_hands_back_at_a_step_boundary(db: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["threads", "async"])
+def test_sigterm_hands_back_at_a_step_boundary(db: str, tmp_path: Path, mode: str) -> None:
+    tid = f"term-{mode}"
     log = tmp_path / "worker.log"
     with DurablePostgresSaver.from_conn_string(db) as saver:
         graph = cr.make_builder(5, 0).compile(checkpointer=saver)
-        submit(graph, INPUT, cfg("term-1"))
+        submit(graph, INPUT, cfg(tid))
         with open(log, "w") as fh:
             proc = subprocess.Popen(
-                [sys.executable, CHILD, "worker", "--concurrency", "1", "--poll-interval", "0.2"],
+                [sys.executable, CHILD, "worker", "--concurrency", "1", "--poll-interval", "0.2",
+                 *(["--async"] if mode == "async" else [])],
                 env=child_env(db, LGD_SLEEP="0.8"), stdout=fh, stderr=subprocess.STDOUT,
             )
         try:
-            wait_for(lambda: started(db, "term-1", "s1"), 90, "s1 to start")
+            wait_for(lambda: started(db, tid, "s1"), 90, "s1 to start")
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(60) == 0, log.read_text()
         finally:
@@ -322,17 +325,17 @@ def test_sigterm_hands_back_at_a_step_boundary(db: str, tmp_path: Path) -> None:
                 proc.kill()
         text = log.read_text()
         assert "outcome=handed_back" in text and "status=stopped" in text
-        row = thread_row(db, "term-1")
+        row = thread_row(db, tid)
         assert row["status"] == "stopped" and row["lease_owner"] is None
         # The step in flight finished and was checkpointed; the next never started.
-        logged = q(db, "SELECT node, t_end FROM rec_log WHERE thread_id = 'term-1' ORDER BY id")
+        logged = q(db, "SELECT node, t_end FROM rec_log WHERE thread_id = %s ORDER BY id", (tid,))
         assert [r["node"] for r in logged] == ["s0", "s1"] and all(r["t_end"] for r in logged)
-        assert done_nodes(graph.get_state(cfg("term-1")).values) == ["s0", "s1"]
+        assert done_nodes(graph.get_state(cfg(tid)).values) == ["s0", "s1"]
         taken = RecoveryWorker(graph).recover_one()
-        assert taken is not None and taken.thread_id == "term-1"
+        assert taken is not None and taken.thread_id == tid
         assert taken.previous_status == "stopped" and taken.status == "done"
-        assert done_nodes(graph.get_state(cfg("term-1")).values) == NODES
-    nodes = [r["node"] for r in q(db, "SELECT node FROM rec_log WHERE thread_id = 'term-1' ORDER BY id")]
+        assert done_nodes(graph.get_state(cfg(tid)).values) == NODES
+    nodes = [r["node"] for r in q(db, "SELECT node FROM rec_log WHERE thread_id = %s ORDER BY id", (tid,))]
     assert nodes == NODES  # nothing ran twice
 
 
@@ -346,7 +349,7 @@ def test_three_workers_recover_30_threads_under_sigkill(db: str, tmp_path: Path)
         graph = cr.make_builder(5, 0).compile(checkpointer=saver)
         for t in threads:
             submit(graph, INPUT, cfg(t))
-    env = child_env(db, LGD_SLEEP="0.15")
+    env = child_env(db, LGD_SLEEP="0.25")
     args = ["worker", "--concurrency", "2", "--lease-ttl", "2", "--poll-interval", "0.2",
             "--max-resume-attempts", "20", "--error-backoff", "0.2"]
     procs: list[subprocess.Popen[bytes]] = []
@@ -388,8 +391,14 @@ def test_three_workers_recover_30_threads_under_sigkill(db: str, tmp_path: Path)
             except subprocess.TimeoutExpired:
                 p.kill()
     assert len(killed) >= 3, "the chaos loop must have killed workers mid-run"
-    survivors = [p for p in procs if p.pid not in killed]
-    assert all(p.returncode == 0 for p in survivors), [p.returncode for p in survivors]
+    # Survivors exit 0 on SIGTERM; one respawned so late that it was still importing
+    # (no handler installed yet, nothing claimed) dies of the signal itself.
+    for p, path in zip(procs, logs, strict=True):
+        if p.pid not in killed:
+            ready = "started: concurrency" in path.read_text()
+            assert p.returncode == 0 or (not ready and p.returncode == -signal.SIGTERM), (
+                p.returncode, path.read_text()[-2000:],
+            )
 
     with DurablePostgresSaver.from_conn_string(db) as saver:
         graph = cr.make_builder(5, 0).compile(checkpointer=saver)

@@ -135,6 +135,29 @@ def test_four_processes_call_setup_at_once(fresh_db: str, all_tables: set[str]) 
     assert tables_by_schema(fresh_db) == {"public": all_tables, "conc_setup": all_tables}
 
 
+# An op that unlocked in a `finally` was abandoned on error and finalized later with
+# "generator ignored GeneratorExit" (an unraisable exception): make that a failure.
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_failed_setup_releases_its_lock(fresh_db: str) -> None:
+    """A migration that fails must not leave the setup lock held by a pooled
+    connection (every other process's setup() would then wait forever)."""
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        # A view where a table should be: CREATE TABLE IF NOT EXISTS skips it, then
+        # the CREATE INDEX on it fails.
+        conn.execute("CREATE VIEW durable_threads AS SELECT 1 AS thread_id")
+        with DurablePostgresSaver.from_conn_string(fresh_db, pool_size=1) as saver:
+            with pytest.raises(psycopg.errors.WrongObjectType):
+                saver.setup()
+            # While the saver and its one pooled connection are still alive, the lock
+            # is free for anyone else.
+            held = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
+            assert held == (0,)
+            got = conn.execute("SELECT pg_try_advisory_lock(%s)", (_sql.SETUP_LOCK_KEY,)).fetchone()
+            assert got == (True,)
+            with saver.connection() as c:
+                assert c.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+
+
 def test_schema_puts_every_table_in_that_schema(fresh_db: str, all_tables: set[str]) -> None:
     with DurablePostgresSaver.from_conn_string(fresh_db, schema="Tenant_A") as saver:
         saver.setup()
