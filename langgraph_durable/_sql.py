@@ -156,6 +156,39 @@ MIGRATIONS: list[str] = [
         undone_at TIMESTAMPTZ
     )""",
     "CREATE INDEX IF NOT EXISTS durable_migration_log_thread_idx ON durable_migration_log (thread_id, id)",
+    # Server-side fences for puts sent as one implicit transaction (_io._implicit): the
+    # check must abort the transaction itself, as the Python-side check of FENCE_SQL's
+    # rows would come after the commit. Same predicates and row lock as FENCE_SQL /
+    # FOREIGN_LEASE_SQL; SQLSTATE LGD01 = lease lost, LGD02 = leased by someone else
+    # (DETAIL: JSON owner / expires_in). Tables resolve through the caller's search_path.
+    """CREATE OR REPLACE FUNCTION durable_fence(p_thread text, p_token bigint, p_owner text)
+    RETURNS integer LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM 1 FROM durable_threads
+        WHERE thread_id = p_thread AND lease_token = p_token AND lease_owner = p_owner
+        FOR SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'LGD01',
+                MESSAGE = format('lease on thread %s (token %s) was lost', p_thread, p_token);
+        END IF;
+        RETURN 1;
+    END $$""",
+    """CREATE OR REPLACE FUNCTION durable_foreign_lease(p_thread text)
+    RETURNS SETOF integer LANGUAGE plpgsql AS $$
+    DECLARE
+        v_owner text;
+        v_expires float8;
+    BEGIN
+        SELECT t.lease_owner, EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8
+        INTO v_owner, v_expires
+        FROM durable_threads t
+        WHERE t.thread_id = p_thread AND t.lease_owner IS NOT NULL AND t.lease_expires_at > now();
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'LGD02',
+                MESSAGE = format('thread %s is being run by %s', p_thread, v_owner),
+                DETAIL = json_build_object('owner', v_owner, 'expires_in', v_expires)::text;
+        END IF;
+    END $$""",
 ]
 
 # --- leases / lifecycle --------------------------------------------------------------
@@ -233,6 +266,13 @@ SELECT 1 AS ok FROM durable_threads
 WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s FOR SHARE
 """
 
+# The same two checks raising server-side (durable_fence / durable_foreign_lease above):
+# for puts sent as one implicit transaction. LGD01: lease lost; LGD02: busy.
+FENCE_RAISING_SQL = "SELECT durable_fence(%s, %s, %s) AS ok"
+FOREIGN_LEASE_RAISING_SQL = "SELECT * FROM durable_foreign_lease(%s)"
+FENCE_LOST_STATE = "LGD01"
+FENCE_BUSY_STATE = "LGD02"
+
 # A write made outside a leased run (update_state, tools) is refused while another
 # process holds a live lease on the thread.
 FOREIGN_LEASE_SQL = """
@@ -292,7 +332,7 @@ ON CONFLICT (thread_id) DO UPDATE SET
 # and the foreign key below makes the bump unnecessary for GC safety.
 UPSERT_ARTIFACT_SQL = """
 INSERT INTO durable_artifacts (digest, size, data)
-SELECT * FROM unnest(%s::bytea[], %s::int[], %s::bytea[])
+SELECT * FROM unnest(%b::bytea[], %s::int[], %b::bytea[])
 ON CONFLICT (digest) DO NOTHING
 """
 
@@ -300,7 +340,7 @@ ON CONFLICT (digest) DO NOTHING
 # is what keeps GC away from the artifact, see durable_artifact_refs_digest_fk).
 INSERT_ARTIFACT_REF_SQL = """
 INSERT INTO durable_artifact_refs (thread_id, digest)
-SELECT %s, d FROM unnest(%s::bytea[]) AS d
+SELECT %s, d FROM unnest(%b::bytea[]) AS d
 ON CONFLICT DO NOTHING
 """
 
@@ -312,7 +352,9 @@ ARTIFACT_LOCK_CLASS = 0x6C67
 ARTIFACT_LOCK_SHARED_SQL = "SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))"
 ARTIFACT_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 
-FETCH_ARTIFACTS_SQL = "SELECT digest, data FROM durable_artifacts WHERE digest = ANY(%s)"
+# Arrays of bytea go as %b (binary): the text form escapes every element, 6x slower
+# (0.66 ms vs 0.10 ms for the 265 digests of a 200-message chat).
+FETCH_ARTIFACTS_SQL = "SELECT digest, data FROM durable_artifacts WHERE digest = ANY(%b)"
 
 # --- thread deletion / copy ----------------------------------------------------------
 

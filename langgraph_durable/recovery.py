@@ -346,6 +346,21 @@ def _submit_config(graph: Any, config: RunnableConfig) -> tuple[RunnableConfig, 
     return cfg, str(configurable["thread_id"]), version
 
 
+def _op_check_submittable(thread_id: str) -> Op[None]:
+    rows = yield Batch([Stmt(THREAD_STATE_SQL, (thread_id,), fetch=True)])
+    row = rows[0][0] if rows[0] else None
+    if row is not None and row["status"] == "quarantined":
+        # Refused before anything is written: the operator releases or rewinds it first.
+        q = yield Batch(
+            [Stmt("SELECT * FROM durable_quarantine WHERE thread_id = %s", (thread_id,), fetch=True)]
+        )
+        info = q[0][0] if q[0] else {}
+        raise PoisonCheckpointError(
+            thread_id, info.get("checkpoint_id"), int(info.get("attempts") or row["attempts"]),
+            info.get("last_error") or row["last_error"],
+        )
+
+
 def _op_queue(thread_id: str, version: str | None) -> Op[bool]:
     rows = yield Batch(
         [Stmt(QUEUE_SQL, {"thread_id": thread_id, "version": version}, fetch=True)]
@@ -358,9 +373,11 @@ def submit(graph: Any, input: Any, config: RunnableConfig) -> RunnableConfig:
     the thread's next checkpoint (``update_state(..., as_node="__input__")``, the same
     checkpoint ``invoke`` would write first) and the thread is marked ``queued``; a
     worker running ``graph`` picks it up. Raises ``ThreadBusyError`` while a run holds
-    the thread. Returns the config of the input checkpoint."""
+    the thread, ``PoisonCheckpointError`` if it is quarantined (nothing written). Returns
+    the config of the input checkpoint."""
     saver = durable_saver_of(graph)
     cfg, thread_id, version = _submit_config(graph, config)
+    saver.run_op(lambda: _op_check_submittable(thread_id))
     out = graph.update_state(cfg, input, as_node="__input__")
     if not saver.run_op(lambda: _op_queue(thread_id, version)):
         raise ThreadBusyError(thread_id, None, None)
@@ -371,6 +388,7 @@ def submit(graph: Any, input: Any, config: RunnableConfig) -> RunnableConfig:
 async def asubmit(graph: Any, input: Any, config: RunnableConfig) -> RunnableConfig:
     saver = durable_saver_of(graph)
     cfg, thread_id, version = _submit_config(graph, config)
+    await saver.arun_op(lambda: _op_check_submittable(thread_id))
     out = await graph.aupdate_state(cfg, input, as_node="__input__")
     if not await saver.arun_op(lambda: _op_queue(thread_id, version)):
         raise ThreadBusyError(thread_id, None, None)

@@ -70,13 +70,13 @@ SELECT blob FROM checkpoint_writes WHERE thread_id = %s AND type = %s
 _DROP_REFS_SQL = """
 WITH d AS (
     DELETE FROM durable_artifact_refs
-    WHERE thread_id = %s AND NOT (digest = ANY(%s::bytea[]))
+    WHERE thread_id = %s AND NOT (digest = ANY(%b::bytea[]))
     RETURNING 1
 ) SELECT count(*)::bigint AS n FROM d
 """
 _REPAIR_REFS_SQL = """
 INSERT INTO durable_artifact_refs (thread_id, digest)
-SELECT %s, a.digest FROM durable_artifacts a WHERE a.digest = ANY(%s::bytea[])
+SELECT %s, a.digest FROM durable_artifacts a WHERE a.digest = ANY(%b::bytea[])
 ON CONFLICT DO NOTHING
 """
 
@@ -103,7 +103,7 @@ WITH d AS (
 
 _COUNT_ARTIFACTS_SQL = "SELECT count(*)::bigint AS n FROM durable_artifacts"
 _ARTIFACT_PAGE_SQL = """
-SELECT digest FROM durable_artifacts WHERE digest > %s ORDER BY digest LIMIT %s
+SELECT digest FROM durable_artifacts WHERE digest > %b ORDER BY digest LIMIT %s
 """
 # An artifact is garbage when no reference row names it and it is older than the grace
 # period; SKIP LOCKED passes over rows a put is referencing right now (its foreign-key
@@ -111,7 +111,7 @@ SELECT digest FROM durable_artifacts WHERE digest > %s ORDER BY digest LIMIT %s
 _GC_DRY_SQL = """
 SELECT count(*)::bigint AS n, COALESCE(sum(pg_column_size(x.data)), 0)::bigint AS bytes
 FROM durable_artifacts x
-WHERE x.digest > %(lo)s AND x.digest <= %(hi)s
+WHERE x.digest > %(lo)b AND x.digest <= %(hi)b
   AND x.created_at < now() - make_interval(secs => %(grace)s)
   AND NOT EXISTS (SELECT 1 FROM durable_artifact_refs r WHERE r.digest = x.digest)
 """
@@ -119,7 +119,7 @@ _GC_DELETE_SQL = """
 WITH d AS (
     DELETE FROM durable_artifacts a WHERE a.digest IN (
         SELECT x.digest FROM durable_artifacts x
-        WHERE x.digest > %(lo)s AND x.digest <= %(hi)s
+        WHERE x.digest > %(lo)b AND x.digest <= %(hi)b
           AND x.created_at < now() - make_interval(secs => %(grace)s)
           AND NOT EXISTS (SELECT 1 FROM durable_artifact_refs r WHERE r.digest = x.digest)
         FOR UPDATE OF x SKIP LOCKED)

@@ -591,15 +591,33 @@ class _DurableBase(BasePostgresSaver):
         return (yield from self._op_load_rows(rows[0]))
 
     # ------------------------------------------------------------------ writing
-    def _fence(self, thread_id: str) -> tuple[Stmt, Lease | None]:
+    def _fence(self, thread_id: str, *, raising: bool = False) -> tuple[Stmt, Lease | None]:
+        """The fence statement of a write and the lease it checks. ``raising``: the
+        variant that fails server-side (SQLSTATE LGD01/LGD02, see ``_fence_error``),
+        for batches sent as one implicit transaction (``Batch(final=True)``)."""
         lease = _RUN_LEASE.get()
         if lease is None or lease.released or lease.thread_id != thread_id:
             lease = self._leases.get(thread_id)
         if lease is not None:
             if lease.lost:
                 raise LeaseLostError(thread_id, lease.token)
-            return Stmt(_sql.FENCE_SQL, (thread_id, lease.token, lease.owner), fetch=True), lease
+            sql = _sql.FENCE_RAISING_SQL if raising else _sql.FENCE_SQL
+            return Stmt(sql, (thread_id, lease.token, lease.owner), fetch=True), lease
+        if raising and self.leases_enabled:
+            return Stmt(_sql.FOREIGN_LEASE_RAISING_SQL, (thread_id,), fetch=True), None
         return Stmt(_sql.FOREIGN_LEASE_SQL, (thread_id,), fetch=True), None
+
+    def _fence_error(self, thread_id: str, lease: Lease | None, exc: BaseException) -> DurableError | None:
+        """The typed error for a raising fence's failure (None: not a fence failure)."""
+        state = getattr(exc, "sqlstate", None)
+        if state == _sql.FENCE_LOST_STATE and lease is not None:
+            lease.lost = True
+            return LeaseLostError(thread_id, lease.token)
+        if state == _sql.FENCE_BUSY_STATE:
+            diag = getattr(exc, "diag", None)
+            info = json.loads(getattr(diag, "message_detail", None) or "{}")
+            return ThreadBusyError(thread_id, info.get("owner"), info.get("expires_in"))
+        return None
 
     def _check_fence(self, thread_id: str, lease: Lease | None, rows: list[Any]) -> None:
         if lease is not None:
@@ -690,7 +708,7 @@ class _DurableBase(BasePostgresSaver):
                 enc = self.codec.encode(self.serde, blob_values[k])
                 artifacts.update(enc.artifacts)
                 blob_rows.append((thread_id, checkpoint_ns, k, cast(str, ver), enc.type, enc.data))
-        fence, lease = self._fence(thread_id)
+        fence, lease = self._fence(thread_id, raising=True)
         md = self._stamp(config, metadata, lease)
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         lock = art_stmts[:1]
@@ -708,7 +726,14 @@ class _DurableBase(BasePostgresSaver):
             # inherit the parent's, so editing a thread never makes it "unversioned".
             ids = (thread_id, checkpoint_ns)
             stmts.append(Stmt(INHERIT_VERSION_SQL, (*ids, parent_id, *ids, checkpoint["id"])))
-        rows = yield Batch(stmts)
+        try:
+            # The only batch: one pipeline, no BEGIN/COMMIT (_io._implicit).
+            rows = yield Batch(stmts, final=True)
+        except psycopg.Error as exc:
+            err = self._fence_error(thread_id, lease, exc)
+            if err is None:
+                raise
+            raise err from None
         self._check_fence(thread_id, lease, rows[len(lock)])
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
@@ -756,10 +781,16 @@ class _DurableBase(BasePostgresSaver):
                     enc.data,
                 )
             )
-        fence, lease = self._fence(thread_id)
+        fence, lease = self._fence(thread_id, raising=True)
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         lock = art_stmts[:1]
-        result = yield Batch([*lock, fence, *art_stmts[1:], Stmt(query, rows, many=True)])
+        try:
+            result = yield Batch([*lock, fence, *art_stmts[1:], Stmt(query, rows, many=True)], final=True)
+        except psycopg.Error as exc:
+            err = self._fence_error(thread_id, lease, exc)
+            if err is None:
+                raise
+            raise err from None
         self._check_fence(thread_id, lease, result[len(lock)])
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
@@ -1441,7 +1472,12 @@ class _DurableBase(BasePostgresSaver):
             self._attach_exit(ctx, lease)
             _RUN_LEASE.set(lease)
             return cast("CheckpointTuple | None", saved)
-        return cast("CheckpointTuple | None", self._run_op(lambda: self._op_get_tuple(config)))
+        # Reads run without BEGIN/COMMIT: each statement has its own snapshot either way
+        # (READ COMMITTED) and artifacts are immutable; two round trips less per load.
+        return cast(
+            "CheckpointTuple | None",
+            self._run_op(lambda: self._op_get_tuple(config), transaction=False),
+        )
 
     def list(
         self,
@@ -1451,7 +1487,7 @@ class _DurableBase(BasePostgresSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        yield from self._run_op(lambda: self._op_list(config, filter, before, limit))
+        yield from self._run_op(lambda: self._op_list(config, filter, before, limit), transaction=False)
 
     def put(
         self,
@@ -1497,7 +1533,7 @@ class _DurableBase(BasePostgresSaver):
     ) -> Mapping[str, DeltaChannelHistory]:
         return cast(
             "Mapping[str, DeltaChannelHistory]",
-            self._run_op(lambda: self._op_delta_history(config, channels)),
+            self._run_op(lambda: self._op_delta_history(config, channels), transaction=False),
         )
 
     # ------------------------------------------------------------------ public API (async)
@@ -1508,7 +1544,10 @@ class _DurableBase(BasePostgresSaver):
             self._attach_exit(ctx, lease)
             _RUN_LEASE.set(lease)
             return cast("CheckpointTuple | None", saved)
-        return cast("CheckpointTuple | None", await self._arun_op(lambda: self._op_get_tuple(config)))
+        return cast(
+            "CheckpointTuple | None",
+            await self._arun_op(lambda: self._op_get_tuple(config), transaction=False),
+        )
 
     async def alist(
         self,
@@ -1518,7 +1557,9 @@ class _DurableBase(BasePostgresSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        for item in await self._arun_op(lambda: self._op_list(config, filter, before, limit)):
+        for item in await self._arun_op(
+            lambda: self._op_list(config, filter, before, limit), transaction=False
+        ):
             yield item
 
     async def aput(
@@ -1565,7 +1606,7 @@ class _DurableBase(BasePostgresSaver):
     ) -> Mapping[str, DeltaChannelHistory]:
         return cast(
             "Mapping[str, DeltaChannelHistory]",
-            await self._arun_op(lambda: self._op_delta_history(config, channels)),
+            await self._arun_op(lambda: self._op_delta_history(config, channels), transaction=False),
         )
 
     # ------------------------------------------------------------------ generic access

@@ -22,11 +22,13 @@ import _child_recovery as cr
 import psycopg
 import pytest
 from conftest import drop_database, make_database
+from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg.rows import dict_row
 from typer.testing import CliRunner
 
 from langgraph_durable import (
     AsyncDurablePostgresSaver,
+    ConfigurationError,
     DurablePostgresSaver,
     MigrationRegistry,
     PoisonCheckpointError,
@@ -283,6 +285,13 @@ def test_failing_thread_is_retried_until_quarantined(db: str) -> None:
     assert results[-1].status == "quarantined" and "PoisonCheckpointError" in results[-1].error
     assert stats.claimed == 3
     assert thread_row(db, "p-err")["status"] == "quarantined"
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        graph = cr.make_builder(3, 0).compile(checkpointer=saver.bind(graph_version="poison-v"))
+        before = len(list(saver.list(cfg("p-err"))))
+        with pytest.raises(PoisonCheckpointError) as info:
+            submit(graph, INPUT, cfg("p-err"))  # refused before anything is written
+        assert info.value.thread_id == "p-err" and info.value.attempts == 2
+        assert len(list(saver.list(cfg("p-err")))) == before
 
 
 async def test_async_worker_resumes_submitted_threads(db: str) -> None:
@@ -448,6 +457,19 @@ def test_runs_survive_every_backend_being_terminated(db: str) -> None:
         )
         runner = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
         runner.start()
+        # The stock saver, side by side: one connection, never re-opened.
+        stock_out: dict[str, Any] = {}
+
+        def stock_run() -> None:
+            with PostgresSaver.from_conn_string(db) as stock:
+                g = cr.make_builder(5, 0.3).compile(checkpointer=stock)
+                try:
+                    g.invoke(INPUT, cfg("pgkill-stock"))
+                except Exception as exc:
+                    stock_out["error"] = exc
+
+        stock_thread = threading.Thread(target=stock_run)
+        stock_thread.start()
         terminated = 0
         try:
             with psycopg.connect(db, autocommit=True) as admin:
@@ -469,7 +491,14 @@ def test_runs_survive_every_backend_being_terminated(db: str) -> None:
         finally:
             worker.stop()
             runner.join(60)
+            stock_thread.join(60)
         assert terminated > 0
+        # Stock: the run raised with its dead connection; the nodes it went on running
+        # in memory never reached the database, and nothing will ever resume the thread.
+        assert isinstance(stock_out.get("error"), psycopg.OperationalError), stock_out
+        with PostgresSaver.from_conn_string(db) as stock:
+            left = cr.make_builder(5, 0).compile(checkpointer=stock).get_state(cfg("pgkill-stock"))
+        assert left.next != () and len(left.values.get("done", [])) < 5, left
         for t in threads:
             state = graph.get_state(cfg(t))
             assert done_nodes(state.values) == NODES and state.next == (), t
@@ -505,3 +534,21 @@ def test_worker_cli_rejects_a_bad_graph_spec() -> None:
     assert "cannot import" in result.output
     result = runner.invoke(app, ["worker", "--graph", "missing-colon", "--dsn", "postgresql://x"])
     assert result.exit_code == 2 and "module:attr" in result.output
+
+
+def test_bad_worker_input_raises_typed_errors(db: str) -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        graph = cr.make_builder(2, 0).compile(checkpointer=saver)
+        with pytest.raises(ConfigurationError) as info:
+            RecoveryWorker(cr.make_builder(2, 0).compile(checkpointer=InMemorySaver()))
+        assert info.value.checkpointer == "InMemorySaver"
+        with pytest.raises(ConfigurationError):
+            RecoveryWorker(graph, concurrency=0)
+        with pytest.raises(ConfigurationError):
+            RecoveryWorker(graph, shutdown="later")  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError):
+            RecoveryWorker([graph, cr.make_builder(2, 0).compile(checkpointer=saver)])  # same version
+        with pytest.raises(ConfigurationError):
+            submit(graph, INPUT, {"configurable": {}})
