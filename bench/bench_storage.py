@@ -503,6 +503,16 @@ def report(cs: list[Contender], turns: int) -> str:
         )
     rows.append(
         (
+            f"chat {turns} turns: all tables",
+            mb(sum(s["chat_tables"].values())),
+            mb(sum(d["chat_tables"].values())),
+            mb(sum(p["chat_tables"].values())),
+            "incl. empty bookkeeping tables: stock/pkg "
+            + ratio(sum(s["chat_tables"].values()), sum(p["chat_tables"].values())),
+        )
+    )
+    rows.append(
+        (
             f"chat bytes({turns})/bytes({mid})",
             ratio(s["chat_bytes"][turns], s["chat_bytes"][mid]),
             ratio(d["chat_bytes"][turns], d["chat_bytes"][mid]),
@@ -584,29 +594,7 @@ def plot(cs: list[Contender], path: Path) -> None:
     fig.savefig(path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dsn", default=os.environ.get("LANGGRAPH_DURABLE_BENCH_DSN", DEFAULT_DSN))
-    ap.add_argument("--turns", type=int, default=200)
-    ap.add_argument("--every", type=int, default=25)
-    ap.add_argument("--loads", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=12, help="small-state rounds per contender")
-    ap.add_argument("--steps", type=int, default=40, help="supersteps per small-state invoke")
-    ap.add_argument("--only", default="", help="comma list of workloads: chat,research,small")
-    ap.add_argument("--content", choices=("tokens", "prose"), default="tokens")
-    ap.add_argument("--sweep", action="store_true", help="only the package, per artifact setting")
-    ap.add_argument("--no-plot", action="store_true")
-    args = ap.parse_args(argv)
-    if args.turns % 4 or args.turns % args.every:
-        ap.error("--turns must be a multiple of 4 and of --every")
-    only = set(filter(None, args.only.split(","))) or {"chat", "research", "small"}
-    global CONTENT
-    CONTENT = args.content
-    if args.sweep:
-        print(run_sweep(args.dsn, args.turns, args.loads, args.threads))
-        return 0
-    cs = contenders()
+def run_once(cs: list[Contender], only: set[str], args: argparse.Namespace) -> None:
     dbs: list[str] = []
     try:
         if "chat" in only:
@@ -630,11 +618,65 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for dsn in dbs:
             drop_db(args.dsn, dsn)
-    out = {c.name: c.results for c in cs}
+
+
+def median_of(runs: list[list[Contender]]) -> list[Contender]:
+    """Per contender, the median of every figure over the runs (bytes barely vary;
+    times do, on a shared machine)."""
+    out = contenders()
+    for i, c in enumerate(out):
+        results = [run[i].results for run in runs]
+        for key, value in results[0].items():
+            if isinstance(value, int | float):
+                c.results[key] = statistics.median(r[key] for r in results)
+            elif key == "chat_bytes":
+                c.results[key] = {
+                    n: statistics.median(r[key][n] for r in results) for n in value
+                }
+            else:
+                c.results[key] = value
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dsn", default=os.environ.get("LANGGRAPH_DURABLE_BENCH_DSN", DEFAULT_DSN))
+    ap.add_argument("--turns", type=int, default=200)
+    ap.add_argument("--every", type=int, default=25)
+    ap.add_argument("--loads", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=16, help="small-state rounds per contender")
+    ap.add_argument("--steps", type=int, default=40, help="supersteps per small-state invoke")
+    ap.add_argument("--only", default="", help="comma list of workloads: chat,research,small")
+    ap.add_argument("--content", choices=("tokens", "prose"), default="tokens")
+    ap.add_argument("--sweep", action="store_true", help="only the package, per artifact setting")
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="runs; the table shows medians")
+    args = ap.parse_args(argv)
+    if args.turns % 4 or args.turns % args.every:
+        ap.error("--turns must be a multiple of 4 and of --every")
+    only = set(filter(None, args.only.split(","))) or {"chat", "research", "small"}
+    global CONTENT
+    CONTENT = args.content
+    if args.sweep:
+        print(run_sweep(args.dsn, args.turns, args.loads, args.threads))
+        return 0
+    runs: list[list[Contender]] = []
+    for rep in range(args.repeat):
+        cs = contenders()
+        run_once(cs, only, args)
+        runs.append(cs)
+        print(f"run {rep + 1}/{args.repeat} done", file=sys.stderr)
+    cs = median_of(runs)
+    out: dict[str, Any] = {c.name: c.results for c in cs}
+    out["runs"] = [{c.name: c.results for c in run} for run in runs]
+    out["settings"] = {k: v for k, v in vars(args).items() if k != "dsn"}
     if only == {"chat", "research", "small"}:
+        print(f"median of {args.repeat} run(s), content={args.content}")
         print(report(cs, args.turns))
-        (HERE / "storage_results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
-        if not args.no_plot:
+        name = "storage_results.json" if args.content == "tokens" else f"storage_results_{args.content}.json"
+        (HERE / name).write_text(json.dumps(out, indent=2, default=str) + "\n")
+        if not args.no_plot and args.content == "tokens":
             plot(cs, HERE / "storage_bytes_vs_turns.png")
     else:
         print(json.dumps(out, indent=2, default=str))

@@ -229,7 +229,8 @@ ON CONFLICT (thread_id) DO UPDATE SET
                       THEN t.last_error END,
     updated_at = now()
 WHERE t.status <> 'quarantined'
-  AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR t.lease_owner = EXCLUDED.lease_owner)
+  AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR t.lease_owner = EXCLUDED.lease_owner
+       OR t.lease_owner = %(dead_owner)s)
 RETURNING lease_token, attempts, last_error,
           (SELECT status FROM prev) AS prev_status, (SELECT graph_version FROM prev) AS prev_version
 """

@@ -39,7 +39,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import threading
 import time
 import uuid
@@ -58,7 +57,7 @@ from langgraph_durable.errors import (
     PoisonCheckpointError,
     ThreadBusyError,
 )
-from langgraph_durable.saver import CLAIM_KEY, _DurableBase
+from langgraph_durable.saver import CLAIM_KEY, _DurableBase, process_identity
 from langgraph_durable.versioning import VERSION_KEY, MigrationRegistry, graph_fingerprint
 
 logger = logging.getLogger("langgraph_durable.recovery")
@@ -445,7 +444,7 @@ class RecoveryWorker:
         self.statuses = RECOVERABLE if recover_stopped else ("running", "queued")
         self.shutdown = shutdown
         self.config: dict[str, Any] = dict(config or {})
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.name = name or process_identity()
         self.on_recovery = on_recovery
         self.stats = WorkerStats()
         self._stop = threading.Event()

@@ -237,8 +237,56 @@ class _LeaseRegistry:
             return [lease for lease in self.by_thread.values() if not lease.lost]
 
 
+def _incarnation(pid: int) -> str | None:
+    """Boot time + start time of ``pid``: tells a live process from a reused pid."""
+    try:
+        import psutil
+
+        return f"{int(psutil.boot_time())}.{int(psutil.Process(pid).create_time() * 100)}"
+    except Exception:  # no such process, or no permission to look
+        return None
+
+
+_PROCESS_IDENTITY: str | None = None
+
+
+def process_identity() -> str:
+    """``host:pid:incarnation`` of this process, the prefix of every lease owner it uses."""
+    global _PROCESS_IDENTITY
+    pid = os.getpid()
+    if _PROCESS_IDENTITY is None or f":{pid}:" not in _PROCESS_IDENTITY:  # refreshed after fork
+        _PROCESS_IDENTITY = f"{socket.gethostname()}:{pid}:{_incarnation(pid) or '0'}"
+    return _PROCESS_IDENTITY
+
+
 def _owner_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    return f"{process_identity()}:{uuid.uuid4().hex[:12]}"
+
+
+def owner_is_dead(owner: str | None) -> bool:
+    """True only when ``owner`` provably belongs to a process of THIS machine that is
+    gone (no such pid, or the pid now belongs to a younger process). A lease of another
+    machine is never judged: it must expire. This lets the common single-machine case
+    (a crash, then ``invoke(None)`` in a new process) resume at once instead of waiting
+    out ``lease_ttl``; the takeover still bumps the fencing token."""
+    if not owner:
+        return False
+    parts = owner.split(":")
+    if len(parts) < 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    pid, recorded = int(parts[1]), parts[2]
+    if pid == os.getpid():
+        return False
+    if recorded == "0" or "." not in recorded:
+        return False
+    boot = recorded.split(".", 1)[0]
+    current = _incarnation(pid)
+    if current is None:
+        # No such process. Only conclusive if we are on the same boot of the machine
+        # (a container with its own pid namespace but the same hostname would differ).
+        mine = _incarnation(os.getpid())
+        return mine is not None and mine.split(".", 1)[0] == boot
+    return current != recorded
 
 
 def _find_run_context() -> _RunContext | None:
@@ -290,6 +338,7 @@ class _DurableBase(BasePostgresSaver):
         compression_level: int = 3,
         artifact_cache_bytes: int = 64 * 1024 * 1024,
         leases: bool = True,
+        takeover_dead_owners: bool = True,
     ) -> None:
         super().__init__(serde=serde)
         self.schema = _sql.validate_schema(schema)
@@ -313,6 +362,9 @@ class _DurableBase(BasePostgresSaver):
         self.on_busy: OnBusy = on_busy
         self.busy_timeout = busy_timeout
         self.leases_enabled = leases
+        # A lease held by a process of this machine that is provably dead is taken over
+        # at once (see owner_is_dead); leases of other machines always run to expiry.
+        self.takeover_dead_owners = takeover_dead_owners
         self.codec = ArtifactCodec(
             ArtifactConfig(
                 threshold=artifact_threshold,
@@ -963,13 +1015,28 @@ class _DurableBase(BasePostgresSaver):
             "version": version,
             "ttl": self.lease_ttl,
             "checkpoint_id": checkpoint_id,
+            "dead_owner": None,
         }
         rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)])
-        if rows[0]:
-            return {"ok": True, "checkpoint_id": checkpoint_id, **rows[0][0]}
-        rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
-        row = rows[0][0] if rows[0] else {}
-        return {"ok": False, "checkpoint_id": checkpoint_id, **row}
+        if not rows[0]:
+            rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
+            row = rows[0][0] if rows[0] else {}
+            holder = row.get("lease_owner")
+            if row.get("status") == "quarantined" or not (
+                self.takeover_dead_owners and owner_is_dead(holder)
+            ):
+                return {"ok": False, "checkpoint_id": checkpoint_id, **row}
+            logger.warning(
+                "thread %s: lease holder %s is a dead process on this machine; taking over",
+                thread_id, holder,
+            )
+            params["dead_owner"] = holder
+            rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)])
+            if not rows[0]:
+                rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
+                row = rows[0][0] if rows[0] else {}
+                return {"ok": False, "checkpoint_id": checkpoint_id, **row}
+        return {"ok": True, "checkpoint_id": checkpoint_id, **rows[0][0]}
 
     def _op_quarantine_row(self, thread_id: str) -> Op[dict[str, Any] | None]:
         rows = yield Batch(
