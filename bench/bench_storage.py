@@ -586,7 +586,7 @@ def plot(cs: list[Contender], path: Path) -> None:
         pts = sorted(c.results["chat_bytes"].items())
         ax.plot([t for t, _ in pts], [b / 1e6 for _, b in pts], style, label=c.label, markersize=4)
     ax.set_xlabel("chat turns (1.5 KB messages, next to 50 x 20 KB documents)")
-    ax.set_ylabel("MB on disk (all tables, after VACUUM)")
+    ax.set_ylabel("MB on disk (tables written, after VACUUM)")
     ax.set_title("Checkpoint storage against chat length")
     ax.grid(True, alpha=0.3)
     ax.legend()
@@ -651,6 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--content", choices=("tokens", "prose"), default="tokens")
     ap.add_argument("--sweep", action="store_true", help="only the package, per artifact setting")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
     ap.add_argument("--repeat", type=int, default=3, help="runs; the table shows medians")
     args = ap.parse_args(argv)
     if args.turns % 4 or args.turns % args.every:
@@ -660,6 +661,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     CONTENT = args.content
     if args.sweep:
         print(run_sweep(args.dsn, args.turns, args.loads, args.threads))
+        return 0
+    if args.plot_only:
+        saved = json.loads((HERE / "storage_results.json").read_text())
+        cs = contenders()
+        for c in cs:
+            c.results = saved[c.name]
+            c.results["chat_bytes"] = {int(k): v for k, v in c.results["chat_bytes"].items()}
+        plot(cs, HERE / "storage_bytes_vs_turns.png")
         return 0
     runs: list[list[Contender]] = []
     for rep in range(args.repeat):

@@ -892,8 +892,10 @@ class _Driver:
             )
         else:
             self.say(
-                "the dead worker's lease had already expired when worker 2 asked for it "
-                f"(this machine took longer than the {self.lease_ttl:g}s lease TTL): no wait"
+                "worker 2 found the lease held by a process of this machine that is dead "
+                "(its pid is gone) and took the thread over at once with a new fencing "
+                "token; a worker on another machine would wait out the "
+                f"{self.lease_ttl:g}s lease instead"
             )
         self.st.phase = "worker 2 resumed the thread with graph.invoke(None, config)"
         self.say(

@@ -434,3 +434,22 @@ def test_cli_gc_and_retain(dsn: str, schema: str, saver: DurablePostgresSaver) -
 
     bad = runner.invoke(app, ["retain", *base, "--status", "running"])
     assert bad.exit_code == 1 and "never deletes" in bad.output
+
+
+async def test_async_gc_retain_and_recompute(dsn: str, schema: str) -> None:
+    from langgraph_durable import AsyncDurablePostgresSaver
+    from langgraph_durable.retention import agc, arecompute_refs, aretain
+
+    async with AsyncDurablePostgresSaver.from_conn_string(dsn, schema=schema, artifact_threshold=256) as saver:
+        await saver.asetup()
+        graph = _graph(saver)
+        for t in ("x", "y"):
+            for i in range(2):
+                await graph.ainvoke({"turn": i}, _cfg(t), durability="sync")
+        _backdate(dsn, schema, "x")
+        report = await aretain(saver, older_than_days=30)
+        assert report.deleted_thread_ids == ["x"]
+        assert await arecompute_refs(saver, ["y"]) == 0
+        freed = await agc(saver, grace=0)
+        assert freed.artifacts == report.artifacts > 0
+        assert len((await graph.aget_state(_cfg("y"))).values["messages"]) == 2

@@ -112,7 +112,7 @@ def _report(s: dict[str, object]) -> None:
     fencing = (
         f"waited {wait}s for the dead worker's lease (lease_ttl {s['lease_ttl']}s)"
         if wait is not None
-        else "the dead worker's lease had expired before the resume"
+        else "the dead worker's lease was taken over at once (its process is gone)"
     )
     console.print(
         f"thread status: {s['status']}  ·  all steps done: {s['all_steps_done']}  ·  {fencing}"
