@@ -204,7 +204,7 @@ def test_gc_never_removes_a_referenced_artifact_under_concurrent_writers(
     dsn: str, schema: str, saver: DurablePostgresSaver
 ) -> None:
     writers = [f"w{i}" for i in range(3)]
-    steps = 14
+    steps = 20
     stop = threading.Event()
     errors: list[BaseException] = []
     deleted = [0]
