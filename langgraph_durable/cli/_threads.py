@@ -92,7 +92,7 @@ def _lease(lease: dict[str, Any] | None) -> str:
         return "none"
     left = lease.get("expires_in")
     when = f"expires in {left:.1f}s" if left is not None and left > 0 else "expired"
-    return f"{lease['owner']} (token {lease['token']}, {when})"
+    return f"token {lease['token']}, {when}, held by {lease['owner']}"
 
 
 # ------------------------------------------------------------------ threads
