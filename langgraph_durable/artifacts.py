@@ -68,6 +68,25 @@ _INLINE, _ELEMENT_REF, _CHUNK_REF, _NESTED = 0, 1, 2, 3
 _ELEMENT, _CHUNKED = b"E", b"C"
 # First byte of stored artifact data that is encrypted (zstd frames start with 0x28).
 _SEALED = b"\x00"
+# zstd *raw-content dictionary* (a fixed prefix that every artifact's compression may
+# refer back to): the serialization boilerplate of LangChain messages and documents
+# (module and class names, field names, empty defaults). A 1.5 KB message carries
+# ~170 bytes of it, which zstd alone stores as literals in every frame: with the prefix
+# it costs a few back-references (measured: -130 bytes per message artifact, ~10%).
+# PART OF THE STORED FORMAT: every artifact is compressed with it, so never edit these
+# bytes; a new dictionary needs a new first byte (stored data starting with the zstd
+# magic 0x28 means "zstd with this dictionary", 0x00 means encrypted, see _SEALED).
+_ZSTD_PREFIX = b"".join(
+    (
+        b'\x88\xabtoken_usage\x80\xaamodel_name\xa0\xadfinish_reason\xa4stop\xacinput_tokens\x00\xadoutput_tokens\x00\xactotal_tokens\x00\xb3input_token_details\x80\xb4output_token_details\x80',
+        b'Emsgpack\x00\xc7g\x05\x94\xbdlangchain_core.documents.base\xa8Document\x84\xa2id\xc0\xa8metadata\x80\xacpage_content\xa0\xa4type\xa8Document\xb3model_validate_json',
+        b'Emsgpack\x00\xc7\x88\x05\x94\xbelangchain_core.messages.system\xadSystemMessage\x86\xa7content\xa0\xb1additional_kwargs\x80\xb1response_metadata\x80\xa4type\xa6system\xa4name\xc0\xa2id\xc0\xb3model_validate_json',
+        b'Emsgpack\x00\xc7\xa9\x05\x94\xbclangchain_core.messages.tool\xabToolMessage\x89\xa7content\xa0\xb1additional_kwargs\x80\xb1response_metadata\x80\xa4type\xa4tool\xa4name\xc0\xa2id\xa0\xactool_call_id\xa0\xa8artifact\xc0\xa6status\xa7success\xb3model_validate_json',
+        b'Emsgpack\x00\xc7\xcc\x05\x94\xbalangchain_core.messages.ai\xa9AIMessage\x89\xa7content\xa0\xb1additional_kwargs\x80\xb1response_metadata\x80\xa4type\xa2ai\xa4name\xc0\xa2id\xa0\xaatool_calls\x91\x84\xa4name\xa0\xa4args\x80\xa2id\xa0\xa4type\xa9tool_call\xb2invalid_tool_calls\x90\xaeusage_metadata\xc0\xb3model_validate_json',
+        b'Emsgpack\x00\xc7\x85\x05\x94\xbdlangchain_core.messages.human\xacHumanMessage\x86\xa7content\xa0\xb1additional_kwargs\x80\xb1response_metadata\x80\xa4type\xa5human\xa4name\xc0\xa2id\xa0\xb3model_validate_json',
+        b'Emsgpack\x00\xc7\xac\x05\x94\xbalangchain_core.messages.ai\xa9AIMessage\x89\xa7content\xa0\xb1additional_kwargs\x80\xb1response_metadata\x80\xa4type\xa2ai\xa4name\xc0\xa2id\xa0\xaatool_calls\x90\xb2invalid_tool_calls\x90\xaeusage_metadata\xc0\xb3model_validate_json',
+    )
+)
 # How deep containers are split: the top-level list/dict and the lists/dicts in it.
 _MAX_DEPTH = 1
 
@@ -136,6 +155,12 @@ def _split_serde(serde: Any) -> tuple[Any, Any]:
     if isinstance(serde, EncryptedSerializer):
         return serde.serde, serde.cipher
     return serde, None
+
+
+def _zstd_dict() -> zstandard.ZstdCompressionDict:
+    """The raw-content dictionary (a new object per call: zstd contexts, and the
+    dictionary's precomputed tables, are per thread)."""
+    return zstandard.ZstdCompressionDict(_ZSTD_PREFIX, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
 
 
 class _Encoder:
@@ -230,13 +255,15 @@ class ArtifactCodec:
     def compress(self, content: bytes) -> bytes:
         c = getattr(self._local, "c", None)
         if c is None:
-            c = self._local.c = zstandard.ZstdCompressor(level=self.config.compression_level)
+            c = self._local.c = zstandard.ZstdCompressor(
+                level=self.config.compression_level, dict_data=_zstd_dict(), write_dict_id=False
+            )
         return c.compress(content)
 
     def decompress(self, data: bytes) -> bytes:
         d = getattr(self._local, "d", None)
         if d is None:
-            d = self._local.d = zstandard.ZstdDecompressor()
+            d = self._local.d = zstandard.ZstdDecompressor(dict_data=_zstd_dict())
         return d.decompress(data)
 
     def seal(self, content: bytes, serde: Any) -> bytes:

@@ -498,7 +498,9 @@ def test_runs_survive_every_backend_being_terminated(db: str) -> None:
         assert isinstance(stock_out.get("error"), psycopg.OperationalError), stock_out
         with PostgresSaver.from_conn_string(db) as stock:
             left = cr.make_builder(5, 0).compile(checkpointer=stock).get_state(cfg("pgkill-stock"))
-        assert left.next != () and len(left.values.get("done", [])) < 5, left
+        # (``next`` may be empty here even so: when the last task's writes were saved but
+        # the next checkpoint never was, LangGraph reports no next node. Count the work.)
+        assert len(left.values.get("done", [])) < 5, left
         for t in threads:
             state = graph.get_state(cfg(t))
             assert done_nodes(state.values) == NODES and state.next == (), t
