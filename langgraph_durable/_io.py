@@ -94,11 +94,6 @@ def _is_connection_failure(exc: BaseException, conn: Any) -> bool:
     return False
 
 
-def one_op(factory: Callable[[], Op[T]]) -> Flow[T]:
-    result = yield Tx(factory)
-    return result
-
-
 @dataclass
 class _Pending:
     after: list[Callable[[], None]] = field(default_factory=list)

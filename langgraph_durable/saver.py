@@ -93,7 +93,6 @@ from langgraph_durable._io import (
     Stmt,
     SyncDriver,
     Tx,
-    one_op,
 )
 from langgraph_durable.artifacts import ArtifactCodec, ArtifactConfig, KnownRefs
 from langgraph_durable.embedded import resolve_dsn
@@ -2002,7 +2001,5 @@ __all__ = [
     "DurablePostgresSaver",
     "Lease",
     "PoisonRecord",
-    "one_op",
 ]
 
-_ = (field, Hook)  # re-exported helpers used by sibling modules
