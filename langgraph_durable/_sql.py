@@ -389,6 +389,11 @@ DELETE_THREAD_EXTRA_SQL = (
     "DELETE FROM durable_threads WHERE thread_id = %s",
 )
 
+# The same for many threads at once (prune(strategy="delete")).
+DELETE_THREADS_EXTRA_SQL = tuple(
+    s.replace("thread_id = %s", "thread_id = ANY(%s)") for s in DELETE_THREAD_EXTRA_SQL
+)
+
 COPY_THREAD_SQL = (
     """INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id,
                                 type, checkpoint, metadata)

@@ -898,8 +898,9 @@ class _DurableBase(BasePostgresSaver):
                 yield Batch(
                     [Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, t)) for t in sorted(set(ids))]
                     + [Stmt(s, (ids,)) for s in PRUNE_DELETE_THREADS_SQL]
-                    + [Stmt("DELETE FROM durable_artifact_refs WHERE thread_id = ANY(%s)", (ids,))]
-                    + [Stmt("DELETE FROM durable_ledger WHERE thread_id = ANY(%s)", (ids,))]
+                    # Everything delete_thread removes, so no lease, quarantine record
+                    # or migration backup outlives the thread it describes.
+                    + [Stmt(s, (ids,)) for s in _sql.DELETE_THREADS_EXTRA_SQL]
                 )
                 yield AfterCommit(partial(self._forget_threads, ids))
 

@@ -323,8 +323,19 @@ def test_prune_keep_latest_and_delete(saver: DurablePostgresSaver) -> None:
     assert root is not None
     assert root.checkpoint["channel_values"] == {"v": 3, "const": "kept", "big": list(range(2000))}
     assert len(list(saver.list(cfg_of("pr-2")))) == 3
+    with psycopg.connect(dsn, autocommit=True) as conn:  # bookkeeping a delete must not orphan
+        conn.execute(
+            "INSERT INTO durable_threads (thread_id, status) VALUES ('pr-2', 'done') "
+            "ON CONFLICT (thread_id) DO NOTHING"
+        )
     saver.prune(["pr-1", "pr-2"], strategy="delete")
-    assert count_rows(dsn, "pr-1")["checkpoints"] == count_rows(dsn, "pr-2")["checkpoints"] == 0
+    for tid in ("pr-1", "pr-2"):
+        assert set(count_rows(dsn, tid).values()) == {0}, tid
+    with psycopg.connect(dsn) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM durable_threads WHERE thread_id IN ('pr-1', 'pr-2')"
+        ).fetchone()
+    assert left == (0,)
     with pytest.raises(TypeError):
         saver.prune("pr-1")
     with pytest.raises(ValueError):
