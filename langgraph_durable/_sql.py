@@ -421,5 +421,31 @@ DELETE_FOR_RUNS_SQL = (
        WHERE c.metadata ->> 'run_id' = ANY(%(runs)s)
          AND w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
          AND w.checkpoint_id = c.checkpoint_id""",
-    "DELETE FROM checkpoints WHERE metadata ->> 'run_id' = ANY(%(runs)s)",
+    "DELETE FROM checkpoints WHERE metadata ->> 'run_id' = ANY(%(runs)s) RETURNING thread_id",
 )
+
+# delete_for_runs' cleanup: the threads holding checkpoints of the runs; their lease
+# rows, locked after their artifact locks (the order puts take them in), so a leased
+# put in flight commits first and the next one waits; then the blob rows no remaining
+# checkpoint of the same thread and namespace names by (channel, version). One pass
+# over the threads' channel_versions (a hash anti-join), not a probe per blob.
+RUN_THREADS_SQL = """
+SELECT DISTINCT thread_id FROM checkpoints WHERE metadata ->> 'run_id' = ANY(%(runs)s)
+ORDER BY thread_id
+"""
+LOCK_THREAD_ROWS_SQL = """
+SELECT thread_id FROM durable_threads WHERE thread_id = ANY(%(threads)s)
+ORDER BY thread_id FOR UPDATE
+"""
+DELETE_UNUSED_BLOBS_SQL = """
+WITH used AS MATERIALIZED (
+    SELECT c.thread_id, c.checkpoint_ns, v.key AS channel, v.value AS version
+    FROM checkpoints c, jsonb_each_text(c.checkpoint -> 'channel_versions') AS v
+    WHERE c.thread_id = ANY(%(threads)s)
+)
+DELETE FROM checkpoint_blobs b
+WHERE b.thread_id = ANY(%(threads)s) AND NOT EXISTS (
+    SELECT 1 FROM used u
+    WHERE u.thread_id = b.thread_id AND u.checkpoint_ns = b.checkpoint_ns
+      AND u.channel = b.channel AND u.version = b.version)
+"""

@@ -864,11 +864,35 @@ class _DurableBase(BasePostgresSaver):
         for t in thread_ids:
             self._known_refs.forget_thread(t)
 
-    def _op_delete_for_runs(self, run_ids: Sequence[str]) -> Op[None]:
+    def _op_delete_for_runs(self, runs: list[str]) -> Op[list[str]]:
+        """Delete the runs' checkpoints and writes, and the blob rows of their threads
+        that no remaining checkpoint uses (under the threads' artifact locks and lease
+        rows). Returns the threads touched."""
+        found = yield Batch([Stmt(_sql.RUN_THREADS_SQL, {"runs": runs}, fetch=True)])
+        threads = [r["thread_id"] for r in found[0]]
+        if not threads:
+            return []
+        params = {"runs": runs, "threads": threads}
+        rows = yield Batch(
+            [Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, t)) for t in threads]
+            + [Stmt(_sql.LOCK_THREAD_ROWS_SQL, params)]
+            + [Stmt(s, params, fetch="RETURNING" in s) for s in _sql.DELETE_FOR_RUNS_SQL]
+            + [Stmt(_sql.DELETE_UNUSED_BLOBS_SQL, params)]
+        )
+        late = sorted({r["thread_id"] for r in rows[-2]} - set(threads))
+        if late:  # a run that checkpointed in another thread meanwhile
+            yield Batch([Stmt(_sql.DELETE_UNUSED_BLOBS_SQL, {"threads": late})])
+        return threads + late
+
+    def _flow_delete_for_runs(self, run_ids: Sequence[str]) -> Flow[None]:
         runs = [str(r) for r in run_ids]
         if not runs:
             return
-        yield Batch([Stmt(s, {"runs": runs}) for s in _sql.DELETE_FOR_RUNS_SQL])
+        threads = yield Tx(partial(self._op_delete_for_runs, runs))
+        # As after prune: the threads' reference rows still name what the deleted
+        # checkpoints used; recompute them so gc() can free those artifacts.
+        for tid in threads:
+            yield Tx(partial(op_recompute_refs, self, tid))
 
     def _op_copy_thread(self, source: str, target: str) -> Op[None]:
         params = {"source": str(source), "target": str(target)}
@@ -1587,7 +1611,7 @@ class _DurableBase(BasePostgresSaver):
         self._run_op(lambda: self._op_delete_thread(thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        self._run_op(lambda: self._op_delete_for_runs(run_ids))
+        self._run_flow(self._flow_delete_for_runs(run_ids))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         self._run_op(lambda: self._op_copy_thread(source_thread_id, target_thread_id))
@@ -1660,7 +1684,7 @@ class _DurableBase(BasePostgresSaver):
         await self._arun_op(lambda: self._op_delete_thread(thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await self._arun_op(lambda: self._op_delete_for_runs(run_ids))
+        await self._arun_flow(self._flow_delete_for_runs(run_ids))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         await self._arun_op(lambda: self._op_copy_thread(source_thread_id, target_thread_id))
