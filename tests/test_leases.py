@@ -17,7 +17,7 @@ from typing import Any
 import _child_recovery as cr
 import psycopg
 import pytest
-from psycopg.rows import dict_row
+from _db import done_nodes, q, thread_row
 
 from langgraph_durable import (
     DurablePostgresSaver,
@@ -49,25 +49,6 @@ def _clear_hooks() -> Iterator[None]:
     cr.BEFORE.clear()
 
 
-def q(dsn: str, sql: str, params: Any = None) -> list[dict[str, Any]]:
-    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
-        cur = conn.execute(sql, params)
-        return cur.fetchall() if cur.description else []
-
-
-def thread_row(dsn: str, thread_id: str) -> dict[str, Any]:
-    rows = q(
-        dsn,
-        "SELECT *, EXTRACT(EPOCH FROM (lease_expires_at - clock_timestamp()))::float8 AS expires_in "
-        "FROM durable_threads WHERE thread_id = %s",
-        (thread_id,),
-    )
-    assert rows, thread_id
-    return rows[0]
-
-
-def done_nodes(values: dict[str, Any]) -> list[str]:
-    return [d.split(":")[0] for d in values["done"]]
 
 
 def log_rows(dsn: str, thread_id: str) -> list[dict[str, Any]]:

@@ -21,9 +21,9 @@ from typing import Any
 import _child_recovery as cr
 import psycopg
 import pytest
+from _db import done_nodes, q, thread_row
 from conftest import drop_database, make_database
 from langgraph.checkpoint.postgres import PostgresSaver
-from psycopg.rows import dict_row
 from typer.testing import CliRunner
 
 from langgraph_durable import (
@@ -57,25 +57,6 @@ def cfg(thread_id: str, version: str | None = None) -> Any:
     return {"configurable": c}
 
 
-def q(dsn: str, sql: str, params: Any = None) -> list[dict[str, Any]]:
-    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
-        cur = conn.execute(sql, params)
-        return cur.fetchall() if cur.description else []
-
-
-def thread_row(dsn: str, thread_id: str) -> dict[str, Any]:
-    rows = q(
-        dsn,
-        "SELECT *, EXTRACT(EPOCH FROM (lease_expires_at - clock_timestamp()))::float8 AS expires_in "
-        "FROM durable_threads WHERE thread_id = %s",
-        (thread_id,),
-    )
-    assert rows, thread_id
-    return rows[0]
-
-
-def done_nodes(values: dict[str, Any]) -> list[str]:
-    return [d.split(":")[0] for d in values["done"]]
 
 
 def wait_for(pred: Any, timeout: float, what: str) -> None:
