@@ -495,6 +495,7 @@ class RetentionReport:
     of the checkpoint JSON, blobs and writes, as ``pg_column_size`` reports it) cover
     both. ``artifacts``/``artifact_bytes``: artifacts only the deleted threads used,
     which the next ``gc`` frees (trimming frees more, known only after it ran).
+    ``ledger_keys_expired``: ``@idempotent(key=..., ttl=...)`` keys past their TTL.
     ``skipped``: threads left alone, by reason."""
 
     threads_deleted: int = 0
@@ -506,6 +507,7 @@ class RetentionReport:
     artifacts: int = 0
     artifact_bytes: int = 0
     refs_dropped: int = 0
+    ledger_keys_expired: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     deleted_thread_ids: list[str] = field(default_factory=list)
     dry_run: bool = False
@@ -697,6 +699,19 @@ def _flow_retain(
         done += 1
         if progress is not None:
             yield Hook(progress, (done, total))
+    # Ledger keys given with key= outlive their thread and expire only by their TTL:
+    # the retention job purges the expired ones too (never a claim still in flight).
+    from langgraph_durable.idempotency import PURGE_EXPIRED_SQL
+
+    def purge_keys() -> Op[int]:
+        if dry_run:
+            sql = PURGE_EXPIRED_SQL.replace("DELETE FROM", "SELECT count(*) AS n FROM", 1)
+            rows = yield Batch([Stmt(sql, fetch=True)])
+            return int(rows[0][0]["n"])
+        rows = yield Batch([Stmt(PURGE_EXPIRED_SQL + " RETURNING key", fetch=True)])
+        return len(rows[0])
+
+    report.ledger_keys_expired = yield Tx(purge_keys)
     return report
 
 

@@ -453,3 +453,24 @@ async def test_async_gc_retain_and_recompute(dsn: str, schema: str) -> None:
         freed = await agc(saver, grace=0)
         assert freed.artifacts == report.artifacts > 0
         assert len((await graph.aget_state(_cfg("y"))).values["messages"]) == 2
+
+
+def test_retain_purges_expired_idempotency_keys(dsn: str, schema: str, saver: DurablePostgresSaver) -> None:
+    """key= keys outlive their thread; the retention job removes the expired ones."""
+    from langgraph_durable import Ledger, idempotent
+
+    runs: list[int] = []
+
+    @idempotent(ledger=saver, key=lambda n: f"retain-key-{n}", ttl=3600)
+    def effect(n: int) -> int:
+        runs.append(n)
+        return n
+
+    assert [effect(1), effect(2), effect(1)] == [1, 2, 1] and runs == [1, 2]
+    _q(dsn, schema, "UPDATE durable_ledger SET expires_at = now() - interval '1 second' WHERE key = 'retain-key-1'")
+    dry = retain(saver, dry_run=True)
+    assert dry.ledger_keys_expired == 1 and Ledger(saver).get("retain-key-1") is not None
+    report = retain(saver)
+    assert report.ledger_keys_expired == 1
+    assert Ledger(saver).get("retain-key-1") is None
+    assert Ledger(saver).get("retain-key-2") is not None  # not expired: kept

@@ -187,6 +187,7 @@ def retain_command(
     table.add_row("[bold]checkpoint data[/]", "", f"[bold]{fmt_bytes(report.bytes)}[/]")
     freed = "freed by gc" if not dry_run else "gc would free (deleted threads only)"
     table.add_row(f"artifacts {freed}", str(report.artifacts), fmt_bytes(report.artifact_bytes))
+    table.add_row(f"expired idempotency keys ({verb})", str(report.ledger_keys_expired), "-")
     for reason, n in sorted(report.skipped.items()):
         table.add_row(f"[dim]threads skipped: {reason}[/]", str(n), "")
     console.print(table)
