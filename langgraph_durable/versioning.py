@@ -37,11 +37,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import orjson
 
-from langgraph_durable._io import Batch, Flow, Op, Stmt, Tx
+from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable.errors import (
     ConfigurationError,
     DurableError,
@@ -1047,6 +1047,38 @@ def _flow_migrate_thread(
     return "migrated"
 
 
+def _flow_migrate_threads(
+    saver: Any,
+    from_version: str,
+    to_version: str,
+    chain: Sequence[Migration],
+    graph: Any,
+    dry_run: bool,
+    thread_ids: Sequence[str] | None,
+    limit: int | None,
+    on_progress: Callable[[str, str], Any] | None,
+) -> Flow[MigrationReport]:
+    """The batch migration, written once for both savers: each thread in its own
+    transaction(s); a busy or failing thread is reported, never fatal."""
+    report = MigrationReport(from_version, to_version, dry_run, [m.label for m in chain])
+    rows = yield Tx(lambda: _op_threads(from_version, False, None, thread_ids, limit))
+    for row in rows:
+        tid = row["thread_id"]
+        try:
+            outcome = yield from _flow_migrate_thread(
+                saver, tid, from_version, to_version, chain, graph, dry_run
+            )
+        except ThreadBusyError:
+            outcome = "busy"
+        except DurableError as exc:
+            outcome = "failed"
+            report.failed[tid] = str(exc)
+        _record(report, tid, outcome)
+        if on_progress is not None:
+            yield Hook(on_progress, (tid, outcome))
+    return report
+
+
 def migrate_threads(
     saver: Any,
     from_version: str,
@@ -1068,21 +1100,14 @@ def migrate_threads(
     and the orphaned-work check without writing. ``on_progress(thread_id, outcome)``
     is called after each thread."""
     to_version, chain = _resolve(saver, from_version, to_version, graph, registry)
-    report = MigrationReport(from_version, to_version, dry_run, [m.label for m in chain])
-    for tid in thread_ids_at(saver, from_version, thread_ids=thread_ids, limit=limit):
-        try:
-            outcome = saver.run_flow(
-                _flow_migrate_thread(saver, tid, from_version, to_version, chain, graph, dry_run)
+    return cast(
+        MigrationReport,
+        saver.run_flow(
+            _flow_migrate_threads(
+                saver, from_version, to_version, chain, graph, dry_run, thread_ids, limit, on_progress
             )
-        except ThreadBusyError:
-            outcome = "busy"
-        except DurableError as exc:
-            outcome = "failed"
-            report.failed[tid] = str(exc)
-        _record(report, tid, outcome)
-        if on_progress is not None:
-            on_progress(tid, outcome)
-    return report
+        ),
+    )
 
 
 async def amigrate_threads(
@@ -1099,23 +1124,14 @@ async def amigrate_threads(
 ) -> MigrationReport:
     """``migrate_threads`` for an ``AsyncDurablePostgresSaver``."""
     to_version, chain = _resolve(saver, from_version, to_version, graph, registry)
-    report = MigrationReport(from_version, to_version, dry_run, [m.label for m in chain])
-    rows = await saver.arun_op(lambda: _op_threads(from_version, False, None, thread_ids, limit))
-    for row in rows:
-        tid = row["thread_id"]
-        try:
-            outcome = await saver.arun_flow(
-                _flow_migrate_thread(saver, tid, from_version, to_version, chain, graph, dry_run)
+    return cast(
+        MigrationReport,
+        await saver.arun_flow(
+            _flow_migrate_threads(
+                saver, from_version, to_version, chain, graph, dry_run, thread_ids, limit, on_progress
             )
-        except ThreadBusyError:
-            outcome = "busy"
-        except DurableError as exc:
-            outcome = "failed"
-            report.failed[tid] = str(exc)
-        _record(report, tid, outcome)
-        if on_progress is not None:
-            on_progress(tid, outcome)
-    return report
+        ),
+    )
 
 
 def _resolve(
