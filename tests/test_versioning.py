@@ -32,6 +32,7 @@ from langgraph_durable import (
     MigrationError,
     MigrationRegistry,
     OrphanedWorkError,
+    amigrate_threads,
     graph_fingerprint,
     migrate_threads,
     undo_migration,
@@ -476,6 +477,25 @@ async def test_async_saver_migrates_on_resume(dsn: str) -> None:
         out = await g2.ainvoke(Command(resume="yes"), cfg(tid))
         assert out["log"] == ["fetch", "approve", "summarize"]
         assert (out["subject"], out["priority"]) == ("urgent", 1)
+
+
+async def test_async_batch_migration_reports_progress(dsn: str) -> None:
+    tids = ["abatch-1", "abatch-2"]
+    async with AsyncDurablePostgresSaver.from_conn_string(dsn) as saver:
+        g1 = G.build_v1().compile(checkpointer=saver.bind(graph_version="v1"))
+        for tid in tids:
+            out = await g1.ainvoke({"log": [], "topic": "urgent"}, cfg(tid))
+            assert "__interrupt__" in out
+        seen: list[tuple[str, str]] = []
+        report = await amigrate_threads(
+            saver, "v1", "v2", graph=G.graph_v2, registry=G.registry, thread_ids=tids,
+            on_progress=lambda tid, outcome: seen.append((tid, outcome)),
+        )
+        assert sorted(report.migrated) == tids and report.ok
+        assert sorted(seen) == [(t, "migrated") for t in tids]
+        g2 = G.build_v2().compile(checkpointer=saver.bind(graph_version="v2"))
+        out = await g2.ainvoke(Command(resume="yes"), cfg(tids[0]))
+        assert out["log"] == ["fetch", "approve", "summarize"]
 
 
 # --- batch migration, interrupt ids, busy threads, undo ---------------------------------
