@@ -41,6 +41,27 @@ def open_saver(dsn: str | None, schema: str | None = None, **options: Any) -> It
         yield saver
 
 
+def fail(json_out: bool, name: str, message: str, fields: dict[str, Any]) -> typer.Exit:
+    """Report an error (JSON on stdout with --json, else red on stderr); exit code 1."""
+    if json_out:
+        print_json({"error": name, "message": message, **fields})
+    else:
+        err_console.print(f"[red]error:[/] {message}", markup=True, highlight=False)
+    return typer.Exit(1)
+
+
+@contextmanager
+def saver_or_exit(dsn: str | None, schema: str | None, json_out: bool) -> Iterator[Any]:
+    """``open_saver`` for operator commands: a typed error becomes a message and exit 1."""
+    from langgraph_durable.errors import DurableError
+
+    try:
+        with open_saver(dsn, schema) as saver:
+            yield saver
+    except DurableError as exc:
+        raise fail(json_out, type(exc).__name__, exc.message, exc.fields) from None
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, default=str, indent=2) + "\n")
 

@@ -22,9 +22,9 @@ from langgraph_durable.cli._common import (
     JsonOption,
     SchemaOption,
     console,
-    err_console,
-    open_saver,
+    fail,
     print_json,
+    saver_or_exit,
 )
 from langgraph_durable.errors import DurableError
 
@@ -51,14 +51,6 @@ class _CliError(Exception):
         self.name, self.message, self.fields = name, message, fields
 
 
-def _fail(json_out: bool, name: str, message: str, fields: dict[str, Any]) -> typer.Exit:
-    if json_out:
-        print_json({"error": name, "message": message, **fields})
-    else:
-        err_console.print(f"[red]error:[/] {message}", markup=True, highlight=False)
-    return typer.Exit(1)
-
-
 @contextmanager
 def _ledger(dsn: str | None, schema: str | None, json_out: bool) -> Iterator[Any]:
     """A ``Ledger`` on a set-up saver; a typed error becomes a message (JSON on stdout
@@ -66,12 +58,10 @@ def _ledger(dsn: str | None, schema: str | None, json_out: bool) -> Iterator[Any
     from langgraph_durable.idempotency import Ledger
 
     try:
-        with open_saver(dsn, schema) as saver:
+        with saver_or_exit(dsn, schema, json_out) as saver:
             yield Ledger(saver)
-    except DurableError as exc:
-        raise _fail(json_out, type(exc).__name__, exc.message, exc.fields) from None
     except _CliError as exc:
-        raise _fail(json_out, exc.name, exc.message, exc.fields) from None
+        raise fail(json_out, exc.name, exc.message, exc.fields) from None
 
 
 def _state(entry: Any) -> str:
@@ -250,7 +240,7 @@ def resolve_cmd(
     try:
         value = json.loads(result_json)
     except ValueError as exc:
-        raise _fail(
+        raise fail(
             json_out, "JSONDecodeError", f"--result-json is not valid JSON: {exc}", {"key": key}
         ) from None
     with _ledger(dsn, schema, json_out) as ledger:

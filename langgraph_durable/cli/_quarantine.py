@@ -3,9 +3,7 @@ detection; the logic is in ``langgraph_durable.poison``, this module only format
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -16,11 +14,9 @@ from langgraph_durable.cli._common import (
     JsonOption,
     SchemaOption,
     console,
-    err_console,
-    open_saver,
     print_json,
+    saver_or_exit,
 )
-from langgraph_durable.errors import DurableError
 
 quarantine_app = typer.Typer(
     help="Poisoned threads: list, show, release (run again), rewind (fork from an earlier "
@@ -29,20 +25,6 @@ quarantine_app = typer.Typer(
 )
 
 ThreadArg = Annotated[str, typer.Argument(help="The thread_id.")]
-
-
-@contextmanager
-def _saver(dsn: str | None, schema: str | None, json_out: bool) -> Iterator[Any]:
-    """A saver; a DurableError becomes a message (JSON on stdout with --json) and exit 1."""
-    try:
-        with open_saver(dsn, schema) as saver:
-            yield saver
-    except DurableError as exc:
-        if json_out:
-            print_json({"error": type(exc).__name__, "message": exc.message, **exc.fields})
-        else:
-            err_console.print(f"[red]error:[/] {exc.message}")
-        raise typer.Exit(1) from None
 
 
 def _short(text: str | None, width: int = 60) -> str:
@@ -60,7 +42,7 @@ def list_cmd(
     json_out: JsonOption = False,
 ) -> None:
     """Quarantined threads, most recent first."""
-    with _saver(dsn, schema, json_out) as saver:
+    with saver_or_exit(dsn, schema, json_out) as saver:
         entries = poison.list_quarantined(saver, limit=limit)
     if json_out:
         print_json([e.to_dict() for e in entries])
@@ -90,7 +72,7 @@ def show_cmd(
 ) -> None:
     """A thread's quarantine record, attempt count and recent checkpoints (pick one to
     rewind to)."""
-    with _saver(dsn, schema, json_out) as saver:
+    with saver_or_exit(dsn, schema, json_out) as saver:
         report = poison.show(saver, thread_id, history=history)
     if json_out:
         print_json(report.to_dict())
@@ -137,7 +119,7 @@ def release_cmd(
 ) -> None:
     """Lift the quarantine and reset the attempt count: the next run starts from the same
     checkpoint again."""
-    with _saver(dsn, schema, json_out) as saver:
+    with saver_or_exit(dsn, schema, json_out) as saver:
         entry = poison.release(saver, thread_id)
     if json_out:
         print_json({"released": True, **entry.to_dict()})
@@ -160,7 +142,7 @@ def rewind_cmd(
 ) -> None:
     """Fork the thread from an earlier checkpoint: a copy of it becomes the head (history
     is kept), the count is reset and the quarantine lifted."""
-    with _saver(dsn, schema, json_out) as saver:
+    with saver_or_exit(dsn, schema, json_out) as saver:
         result = poison.rewind(saver, thread_id, to)
     if json_out:
         print_json(result.to_dict())
