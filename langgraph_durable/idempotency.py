@@ -64,6 +64,7 @@ from langchain_core.callbacks import (
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pydantic import ConfigDict, PrivateAttr
 
 from langgraph_durable import _sql
@@ -220,6 +221,14 @@ CHECKPOINT_STORED_SQL = """
 SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s) AS ok
 """
 
+# A tool call recorded under the key scheme before task ids were part of tool keys
+# (thread + tool_call_id only). It is the same call only if the same task made it: the
+# row keeps the task id of its first claim (derived keys never expire, so CLAIM_SQL
+# never overwrites it), and a later turn reusing the tool_call_id runs another task.
+LEGACY_TOOL_KEY_SQL = """
+SELECT key FROM durable_ledger WHERE key = %s AND thread_id IS NOT DISTINCT FROM %s AND task_id = %s
+"""
+
 PURGE_EXPIRED_SQL = """
 DELETE FROM durable_ledger WHERE expires_at IS NOT NULL AND expires_at <= now()
   AND NOT (status = 'started' AND claim_expires_at IS NOT NULL AND claim_expires_at > now())
@@ -316,6 +325,10 @@ class _Parent:
     origin: str | None
     ttl: float | None
     counter: Callable[[], int] = field(default_factory=lambda: itertools.count().__next__)
+    # The keys of this call and of every call around it, all in flight: a nested call
+    # with one of them would wait for its own ancestor (for ever on a transactional
+    # ancestor's uncommitted claim), so it is refused at once.
+    chain: frozenset[str] = frozenset()
 
 
 _PARENT: contextvars.ContextVar[_Parent | None] = contextvars.ContextVar(
@@ -635,6 +648,10 @@ class _Call:
     # task state that remembers it is.
     await_checkpoint: tuple[str, str] | None = None
     task_state: _TaskState | None = None
+    # A tool call's key under the scheme before task ids (thread + tool_call_id): used
+    # instead of ``key`` when this very task recorded the call under it (an upgrade
+    # in the middle of a thread), see _adopt_legacy_key.
+    legacy_key: str | None = None
     owner: str = field(default_factory=_owner)
     lost: bool = False
 
@@ -709,40 +726,48 @@ def _build_call(
     parent = _PARENT.get()
     origin = site.thread_id if site else (parent.origin if parent else None)
     ttl: float | None = None
+    legacy_key: str | None = None
     if spec.key is not None:
         key = _check_key(spec.key(*key_args[0], **key_args[1]))
         thread_id = None  # the operation's own identity outlives the thread
         ttl = spec.ttl
+    elif tool_call_id and site is not None:
+        # Providers that number calls per message send `call_0` on every turn, so the
+        # tool_call_id alone does not name a call: the task that runs the calling AI
+        # message does. Its resumes and retries rebuild the same task id (a replay of
+        # the same message dedups), a later turn is another task (the tool runs). The
+        # message's own id is not needed, so messages without one are no special case.
+        state, await_checkpoint = _stable_task(site, ledger)
+        key = "tool:" + _digest(
+            "tool-task", site.thread_id or "", site.checkpoint_ns, site.task_id, tool_call_id
+        )
+        legacy_key = "tool:" + _digest("tool", site.thread_id or "", tool_call_id)
+        thread_id = site.thread_id
     elif tool_call_id:
-        thread = site.thread_id if site else None
-        key = "tool:" + _digest("tool", thread or "", tool_call_id)
-        thread_id = thread
+        # Outside a task (a ToolCall invoked directly, ledger=): the caller owns the ids.
+        key = "tool:" + _digest("tool", "", tool_call_id)
+        thread_id = None
     elif parent is not None:
         key = "call:" + _digest("nested", parent.key, str(parent.counter()))
         thread_id, ttl = parent.thread_id, parent.ttl
     elif site is not None:
-        if site.durability == "exit":
-            raise UnstableKeyError(
-                site.thread_id,
-                site.checkpoint_id,
-                "durability='exit' stores no checkpoint before the run ends, so a resumed "
-                "task runs under new task ids; use durability 'async' or 'sync'",
-            )
-        state = _task_state(site)
+        state, await_checkpoint = _stable_task(site, ledger)
         index = _next_index(site, state)
         key = "call:" + _digest(
             "task", site.thread_id or "", site.checkpoint_ns, site.task_id, str(index)
         )
         thread_id = site.thread_id
-        if not state.stored and site.thread_id and site.checkpoint_id and _same_db(
-            site.checkpointer, ledger
-        ):
-            await_checkpoint = (site.thread_id, site.checkpoint_id)
     else:
         raise InvalidIdempotencyKeyError(
             None,
             f"{spec.name!r} was called outside a LangGraph task, so no key can be derived "
             "from where it runs; give it key= or pass idempotency_key=",
+        )
+    if parent is not None and key in parent.chain:
+        raise InvalidIdempotencyKeyError(
+            key,
+            "is the key of an enclosing idempotent call that is still running; a nested "
+            "call with it would wait for itself. Give the nested call its own key",
         )
     return _Call(
         spec=spec,
@@ -759,7 +784,27 @@ def _build_call(
         invoke=invoke_factory(key),
         await_checkpoint=await_checkpoint,
         task_state=state,
+        legacy_key=legacy_key,
     )
+
+
+def _stable_task(site: _Site, ledger: _DurableBase) -> tuple[_TaskState, tuple[str, str] | None]:
+    """For a key derived from the task id: refuse a task id that a resume would not
+    rebuild, and name the checkpoint that must be stored before the key is used."""
+    if site.durability == "exit":
+        raise UnstableKeyError(
+            site.thread_id,
+            site.checkpoint_id,
+            "durability='exit' stores no checkpoint before the run ends, so a resumed "
+            "task runs under new task ids; use durability 'async' or 'sync'",
+        )
+    state = _task_state(site)
+    await_checkpoint = None
+    if not state.stored and site.thread_id and site.checkpoint_id and _same_db(
+        site.checkpointer, ledger
+    ):
+        await_checkpoint = (site.thread_id, site.checkpoint_id)
+    return state, await_checkpoint
 
 
 def _same_db(checkpointer: Any, ledger: _DurableBase) -> bool:
@@ -935,6 +980,23 @@ def _await_checkpoint(call: _Call) -> Generator[Any, Any, None]:
         delay = min(delay * 2, 0.2)
 
 
+def _adopt_legacy_key(call: _Call) -> Generator[Any, Any, None]:
+    """Keep replaying a tool call that this task recorded before the upgrade.
+
+    Tool keys used to be (thread, tool_call_id). A thread in flight across the upgrade
+    may have run the tool under that key in the task that is now resumed; claiming the
+    new key would run it a second time. The old row counts only if the same task made
+    it (a later turn reusing ``call_0`` is another task, so it runs). Costs one indexed
+    read per tool call; rows under the old scheme are never created any more."""
+    if call.legacy_key is None or call.task_id is None:
+        return
+    rows = yield _Op(
+        functools.partial(_op_one, LEGACY_TOOL_KEY_SQL, (call.legacy_key, call.thread_id, call.task_id))
+    )
+    if rows:
+        call.key = call.legacy_key
+
+
 def _protocol(call: _Call) -> Generator[Any, Any, Any]:
     """The plain (non-transactional) call: claim, run, record."""
     yield from _await_checkpoint(call)
@@ -1062,10 +1124,14 @@ def _tx_protocol(call: _Call) -> Generator[Any, Any, _Outcome]:
 
 
 def _enter(call: _Call) -> contextvars.Token[_Parent | None]:
-    return _PARENT.set(_Parent(call.key, call.thread_id, call.origin, call.ttl))
+    outer = _PARENT.get()
+    chain = (outer.chain if outer is not None else frozenset()) | {call.key}
+    return _PARENT.set(_Parent(call.key, call.thread_id, call.origin, call.ttl, chain=chain))
 
 
 def _run(call: _Call) -> Any:
+    if call.legacy_key is not None:
+        _drive(call, _adopt_legacy_key(call))
     if call.spec.transactional:
         _drive(call, _await_checkpoint(call))
         return _run_tx(call)
@@ -1099,6 +1165,8 @@ def _drive(call: _Call, gen: Generator[Any, Any, Any]) -> Any:
 
 
 async def _arun(call: _Call) -> Any:
+    if call.legacy_key is not None:
+        await _adrive(call, _adopt_legacy_key(call))
     if call.spec.transactional:
         await _adrive(call, _await_checkpoint(call))
         return await _arun_tx(call)
@@ -1131,13 +1199,30 @@ async def _adrive(call: _Call, gen: Generator[Any, Any, Any]) -> Any:
             throw = exc
 
 
+def _pooled(ledger: _DurableBase, pool_type: type) -> bool:
+    """Whether a transaction may hold one of the saver's connections for the whole call.
+
+    Only from a pool with room for more: the function may call the saver, or another
+    idempotent function, whose ops need a connection of the saver while the transaction
+    holds its own. On a single connection (or a pool of one) they would wait for the
+    transaction's connection for ever (the driver's lock is not reentrant, the pool
+    never gets it back). Such a saver's transactions get a connection of their own,
+    like its renewers do, so nested calls commit on their own exactly as with a pool:
+    a nested plain call's claim and record are never rolled back with the outer
+    transaction (reusing its connection would do that and repeat a nested external
+    effect after a crash)."""
+    conn = getattr(ledger, "conn", None)
+    return isinstance(conn, pool_type) and int(getattr(conn, "max_size", 1)) > 1
+
+
 @contextlib.contextmanager
 def _sync_connection(ledger: _DurableBase) -> Iterator[psycopg.Connection[Any]]:
-    if isinstance(ledger, DurablePostgresSaver):
+    if isinstance(ledger, DurablePostgresSaver) and _pooled(ledger, ConnectionPool):
         with ledger.connection() as conn:
             yield conn
         return
-    # An async saver's connections cannot serve a sync function: open one like them.
+    # A single-connection saver (see _pooled), or an async saver, whose connections
+    # cannot serve a sync function: open one like them.
     conn = psycopg.Connection.connect(
         cast(Any, ledger)._conninfo, autocommit=True, prepare_threshold=0, row_factory=dict_row
     )
@@ -1151,7 +1236,7 @@ def _sync_connection(ledger: _DurableBase) -> Iterator[psycopg.Connection[Any]]:
 
 @contextlib.asynccontextmanager
 async def _async_connection(ledger: _DurableBase) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    if isinstance(ledger, AsyncDurablePostgresSaver):
+    if isinstance(ledger, AsyncDurablePostgresSaver) and _pooled(ledger, AsyncConnectionPool):
         async with ledger.connection() as conn:
             yield conn
         return
