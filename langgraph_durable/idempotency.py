@@ -499,8 +499,8 @@ def idempotent(
 ) -> Any:
     """Make a function (sync or async) or a LangChain tool run at most once per key.
 
-    The key is, in order: ``key(*args, **kwargs)``, the model's ``tool_call_id``
-    (wrapped tools called by ``ToolNode``), the enclosing idempotent call's key plus an
+    The key is, in order: ``key(*args, **kwargs)``, the model's ``tool_call_id`` within
+    its task (wrapped tools called by ``ToolNode``), the enclosing idempotent call's key plus an
     index (nested calls), else a hash of (thread, checkpoint namespace, task id, index
     of the call within the task). See docs/idempotency.md for the full semantics.
 
@@ -1440,7 +1440,8 @@ def _config_param(fn: Callable[..., Any]) -> str | None:
 class IdempotentTool(BaseTool):
     """A LangChain tool whose calls go through the ledger. ``ToolNode`` sees the same
     name, description and argument schema as the wrapped tool; a tool call's key is
-    derived from the thread and the model's ``tool_call_id``."""
+    derived from the thread, the task running the calling AI message and the model's
+    ``tool_call_id`` (providers reuse ``call_0`` on every turn)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
