@@ -491,3 +491,22 @@ def test_defect11_a_nested_call_with_its_parents_key_fails_at_once(saver: Durabl
     with pytest.raises(InvalidIdempotencyKeyError, match="enclosing"):
         _bounded(outer)
     assert Ledger(saver).get(key) is None  # nothing half-written
+
+
+def test_defect11_transactional_on_a_pool_of_one(dsn: str, tx_table: str) -> None:
+    """A pool with one connection is a single connection too: the nested call used to
+    wait for the pool's only connection until psycopg_pool's PoolTimeout."""
+    tag = uuid.uuid4().hex[:8]
+    with DurablePostgresSaver.from_conn_string(dsn, pool_size=1) as saver:
+
+        @idempotent(ledger=saver, key=lambda: f"inner1:{tag}")
+        def inner() -> str:
+            return "inner"
+
+        @idempotent(ledger=saver, key=lambda: f"outer1:{tag}", transactional=True)
+        def outer(conn: psycopg.Connection[Any]) -> str:
+            conn.execute("SELECT 1")
+            return inner() + "+outer"
+
+        assert _bounded(outer) == _bounded(outer) == "inner+outer"
+        assert {Ledger(saver).get(f"{p}:{tag}").status for p in ("inner1", "outer1")} == {"completed"}  # type: ignore[union-attr]
