@@ -1215,6 +1215,16 @@ def _pooled(ledger: _DurableBase, pool_type: type) -> bool:
     return isinstance(conn, pool_type) and int(getattr(conn, "max_size", 1)) > 1
 
 
+def _prepare_threshold(ledger: _DurableBase) -> int | None:
+    """The saver's own setting (None behind a pgbouncer in transaction mode, which
+    cannot keep prepared statements), for the connection opened like its own."""
+    conn = getattr(ledger, "conn", None)
+    if isinstance(conn, psycopg.Connection | psycopg.AsyncConnection):
+        return conn.prepare_threshold
+    kwargs = getattr(conn, "kwargs", None) or {}
+    return cast("int | None", kwargs.get("prepare_threshold", 0))
+
+
 @contextlib.contextmanager
 def _sync_connection(ledger: _DurableBase) -> Iterator[psycopg.Connection[Any]]:
     if isinstance(ledger, DurablePostgresSaver) and _pooled(ledger, ConnectionPool):
@@ -1224,7 +1234,10 @@ def _sync_connection(ledger: _DurableBase) -> Iterator[psycopg.Connection[Any]]:
     # A single-connection saver (see _pooled), or an async saver, whose connections
     # cannot serve a sync function: open one like them.
     conn = psycopg.Connection.connect(
-        cast(Any, ledger)._conninfo, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        cast(Any, ledger)._conninfo,
+        autocommit=True,
+        prepare_threshold=_prepare_threshold(ledger),
+        row_factory=dict_row,
     )
     try:
         if ledger.schema:
@@ -1241,7 +1254,10 @@ async def _async_connection(ledger: _DurableBase) -> AsyncIterator[psycopg.Async
             yield conn
         return
     conn = await psycopg.AsyncConnection.connect(
-        cast(Any, ledger)._conninfo, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        cast(Any, ledger)._conninfo,
+        autocommit=True,
+        prepare_threshold=_prepare_threshold(ledger),
+        row_factory=dict_row,
     )
     try:
         if ledger.schema:

@@ -510,3 +510,37 @@ def test_defect11_transactional_on_a_pool_of_one(dsn: str, tx_table: str) -> Non
 
         assert _bounded(outer) == _bounded(outer) == "inner+outer"
         assert {Ledger(saver).get(f"{p}:{tag}").status for p in ("inner1", "outer1")} == {"completed"}  # type: ignore[union-attr]
+
+
+async def test_defect11_async_transactional_in_a_graph_on_one_connection(dsn: str, tx_table: str) -> None:
+    insert = psycopg.sql.SQL("INSERT INTO {} (v) VALUES (%s)").format(psycopg.sql.Identifier(tx_table))
+    aconn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, row_factory=dict_row)
+    try:
+        saver = AsyncDurablePostgresSaver(aconn)
+        runs: list[str] = []
+
+        @idempotent
+        async def confirm(seat: str) -> str:
+            runs.append(f"confirm {seat}")
+            return f"confirmed {seat}"
+
+        @idempotent(transactional=True)
+        async def book(conn: psycopg.AsyncConnection[Any], seat: str) -> str:
+            runs.append(f"book {seat}")
+            await conn.execute(insert, (seat,))
+            return await confirm(seat)
+
+        async def node(state: Order) -> dict[str, Any]:
+            return {"log": [await book(state["order"])]}
+
+        builder = StateGraph(Order)
+        builder.add_node("n", node)
+        builder.add_edge(START, "n")
+        builder.add_edge("n", END)
+        app = builder.compile(checkpointer=saver)
+        thread = k()
+        out = await asyncio.wait_for(app.ainvoke({"order": "4D", "log": []}, cfg(thread)), HANG_BOUND)
+        assert out["log"] == ["confirmed 4D"]
+        assert runs == ["book 4D", "confirm 4D"] and _rows(dsn, tx_table) == ["4D"]
+    finally:
+        await aconn.close()
