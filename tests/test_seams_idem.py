@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import os
+import signal
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -43,6 +47,11 @@ from langgraph_durable.idempotency import _digest
 
 # A regression must fail, not block the suite: far above any real duration.
 HANG_BOUND = 60.0
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHILD = os.path.join(HERE, "_child_seams_idem.py")
+sys.path.insert(0, HERE)
+import _child_seams_idem as child  # noqa: E402
 
 
 def k(prefix: str = "t") -> str:
@@ -160,6 +169,23 @@ async def test_defect9_async_tool_reused_call_id(asaver: AsyncDurablePostgresSav
     await app.ainvoke({"messages": [HumanMessage("email a")]}, cfg(thread))
     await app.ainvoke({"messages": [HumanMessage("email a again")]}, cfg(thread))
     assert sent == ["a@x", "a@x"]
+
+
+def test_defect9_a_tools_task_sigkilled_after_an_effect_replays_it(saver: DurablePostgresSaver, dsn: str) -> None:
+    """The task-scoped tool key survives a real crash: the child process dies inside the
+    tools task after call_0's email was recorded, before the task's writes were stored;
+    the resumed task (same task id, rebuilt from the stored checkpoint) replays it."""
+    child.create_table(dsn)
+    thread = k("kill")
+    proc = subprocess.run([sys.executable, CHILD, dsn, thread], timeout=120, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert child.emails(dsn, thread) == 1
+    app = child.build(saver, dsn, kill=False)
+    out = app.invoke(None, cfg(thread))
+    assert child.emails(dsn, thread) == 1  # replayed, not re-sent
+    assert _tool_contents(out) == ["sent to a@x", "found s"]
+    app.invoke({"messages": [HumanMessage("email a")]}, cfg(thread))  # call_0 again
+    assert child.emails(dsn, thread) == 2
 
 
 def _legacy_key(thread: str, tool_call_id: str) -> str:
