@@ -994,6 +994,8 @@ def _adopt_legacy_key(call: _Call) -> Generator[Any, Any, None]:
         functools.partial(_op_one, LEGACY_TOOL_KEY_SQL, (call.legacy_key, call.thread_id, call.task_id))
     )
     if rows:
+        # Only the key changes: a tool's invoke ignores the key it was built with, and
+        # calls nested in it are keyed from call.key when it runs (_enter).
         call.key = call.legacy_key
 
 
