@@ -188,6 +188,25 @@ def test_defect9_a_tools_task_sigkilled_after_an_effect_replays_it(saver: Durabl
     assert child.emails(dsn, thread) == 2
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_defect9_tool_calls_sent_one_per_task(saver: DurablePostgresSaver) -> None:
+    """``create_react_agent(version="v2")`` runs each tool call as its own ``Send`` task:
+    each turn's call_0 is another task, so it runs."""
+    from langgraph.prebuilt import create_react_agent
+
+    class Bindable(PerMessageIds):
+        def bind_tools(self, tools: Any, **kw: Any) -> Any:
+            return self
+
+    sent: list[str] = []
+    send_email = _email_tools(sent, ["warm"])[0]
+    app = create_react_agent(Bindable(), [send_email], checkpointer=saver, version="v2")
+    thread = k()
+    app.invoke({"messages": [HumanMessage("email a")]}, cfg(thread))
+    app.invoke({"messages": [HumanMessage("email a again")]}, cfg(thread))
+    assert sent == ["a@x", "a@x"]
+
+
 def _legacy_key(thread: str, tool_call_id: str) -> str:
     """The key the package derived for a tool call before this fix."""
     return "tool:" + _digest("tool", thread, tool_call_id)
