@@ -35,18 +35,21 @@ _TRIGGER_NAMES = frozenset({"__start__", "__pregel_tasks"})
 _TRIGGER_PREFIXES = ("branch:", "join:", "start:")
 
 # The head (latest root checkpoint) of each thread: what decides whether work is left,
-# without the channel values themselves (only which channels hold one).
+# without the channel values themselves (only which channels hold one). A field that
+# is not a JSON object (a damaged row) yields no keys instead of failing the whole
+# query; has_next_tasks counts unreadable versions as work left.
 HEADS_SQL = """
 SELECT DISTINCT ON (c.thread_id)
        c.thread_id, c.checkpoint_id,
        c.checkpoint -> 'channel_versions' AS channel_versions,
        c.checkpoint -> 'versions_seen' AS versions_seen,
        c.checkpoint -> 'updated_channels' AS updated_channels,
-       ARRAY(SELECT jsonb_object_keys(COALESCE(c.checkpoint -> 'channel_values', '{}'::jsonb)))
-           AS inline_channels,
+       ARRAY(SELECT jsonb_object_keys(c.checkpoint -> 'channel_values')
+             WHERE jsonb_typeof(c.checkpoint -> 'channel_values') = 'object') AS inline_channels,
        ARRAY(SELECT b.channel FROM checkpoint_blobs b,
-                    jsonb_each_text(COALESCE(c.checkpoint -> 'channel_versions', '{}'::jsonb)) AS v
-             WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+                    jsonb_each_text(c.checkpoint -> 'channel_versions') AS v
+             WHERE jsonb_typeof(c.checkpoint -> 'channel_versions') = 'object'
+               AND b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
                AND b.channel = v.key AND b.version = v.value AND b.type <> 'empty')
            AS blob_channels,
        ARRAY(SELECT DISTINCT w.channel FROM checkpoint_writes w
@@ -68,9 +71,12 @@ def _newest(versions: Iterable[Any]) -> Any:
 
 
 def has_next_tasks(head: Mapping[str, Any]) -> bool:
-    """Whether the next step of this head checkpoint would run a node."""
-    versions = head.get("channel_versions") or {}
+    """Whether the next step of this head checkpoint would run a node (True when the
+    checkpoint cannot be read this way: never delete what is not understood)."""
+    versions = head.get("channel_versions")
     seen = head.get("versions_seen") or {}
+    if not isinstance(versions, Mapping) or not isinstance(seen, Mapping):
+        return True
     updated = head.get("updated_channels")
     if not isinstance(updated, list):
         top = _newest(versions.values())

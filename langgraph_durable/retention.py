@@ -634,7 +634,11 @@ def _flow_retain(
             skipped: list[str] = []
             for r in locked:
                 reason = _protected(r["effective"], bool(r["leased"]), r["status"])
-                if reason is not None:
+                if r["thread_id"] in created and r["age_s"] is None:
+                    # No checkpoint left: deleted meanwhile (or by this batch's own
+                    # first attempt, committed before its reply was lost).
+                    skipped.append("gone")
+                elif reason is not None:
                     skipped.append(reason)
                 elif r["effective"] not in statuses or r["age_s"] is None or r["age_s"] <= older_than:
                     skipped.append("changed")
