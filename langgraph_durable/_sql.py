@@ -407,9 +407,26 @@ DELETE_THREADS_EXTRA_SQL = tuple(
     sql.SQL("DELETE FROM {} WHERE thread_id = ANY(%s)").format(sql.Identifier(t))
     for t in THREAD_TABLES
 )
+# Writes, blobs, then checkpoints: a write that slips in unserialized (a put outside
+# any lease takes no row lock) then leaves either a whole checkpoint or stray blobs,
+# never a checkpoint whose blobs were deleted under it.
 DELETE_STOCK_THREADS_SQL = tuple(
     sql.SQL("DELETE FROM {} WHERE thread_id = ANY(%s)").format(sql.Identifier(t))
     for t in STOCK_THREAD_TABLES
+)
+
+# Whole-thread deletes (delete_thread, prune(strategy="delete")) lock the thread rows
+# first, after the artifact locks (the order puts take them in), creating one for a
+# thread that has none (removed with the rest). A leased put in flight holds its row
+# FOR SHARE: the delete waits for its commit and then deletes what it wrote; the next
+# put fails its fence (LGD01: the row is gone) and a run starting waits, then finds
+# nothing. Without this, a put committing between the delete's statements left a
+# checkpoint whose blobs the next statement had deleted.
+LOCK_THREADS_FOR_DELETE_SQL = (
+    """INSERT INTO durable_threads (thread_id, status)
+       SELECT t, 'done' FROM unnest(%s::text[]) AS t ORDER BY t
+       ON CONFLICT (thread_id) DO NOTHING""",
+    "SELECT thread_id FROM durable_threads WHERE thread_id = ANY(%s) ORDER BY thread_id FOR UPDATE",
 )
 
 COPY_THREAD_SQL = (

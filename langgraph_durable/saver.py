@@ -58,7 +58,6 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.postgres.base import (
     _DELTA_PAGE_SIZE,
     INSERT_CHECKPOINT_WRITES_SQL,
-    PRUNE_DELETE_THREADS_SQL,
     PRUNE_STRATEGIES,
     SELECT_SQL,
     UPSERT_CHECKPOINT_BLOBS_SQL,
@@ -852,9 +851,9 @@ class _DurableBase(BasePostgresSaver):
             # Exclusive artifact lock: a put adding references to this thread waits, so
             # its reference rows are never deleted under it (see _artifact_stmts).
             Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, tid)),
-            Stmt("DELETE FROM checkpoints WHERE thread_id = %s", (tid,)),
-            Stmt("DELETE FROM checkpoint_blobs WHERE thread_id = %s", (tid,)),
-            Stmt("DELETE FROM checkpoint_writes WHERE thread_id = %s", (tid,)),
+            # Then the thread row: a leased put in flight commits first (see the SQL).
+            *[Stmt(s, ([tid],)) for s in _sql.LOCK_THREADS_FOR_DELETE_SQL],
+            *[Stmt(s, ([tid],)) for s in _sql.DELETE_STOCK_THREADS_SQL],
             *[Stmt(s, (tid,)) for s in _sql.DELETE_THREAD_EXTRA_SQL],
         ]
         yield Batch(stmts)
@@ -970,7 +969,8 @@ class _DurableBase(BasePostgresSaver):
             def delete_all() -> Op[None]:
                 yield Batch(
                     [Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, t)) for t in sorted(set(ids))]
-                    + [Stmt(s, (ids,)) for s in PRUNE_DELETE_THREADS_SQL]
+                    + [Stmt(s, (ids,)) for s in _sql.LOCK_THREADS_FOR_DELETE_SQL]
+                    + [Stmt(s, (ids,)) for s in _sql.DELETE_STOCK_THREADS_SQL]
                     # Everything delete_thread removes, so no lease, quarantine record
                     # or migration backup outlives the thread it describes.
                     + [Stmt(s, (ids,)) for s in _sql.DELETE_THREADS_EXTRA_SQL]

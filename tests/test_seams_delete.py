@@ -625,3 +625,79 @@ def test_delete_for_runs_of_the_last_run_deletes_the_thread_whole(
     gc(saver, grace=0)
     with DurablePostgresSaver.from_conn_string(dsn, schema=schema, artifact_threshold=THRESHOLD) as fresh:
         assert _doc_graph(fresh).get_state(_cfg("other")).values["turn"] == 0
+
+
+@pytest.mark.parametrize("how", ["delete_thread", "prune_delete"])
+def test_whole_thread_delete_waits_for_a_put_in_flight_and_leaves_nothing(
+    dsn: str, schema: str, saver: DurablePostgresSaver, how: str
+) -> None:
+    """A leased put is mid-transaction (its fence holds the thread row FOR SHARE, its
+    rows are written, not committed) when the operator deletes the thread. The delete
+    must wait for it and delete what it wrote: the old delete removed the checkpoints
+    first, without the row lock, and the put's checkpoint survived the "deleted" thread."""
+    tid = f"inflight-{how}"
+    _doc_thread(saver, tid, turns=1)
+    owner = "other-host:1:0:abc"
+    [(token,)] = _q(
+        dsn, schema,
+        "UPDATE durable_threads SET lease_owner = %s, lease_token = lease_token + 1, "
+        "lease_expires_at = now() + interval '5 minutes' WHERE thread_id = %s RETURNING lease_token",
+        owner, tid,
+    )
+    with psycopg.connect(dsn) as put:  # the other run's put, as _op_put sends it
+        put.execute(psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema)))
+        put.execute("SELECT durable_fence(%s, %s, %s)", (tid, token, owner))
+        put.execute(
+            "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
+            "VALUES (%s, '', 'late', '99', 'msgpack', %s)", (tid, b"\xa4late"),
+        )
+        put.execute(
+            "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, checkpoint, metadata) "
+            "VALUES (%s, '', 'ffffffff-late', %s, '{}')",
+            (tid, psycopg.types.json.Jsonb({"v": 4, "id": "ffffffff-late", "channel_versions": {"late": "99"}})),
+        )
+        failed: list[BaseException] = []
+
+        def delete() -> None:
+            try:
+                if how == "delete_thread":
+                    saver.delete_thread(tid)
+                else:
+                    saver.prune([tid], strategy="delete")
+            except BaseException as exc:
+                failed.append(exc)
+
+        deleter = threading.Thread(target=delete)
+        deleter.start()
+        deadline = time.monotonic() + 60
+        while not _n(dsn, schema, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                     "AND datname = current_database()"):
+            assert time.monotonic() < deadline and deleter.is_alive(), "the delete never waited for the put"
+            time.sleep(0.02)
+        put.commit()
+    deleter.join(60)
+    assert not failed, failed
+    assert {t: n for t, n in _rows_per_table(dsn, schema, tid).items() if n} == {}
+
+
+def test_retain_racing_a_lease_less_live_run_leaves_it_whole(dsn: str, schema: str) -> None:
+    """A saver with leases=False gives retention no lease to see; the run's head
+    checkpoint (its next node triggered, not run) says it is not finished."""
+    with DurablePostgresSaver.from_conn_string(
+        dsn, schema=schema, leases=False, artifact_threshold=THRESHOLD
+    ) as bare:
+        bare.setup()
+        _, release, runner, out = _gated_run(bare, "bare-live", "bare-run")
+        try:
+            before = _raw(dsn, schema, "bare-live")
+            report = retain(bare, older_than_days=0, keep_last=1)
+            assert report.deleted_thread_ids == [] and report.skipped == {"unfinished": 1}
+            assert _raw(dsn, schema, "bare-live") == before
+        finally:
+            release.set()
+            runner.join(120)
+        assert "error" not in out, out
+        with DurablePostgresSaver.from_conn_string(dsn, schema=schema, artifact_threshold=THRESHOLD) as fresh:
+            assert _two_nodes(fresh, lambda: None).get_state(_cfg("bare-live")).values == out["result"]
+        # Finished now: it may go.
+        assert retain(bare, older_than_days=0).deleted_thread_ids == ["bare-live"]
