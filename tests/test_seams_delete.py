@@ -701,3 +701,27 @@ def test_retain_racing_a_lease_less_live_run_leaves_it_whole(dsn: str, schema: s
             assert _two_nodes(fresh, lambda: None).get_state(_cfg("bare-live")).values == out["result"]
         # Finished now: it may go.
         assert retain(bare, older_than_days=0).deleted_thread_ids == ["bare-live"]
+
+
+@pytest.mark.parametrize("how", ["delete_thread", "prune_delete"])
+def test_whole_thread_delete_during_a_live_run_fences_it_and_leaves_nothing(
+    dsn: str, schema: str, saver: DurablePostgresSaver, how: str
+) -> None:
+    """The reference delete_for_runs was measured against: the thread goes, the run in
+    its second node ends with LeaseLostError, nothing of it is written afterwards."""
+    from langgraph_durable import LeaseLostError
+
+    tid = f"fenced-{how}"
+    _, release, runner, out = _gated_run(saver, tid, f"run-{how}")
+    with DurablePostgresSaver.from_conn_string(dsn, schema=schema, artifact_threshold=THRESHOLD) as op:
+        try:
+            if how == "delete_thread":
+                op.delete_thread(tid)
+            else:
+                op.prune([tid], strategy="delete")
+        finally:
+            release.set()
+            runner.join(120)
+    assert isinstance(out.get("error"), LeaseLostError), out
+    assert out["error"].thread_id == tid
+    assert {t: n for t, n in _rows_per_table(dsn, schema, tid).items() if n} == {}
