@@ -39,8 +39,18 @@ _TRIGGER_PREFIXES = ("branch:", "join:", "start:")
 # is not a JSON object (a damaged row) yields no keys instead of failing the whole
 # query; has_next_tasks counts unreadable versions as work left.
 HEADS_SQL = """
-SELECT DISTINCT ON (c.thread_id)
-       c.thread_id, c.checkpoint_id,
+WITH heads AS (
+    -- One backward primary-key probe per thread (LIMIT 1), so the arrays below are
+    -- computed for the heads only, not for every checkpoint of every thread.
+    SELECT h.* FROM unnest(%s::text[]) AS t(thread_id)
+    CROSS JOIN LATERAL (
+        SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.checkpoint
+        FROM checkpoints c
+        WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = ''
+        ORDER BY c.checkpoint_id DESC LIMIT 1
+    ) AS h
+)
+SELECT c.thread_id, c.checkpoint_id,
        c.checkpoint -> 'channel_versions' AS channel_versions,
        c.checkpoint -> 'versions_seen' AS versions_seen,
        c.checkpoint -> 'updated_channels' AS updated_channels,
@@ -55,9 +65,7 @@ SELECT DISTINCT ON (c.thread_id)
        ARRAY(SELECT DISTINCT w.channel FROM checkpoint_writes w
              WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
                AND w.checkpoint_id = c.checkpoint_id) AS write_channels
-FROM checkpoints c
-WHERE c.thread_id = ANY(%s) AND c.checkpoint_ns = ''
-ORDER BY c.thread_id, c.checkpoint_id DESC
+FROM heads c
 """
 
 
