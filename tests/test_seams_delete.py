@@ -725,3 +725,68 @@ def test_whole_thread_delete_during_a_live_run_fences_it_and_leaves_nothing(
     assert isinstance(out.get("error"), LeaseLostError), out
     assert out["error"].thread_id == tid
     assert {t: n for t, n in _rows_per_table(dsn, schema, tid).items() if n} == {}
+
+
+def test_defect4_finished_graphs_of_every_shape_are_judged_done(dsn: str, schema: str, saver: DurablePostgresSaver) -> None:
+    """The checkpoint judgement must not keep finished threads forever: Send fan-out
+    into a join, a subgraph node, the functional API, a static interrupt, each written
+    by the stock saver and by this one."""
+    from langgraph.func import entrypoint, task
+    from langgraph.types import Send
+
+    from langgraph_durable._completion import HEADS_SQL, inferred_status
+
+    class F(TypedDict, total=False):
+        xs: Annotated[list[str], operator.add]
+        a: str
+
+    def fan_out(cp: Any) -> Any:
+        g = StateGraph(F)
+        g.add_node("w", lambda s: {"xs": [s["a"]]})
+        g.add_node("p", lambda s: {"a": "p"})
+        g.add_node("j", lambda s: {"a": big("joined")})
+        g.add_conditional_edges(START, lambda s: [Send("w", {"a": str(i)}) for i in range(3)])
+        g.add_edge(START, "p")
+        g.add_edge(["w", "p"], "j")
+        g.add_edge("j", END)
+        return g.compile(checkpointer=cp)
+
+    def with_subgraph(cp: Any, interrupt_before: list[str] | None = None) -> Any:
+        sub = StateGraph(F)
+        sub.add_node("z", lambda s: {"a": "z"})
+        sub.add_edge(START, "z")
+        sub.add_edge("z", END)
+        g = StateGraph(F)
+        g.add_node("sub", sub.compile())
+        g.add_node("last", lambda s: {"xs": ["last"]})
+        g.add_edge(START, "sub")
+        g.add_edge("sub", "last")
+        g.add_edge("last", END)
+        return g.compile(checkpointer=cp, interrupt_before=interrupt_before)
+
+    def functional(cp: Any) -> Any:
+        @task
+        def inc(x: int) -> int:
+            return x + 1
+
+        @entrypoint(checkpointer=cp)
+        def main(x: int) -> int:
+            return inc(x).result()
+
+        return main
+
+    expected: dict[str, str] = {}
+    with PostgresSaver.from_conn_string(_schema_dsn(dsn, schema)) as stock:
+        for name, cp in (("stock", stock), ("durable", saver)):
+            fan_out(cp).invoke({"xs": []}, _cfg(f"{name}-fan"))
+            with_subgraph(cp).invoke({"xs": []}, _cfg(f"{name}-sub"))
+            functional(cp).invoke(1, _cfg(f"{name}-func"))
+            with_subgraph(cp, ["last"]).invoke({"xs": []}, _cfg(f"{name}-static"))
+            expected |= {f"{name}-fan": "done", f"{name}-sub": "done", f"{name}-func": "done",
+                         f"{name}-static": "running"}  # paused before 'last': work left
+    with psycopg.connect(dsn, row_factory=psycopg.rows.dict_row) as conn:
+        conn.execute(psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema)))
+        heads = {r["thread_id"]: r for r in conn.execute(HEADS_SQL, (sorted(expected),)).fetchall()}
+    assert {t: inferred_status(heads.get(t)) for t in expected} == expected
+    # A damaged head (versions not an object) counts as work left, never as done.
+    assert inferred_status({"channel_versions": [1], "versions_seen": {}, "write_channels": []}) == "running"
