@@ -790,3 +790,18 @@ def test_defect4_finished_graphs_of_every_shape_are_judged_done(dsn: str, schema
     assert {t: inferred_status(heads.get(t)) for t in expected} == expected
     # A damaged head (versions not an object) counts as work left, never as done.
     assert inferred_status({"channel_versions": [1], "versions_seen": {}, "write_channels": []}) == "running"
+
+
+def test_defect2_undo_after_retention_trim_and_gc_restores_a_loadable_thread(
+    dsn: str, schema: str, saver: DurablePostgresSaver
+) -> None:
+    """The same seam through retention's trim (keep_last), which deletes every blob no
+    remaining checkpoint names, the old doc's included."""
+    before = _doc_thread(saver, "trim")
+    migrate_threads(saver, "v1", "v2", registry=_registry(), thread_ids=["trim"])
+    report = retain(saver, older_than_days=30, keep_last=1)
+    assert report.threads_trimmed == 1
+    gc(saver, grace=0)
+    undo_migration(saver, "trim")
+    with DurablePostgresSaver.from_conn_string(dsn, schema=schema, artifact_threshold=THRESHOLD) as fresh:
+        assert _doc_graph(fresh.bind(graph_version="v1")).get_state(_cfg("trim")).values == before
