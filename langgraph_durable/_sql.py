@@ -381,17 +381,52 @@ FETCH_ARTIFACTS_SQL = "SELECT digest, data FROM durable_artifacts WHERE digest =
 
 # --- thread deletion / copy ----------------------------------------------------------
 
-DELETE_THREAD_EXTRA_SQL = (
-    "DELETE FROM durable_artifact_refs WHERE thread_id = %s",
-    "DELETE FROM durable_ledger WHERE thread_id = %s",
-    "DELETE FROM durable_quarantine WHERE thread_id = %s",
-    "DELETE FROM durable_migration_log WHERE thread_id = %s",
-    "DELETE FROM durable_threads WHERE thread_id = %s",
+# THE list of this package's tables keyed by thread (beside the stock checkpoints,
+# checkpoint_blobs, checkpoint_writes). Every path that deletes a thread (delete_thread,
+# prune(strategy="delete"), retain, delete_for_runs of its last run) deletes its rows
+# in all of them through the statements below: a migration backup or ledger row that
+# outlived its thread would keep data the user asked to delete (issue 11, defect 5).
+# A new per-thread table goes here; tests/test_seams_delete.py fails until it does.
+# durable_threads last: its row is what a run's lease and fence lock.
+THREAD_TABLES = (
+    "durable_artifact_refs",
+    "durable_ledger",
+    "durable_quarantine",
+    "durable_migration_log",
+    "durable_threads",
+)
+STOCK_THREAD_TABLES = ("checkpoint_writes", "checkpoint_blobs", "checkpoints")
+
+
+DELETE_THREAD_EXTRA_SQL = tuple(
+    sql.SQL("DELETE FROM {} WHERE thread_id = %s").format(sql.Identifier(t)) for t in THREAD_TABLES
 )
 
-# The same for many threads at once (prune(strategy="delete")).
+# The same for many threads at once (prune(strategy="delete"), retain, delete_for_runs).
 DELETE_THREADS_EXTRA_SQL = tuple(
-    s.replace("thread_id = %s", "thread_id = ANY(%s)") for s in DELETE_THREAD_EXTRA_SQL
+    sql.SQL("DELETE FROM {} WHERE thread_id = ANY(%s)").format(sql.Identifier(t))
+    for t in THREAD_TABLES
+)
+# Writes, blobs, then checkpoints: a write that slips in unserialized (a put outside
+# any lease takes no row lock) then leaves either a whole checkpoint or stray blobs,
+# never a checkpoint whose blobs were deleted under it.
+DELETE_STOCK_THREADS_SQL = tuple(
+    sql.SQL("DELETE FROM {} WHERE thread_id = ANY(%s)").format(sql.Identifier(t))
+    for t in STOCK_THREAD_TABLES
+)
+
+# Whole-thread deletes (delete_thread, prune(strategy="delete")) lock the thread rows
+# first, after the artifact locks (the order puts take them in), creating one for a
+# thread that has none (removed with the rest). A leased put in flight holds its row
+# FOR SHARE: the delete waits for its commit and then deletes what it wrote; the next
+# put fails its fence (LGD01: the row is gone) and a run starting waits, then finds
+# nothing. Without this, a put committing between the delete's statements left a
+# checkpoint whose blobs the next statement had deleted.
+LOCK_THREADS_FOR_DELETE_SQL = (
+    """INSERT INTO durable_threads (thread_id, status)
+       SELECT t, 'done' FROM unnest(%s::text[]) AS t ORDER BY t
+       ON CONFLICT (thread_id) DO NOTHING""",
+    "SELECT thread_id FROM durable_threads WHERE thread_id = ANY(%s) ORDER BY thread_id FOR UPDATE",
 )
 
 COPY_THREAD_SQL = (
@@ -415,27 +450,48 @@ COPY_THREAD_SQL = (
        ON CONFLICT DO NOTHING""",
 )
 
-# Checkpoints (and their writes) whose metadata names one of the runs.
+# Checkpoints (and their writes) whose metadata names one of the runs, in the threads
+# delete_for_runs locked and checked.
 DELETE_FOR_RUNS_SQL = (
     """DELETE FROM checkpoint_writes w USING checkpoints c
-       WHERE c.metadata ->> 'run_id' = ANY(%(runs)s)
+       WHERE c.metadata ->> 'run_id' = ANY(%(runs)s) AND c.thread_id = ANY(%(threads)s)
          AND w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
          AND w.checkpoint_id = c.checkpoint_id""",
-    "DELETE FROM checkpoints WHERE metadata ->> 'run_id' = ANY(%(runs)s) RETURNING thread_id",
+    """DELETE FROM checkpoints
+       WHERE metadata ->> 'run_id' = ANY(%(runs)s) AND thread_id = ANY(%(threads)s)
+       RETURNING thread_id""",
 )
 
 # delete_for_runs' cleanup: the threads holding checkpoints of the runs; their lease
 # rows, locked after their artifact locks (the order puts take them in), so a leased
-# put in flight commits first and the next one waits; then the blob rows no remaining
-# checkpoint of the same thread and namespace names by (channel, version). One pass
-# over the threads' channel_versions (a hash anti-join), not a probe per blob.
+# put in flight commits first and the next one waits, and checked: a live lease
+# refuses the whole delete (ThreadBusyError, see _DurableBase._op_delete_for_runs).
+# Threads without a row get one for the transaction (a run starting there waits for
+# it), removed again at its end. Then the blob rows no remaining checkpoint of the
+# same thread and namespace names by (channel, version). One pass over the threads'
+# channel_versions (a hash anti-join), not a probe per blob.
 RUN_THREADS_SQL = """
 SELECT DISTINCT thread_id FROM checkpoints WHERE metadata ->> 'run_id' = ANY(%(runs)s)
 ORDER BY thread_id
 """
+ENSURE_THREAD_ROWS_SQL = """
+INSERT INTO durable_threads (thread_id, status)
+SELECT t, 'done' FROM unnest(%(threads)s::text[]) AS t ORDER BY t
+ON CONFLICT (thread_id) DO NOTHING
+RETURNING thread_id
+"""
 LOCK_THREAD_ROWS_SQL = """
-SELECT thread_id FROM durable_threads WHERE thread_id = ANY(%(threads)s)
+SELECT thread_id, lease_owner,
+       EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS expires_in,
+       (lease_owner IS NOT NULL AND lease_expires_at > now()) AS leased
+FROM durable_threads WHERE thread_id = ANY(%(threads)s)
 ORDER BY thread_id FOR UPDATE
+"""
+# Threads the delete left without any checkpoint: deleted whole (every table).
+EMPTY_THREADS_SQL = """
+SELECT t AS thread_id FROM unnest(%(threads)s::text[]) AS t
+WHERE NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = t)
+ORDER BY t
 """
 DELETE_UNUSED_BLOBS_SQL = """
 WITH used AS MATERIALIZED (

@@ -180,6 +180,35 @@ class OrphanedWorkError(MigrationError):
         )
 
 
+class MigrationBackupError(MigrationError):
+    """``undo_migration`` refused: the backup names artifacts that are no longer
+    stored, so restoring it would leave the thread unloadable. Nothing was restored."""
+
+    def __init__(
+        self,
+        *,
+        thread_id: str,
+        checkpoint_id: str | None,
+        migration_id: int,
+        from_version: str | None,
+        to_version: str | None,
+        missing: list[str],
+    ) -> None:
+        DurableError.__init__(
+            self,
+            f"cannot undo migration {migration_id} ({from_version!r} -> {to_version!r}) of "
+            f"thread {thread_id!r} checkpoint {checkpoint_id!r}: its backup references "
+            f"{len(missing)} artifact(s) that are no longer stored ({', '.join(missing[:3])}"
+            f"{', ...' if len(missing) > 3 else ''}); the thread is left as it is",
+            thread_id=thread_id,
+            checkpoint_id=checkpoint_id,
+            migration_id=migration_id,
+            from_version=from_version,
+            to_version=to_version,
+            missing=missing,
+        )
+
+
 # --- poison ------------------------------------------------------------------------
 
 
@@ -372,6 +401,7 @@ __all__ = [
     "UnstableKeyError",
     "InvalidIdentifierError",
     "LeaseLostError",
+    "MigrationBackupError",
     "MigrationError",
     "NoLedgerError",
     "NotQuarantinedError",

@@ -45,6 +45,7 @@ from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable.errors import (
     ConfigurationError,
     DurableError,
+    MigrationBackupError,
     MigrationError,
     OrphanedWorkError,
     ThreadBusyError,
@@ -1244,21 +1245,87 @@ def migration_log(saver: Any, *, thread_id: str | None = None, limit: int = 50) 
     return list(saver.run_op(op))
 
 
-def op_undo(thread_id: str, migration_id: int | None = None) -> Op[dict[str, Any]]:
-    """Restore the rows a migration replaced, if the thread has not moved on since."""
+# The envelopes (artifact references) among a backup's blobs and writes.
+_BACKUP_ENVELOPES_SQL = """
+SELECT decode(e.blob, 'base64') AS blob FROM durable_migration_log l,
+       jsonb_to_recordset(l.old_blobs || l.old_writes) AS e(type text, blob text)
+WHERE l.id = %s AND e.type = %s AND e.blob IS NOT NULL
+"""
+# Which of them are stored, locked against GC until the undo commits (GC deletes an
+# artifact only with FOR UPDATE; a key-share lock makes it wait or skip the row).
+_LOCK_ARTIFACTS_SQL = "SELECT digest FROM durable_artifacts WHERE digest = ANY(%b) FOR KEY SHARE"
+
+
+def _op_verify_backup(saver: Any, tid: str, log: Mapping[str, Any]) -> Op[list[bytes]]:
+    """Every artifact the backup's envelopes need (chunk children included) is stored
+    and now locked; returns their digests. Else ``MigrationBackupError``, nothing done."""
+    from langgraph_durable.artifacts import REF_TYPE
+    from langgraph_durable.retention import _op_closure
+
+    rows = yield Batch([Stmt(_BACKUP_ENVELOPES_SQL, (log["id"], REF_TYPE), fetch=True, prepare=False)])
+    pairs = [(REF_TYPE, bytes(r["blob"])) for r in rows[0]]
+    if not pairs:
+        return []
+    where = {"thread_id": tid, "checkpoint_ns": log["checkpoint_ns"], "checkpoint_id": log["checkpoint_id"]}
+    need = sorted((yield from _op_closure(saver, pairs, where)))
+    found = yield Batch([Stmt(_LOCK_ARTIFACTS_SQL, (need,), fetch=True, prepare=False)])
+    missing = sorted(set(need) - {bytes(r["digest"]) for r in found[0]})
+    if missing:
+        from langgraph_durable.errors import ArtifactNotFoundError
+
+        cause = ArtifactNotFoundError(missing[0].hex(), **where)
+        raise MigrationBackupError(
+            thread_id=tid,
+            checkpoint_id=log["checkpoint_id"],
+            migration_id=int(log["id"]),
+            from_version=log["from_version"],
+            to_version=log["to_version"],
+            missing=[d.hex() for d in missing],
+        ) from cause
+    return need
+
+
+def op_undo(
+    thread_id: str,
+    migration_id: int | None = None,
+    *,
+    saver: Any = None,
+    attempt: dict[str, Any] | None = None,
+) -> Op[dict[str, Any]]:
+    """Restore the rows a migration replaced, if the thread has not moved on since.
+
+    With ``saver`` (``undo_migration`` always passes it) the backup is verified first:
+    every artifact its blobs and writes reference must still be stored, else
+    ``MigrationBackupError`` and nothing is touched; the thread's reference rows are
+    then re-added for them, so a later GC keeps what the restored rows use.
+
+    ``attempt``: a dict shared by the attempts of one call (the driver re-runs the op
+    after a lost connection). The first attempt records the migration it undoes; a
+    retry after a commit whose reply was lost then finds that one undone and reports
+    it, instead of undoing the migration before it too."""
+    from langgraph_durable import _sql
+
     tid = str(thread_id)
+    if attempt is not None and "id" in attempt:
+        migration_id = int(attempt["id"])
     rows = yield Batch(
         [
+            # The thread's artifact lock (shared, as a put takes it), before the row lock
+            # below: the order every writer takes them in.
+            Stmt(_sql.ARTIFACT_LOCK_SHARED_SQL, (_sql.ARTIFACT_LOCK_CLASS, tid)),
             Stmt(LOCK_THREAD_SQL, (tid,), fetch=True),
             Stmt(
-                "SELECT id, checkpoint_ns, checkpoint_id, from_version, to_version "
-                "FROM durable_migration_log WHERE thread_id = %s AND undone_at IS NULL "
+                "SELECT id, checkpoint_ns, checkpoint_id, from_version, to_version, "
+                "undone_at IS NOT NULL AS undone "
+                "FROM durable_migration_log WHERE thread_id = %s "
+                "AND (undone_at IS NULL OR %s) "
                 "AND (%s::bigint IS NULL OR id = %s) ORDER BY id DESC LIMIT 1 FOR UPDATE",
-                (tid, migration_id, migration_id),
+                (tid, attempt is not None and "id" in attempt, migration_id, migration_id),
                 fetch=True,
             ),
         ]
     )
+    rows = rows[1:]
     lease = rows[0][0] if rows[0] else None
     if lease and lease["lease_owner"] and (lease["expires_in"] or 0) > 0:
         raise ThreadBusyError(tid, lease["lease_owner"], lease["expires_in"])
@@ -1271,6 +1338,17 @@ def op_undo(thread_id: str, migration_id: int | None = None) -> Op[dict[str, Any
             to_version=None,
         )
     log = rows[1][0]
+    result = {
+        "migration_id": log["id"],
+        "thread_id": tid,
+        "checkpoint_id": log["checkpoint_id"],
+        "restored_version": log["from_version"],
+        "undone_version": log["to_version"],
+    }
+    if log["undone"]:  # this call's own earlier attempt committed
+        return result
+    if attempt is not None:
+        attempt["id"] = log["id"]
     head = yield Batch(
         [
             Stmt(
@@ -1292,9 +1370,14 @@ def op_undo(thread_id: str, migration_id: int | None = None) -> Op[dict[str, Any
             from_version=log["from_version"],
             to_version=log["to_version"],
         )
+    digests: list[bytes] = []
+    if saver is not None:
+        digests = yield from _op_verify_backup(saver, tid, log)
     where = (tid, log["checkpoint_ns"], log["checkpoint_id"])
+    refs = [Stmt(_sql.INSERT_ARTIFACT_REF_SQL, (tid, digests))] if digests else []
     yield Batch(
         [
+            *refs,
             Stmt(
                 "UPDATE checkpoints c SET checkpoint = l.old_checkpoint, metadata = l.old_metadata "
                 "FROM durable_migration_log l WHERE l.id = %s "
@@ -1329,19 +1412,16 @@ def op_undo(thread_id: str, migration_id: int | None = None) -> Op[dict[str, Any
             Stmt(SET_THREAD_VERSION_SQL, (log["from_version"], tid)),
         ]
     )
-    return {
-        "migration_id": log["id"],
-        "thread_id": tid,
-        "checkpoint_id": log["checkpoint_id"],
-        "restored_version": log["from_version"],
-        "undone_version": log["to_version"],
-    }
+    return result
 
 
 def undo_migration(saver: Any, thread_id: str, migration_id: int | None = None) -> dict[str, Any]:
     """Put back the checkpoint a migration rewrote (latest migration of the thread, or
     ``migration_id``), byte for byte, provided the thread has not run since."""
-    return dict(saver.run_op(lambda: op_undo(thread_id, migration_id)))
+    attempt: dict[str, Any] = {}
+    return dict(
+        saver.run_op(lambda: op_undo(thread_id, migration_id, saver=saver, attempt=attempt))
+    )
 
 
 __all__ = [
