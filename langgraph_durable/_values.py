@@ -28,6 +28,15 @@ _MAX_CHILDREN = 100_000
 
 Reject = Callable[[Any], "str | None"]
 
+# What LangGraph writes as checkpoint "ts" (ISO 8601). SQL casts only text that matches,
+# so one damaged row cannot fail a listing or a retention run over every thread.
+# (A day that does not exist in its month, 2024-02-30, still passes: ts is written by
+# LangGraph's own clock, so only deliberate damage produces one.)
+ISO_TS_RE = (
+    r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[T ]([01]\d|2[0-3]):[0-5]\d:[0-5]\d"
+    r"(\.\d{1,6})?(Z|[+-]\d{2}(:?\d{2})?)?$"
+)
+
 
 def text_problem(value: str) -> str | None:
     """Why PostgreSQL text (and JSON) cannot hold ``value``, or None."""

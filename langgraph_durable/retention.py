@@ -47,6 +47,7 @@ from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
 
 from langgraph_durable import _sql
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
+from langgraph_durable._values import ISO_TS_RE
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import CheckpointLoadError, ConfigurationError
 
@@ -176,6 +177,11 @@ FROM durable_threads t WHERE t.thread_id = ANY(%(ids)s)
 ORDER BY t.thread_id
 FOR UPDATE OF t
 """
+
+# Only ISO timestamps are cast (a damaged "ts" must not fail the whole survey).
+_THREADS_SQL, _LOCK_ROWS_SQL = (
+    q.replace("'^\\d{4}-\\d{2}-\\d{2}'", "'" + ISO_TS_RE + "'") for q in (_THREADS_SQL, _LOCK_ROWS_SQL)
+)
 
 _STAT = "SELECT count(*)::bigint AS n, COALESCE(sum({size}), 0)::bigint AS bytes FROM {table} WHERE thread_id = ANY(%s)"
 _DEL = (
