@@ -80,6 +80,13 @@ class UnencodableValueError(SerializationError):
     type the serializer refuses). The serializer's or the database's error is the
     ``__cause__``."""
 
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str | None
+    path: str
+    value_type: str
+    reason: str
+
     def __init__(
         self,
         *,
@@ -107,6 +114,10 @@ class InvalidThreadIdError(DurableError, ValueError):
     PostgreSQL text holds no NUL character and no lone UTF-16 surrogate. Raised before
     anything is read or written."""
 
+    value: str
+    reason: str
+    key: str
+
     def __init__(self, value: str, reason: str, *, key: str = "thread_id") -> None:
         super().__init__(
             f"invalid {key} {value!r}: {reason} (PostgreSQL text cannot store it)",
@@ -120,6 +131,13 @@ class StatementCanceledError(DurableError):
     """The database canceled a statement of this operation (``statement_timeout``,
     ``lock_timeout`` or a cancel request); its transaction was rolled back, so nothing
     of the write was stored. ``reason`` is the server's wording."""
+
+    operation: str
+    thread_id: str | None
+    checkpoint_ns: str | None
+    checkpoint_id: str | None
+    reason: str
+    sqlstate: str | None
 
     def __init__(
         self,
@@ -147,6 +165,9 @@ class StatementCanceledError(DurableError):
 class ThreadExistsError(DurableError):
     """``copy_thread`` was asked to copy into a thread that already has checkpoints:
     merging two histories would interleave them by checkpoint id. Nothing was copied."""
+
+    source_thread_id: str
+    target_thread_id: str
 
     def __init__(self, source_thread_id: str, target_thread_id: str) -> None:
         super().__init__(
