@@ -398,3 +398,37 @@ def test_copy_thread_refuses_to_merge_into_an_existing_thread(dsn: str, saver: D
     assert [c.config["configurable"]["checkpoint_id"] for c in saver.list(cfg("copy-b"))] == history_b
     saver.copy_thread("copy-a", "copy-c")  # a new target works as before
     assert graph.get_state(cfg("copy-c")).values["docs"][0].startswith("from a")
+
+
+async def test_async_saver_gives_the_same_typed_errors(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The ops are shared; this covers the async driver (its pipeline) and twins."""
+    from langgraph_durable import AsyncDurablePostgresSaver
+
+    short = f"{dsn} options='-c statement_timeout=300'"
+    async with AsyncDurablePostgresSaver.from_conn_string(short) as saver:
+        graph = builder().compile(checkpointer=saver)
+        await graph.ainvoke({"docs": ["a"]}, cfg("async-a"))
+        with pytest.raises(ThreadExistsError):
+            await saver.acopy_thread("async-a", "async-a")
+        with pytest.raises(UnencodableValueError) as err:
+            await graph.ainvoke({"docs": [{"deep": [0, 2**70]}]}, cfg("async-big"), durability="sync")
+        assert err.value.path == "input['docs'][0]['deep'][1]"
+        with pytest.raises(InvalidThreadIdError):
+            await graph.ainvoke({"docs": ["a"]}, cfg("x\x00y"))
+
+        await saver.arun_op(lambda: saver._op_acquire("async-fenced", "other-host:1:x", None, None))
+        conf = {"configurable": {"thread_id": "async-fenced", "checkpoint_ns": "", "checkpoint_id": "c"}}
+        with caplog.at_level(logging.DEBUG, logger="psycopg"):
+            for n in (500, 5000):
+                with pytest.raises(ThreadBusyError):
+                    await saver.aput_writes(conf, [(f"c{i}", i) for i in range(n)], "task-1")  # type: ignore[arg-type]
+        assert not [r for r in caplog.records if "error ignored" in r.getMessage()]
+
+        async with await psycopg.AsyncConnection.connect(dsn) as locker:
+            await locker.execute("LOCK TABLE checkpoints IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(StatementCanceledError) as canceled:
+                await saver.aget_tuple(cfg("async-a"))
+            assert canceled.value.thread_id == "async-a"
+            with pytest.raises(StatementCanceledError):
+                [t async for t in saver.alist(cfg("async-a"))]
+            await locker.rollback()
