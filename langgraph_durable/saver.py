@@ -1155,7 +1155,12 @@ class _DurableBase(BasePostgresSaver):
         pairs = [(r["type"], r["blob"]) for r in stage2 if r["type"] and r["blob"] is not None]
         local: dict[bytes, bytes] | None = None
         if any(self.codec.is_ref(t) for t, _ in pairs):
-            local = yield from self._op_resolve(pairs, where)
+            try:
+                local = yield from self._op_resolve(pairs, where)
+            except (DurableError, psycopg.Error):
+                raise
+            except Exception as exc:  # an envelope that does not parse
+                raise _load_error(where, "an artifact envelope", exc) from exc
         # The stock helper only reads ``self.serde``: give it one that resolves refs.
         shim = SimpleNamespace(serde=_ResolvingSerde(self, where, local))
         return BasePostgresSaver._build_delta_channels_writes_history(

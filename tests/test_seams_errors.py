@@ -221,7 +221,8 @@ def test_damaged_row_is_a_load_error_quarantines_and_is_reported(
         assert result.exit_code == 0, (args, result.output)
     # diff loads both checkpoints: a typed message and exit 1, never a traceback.
     diff = runner.invoke(app, ["threads", "diff", t, "latest~1", "latest", "--dsn", dsn])
-    assert diff.exit_code == 1 and diff.exception is None or isinstance(diff.exception, SystemExit)
+    assert diff.exit_code == 1 and isinstance(diff.exception, SystemExit), diff.output
+    assert diff.output.startswith("error: ") and "Traceback" not in diff.output
 
     # A run start fails closed: quarantined at once, nothing ran.
     with pytest.raises(PoisonCheckpointError) as poisoned:

@@ -58,7 +58,8 @@ def _saver(dsn: str | None, schema: str | None) -> Iterator[Any]:
         with open_saver(dsn, schema) as saver:
             yield saver
     except DurableError as exc:
-        err_console.print(f"[red]error:[/] {exc}", markup=False, highlight=False)
+        # Text, not markup: a message may hold brackets (ids, reprs of values).
+        err_console.print(Text.assemble(("error: ", "red"), str(exc)), highlight=False)
         raise typer.Exit(1) from None
 
 
