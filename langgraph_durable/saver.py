@@ -152,6 +152,25 @@ def _jsonb(obj: Any) -> Jsonb:
     return Jsonb(obj, dumps=_jsonb_dumps)
 
 
+def _as_is(text: Any) -> Any:
+    return text
+
+
+def _jsonb_now(obj: Any) -> Jsonb:
+    """JSON dumped now, not when psycopg adapts the parameter: an error then, inside a
+    pipeline sent as one implicit transaction, would leave the statements sent before
+    it to commit (blobs and artifacts without their checkpoint). Same cost, earlier."""
+    return Jsonb(_jsonb_dumps(obj), dumps=_as_is)
+
+
+def _json_problem(value: Any) -> str | None:
+    try:
+        _jsonb_dumps(value)
+    except Exception as exc:
+        return f"{type(value).__name__} is not JSON ({type(exc).__name__}: {exc})"
+    return None
+
+
 @dataclass(frozen=True)
 class PoisonRecord:
     """What ``on_poison`` receives when a thread is quarantined.
@@ -891,6 +910,14 @@ class _DurableBase(BasePostgresSaver):
                 blob_rows.append((thread_id, checkpoint_ns, k, cast(str, ver), enc.type, enc.data))
         fence, lease = self._fence(thread_id, raising=True)
         md = self._stamp(config, metadata, lease)
+        try:
+            cp_json, md_json = _jsonb_now(copy), _jsonb_now(md)
+        except Exception as exc:  # metadata a caller put in config["metadata"]
+            found = _values.find_unencodable(md, _json_problem, "metadata")
+            path, culprit, reason = found or ("checkpoint", copy, f"{type(exc).__name__}: {exc}")
+            raise UnencodableValueError(
+                **where, path=path, value_type=type(culprit).__name__, reason=reason
+            ) from exc
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         lock = art_stmts[:1]
         stmts = [*lock, fence, *art_stmts[1:]]
@@ -899,7 +926,7 @@ class _DurableBase(BasePostgresSaver):
         stmts.append(
             Stmt(
                 UPSERT_CHECKPOINTS_SQL,
-                (thread_id, checkpoint_ns, checkpoint["id"], parent_id, _jsonb(copy), _jsonb(md)),
+                (thread_id, checkpoint_ns, checkpoint["id"], parent_id, cp_json, md_json),
             )
         )
         if VERSION_KEY not in md and parent_id:

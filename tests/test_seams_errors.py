@@ -433,3 +433,26 @@ async def test_async_saver_gives_the_same_typed_errors(dsn: str, caplog: pytest.
             with pytest.raises(StatementCanceledError):
                 [t async for t in saver.alist(cfg("async-a"))]
             await locker.rollback()
+
+
+def test_unstorable_metadata_names_its_key_and_leaves_no_blob_behind(
+    dsn: str, saver: DurablePostgresSaver
+) -> None:
+    conf = {"configurable": {"thread_id": "bad-metadata", "checkpoint_ns": ""}}
+    for md, path, cause in (
+        # not JSON: used to fail while psycopg adapted it, inside the pipeline, after
+        # the blob and artifact statements were sent: those committed without it
+        ({"step": 1, "obj": object()}, "metadata['obj']", TypeError),
+        # JSON PostgreSQL refuses
+        ({"step": 1, "user": "caf\ud800"}, "metadata['user']", psycopg.DataError),
+    ):
+        cp = empty_checkpoint()
+        cp["channel_values"] = {"small": [1, 2], "big": "x" * 5000}
+        cp["channel_versions"] = {"small": "1", "big": "1"}
+        with pytest.raises(UnencodableValueError) as err:
+            saver.put(conf, cp, md, {"small": "1", "big": "1"})  # type: ignore[arg-type]
+        assert err.value.path == path and err.value.checkpoint_id == cp["id"]
+        assert isinstance(err.value.__cause__, cause)
+        assert counts(dsn, "bad-metadata") == {"checkpoints": 0, "checkpoint_blobs": 0, "checkpoint_writes": 0}
+        assert rows(dsn, "SELECT count(*)::int AS n FROM durable_artifact_refs WHERE thread_id = %s",
+                    "bad-metadata")[0]["n"] == 0
