@@ -1068,19 +1068,25 @@ class _DurableBase(BasePostgresSaver):
         # Copying into a thread with checkpoints would interleave two histories by
         # checkpoint id (ON CONFLICT DO NOTHING keeps the target's rows): refuse. The
         # target's exclusive artifact lock makes a put with artifacts into it wait.
-        rows = yield Batch(
-            [
-                Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, params["target"])),
-                Stmt(
-                    "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s) AS taken",
-                    (params["target"],),
-                    fetch=True,
-                ),
-            ]
-        )
-        if rows[1][0]["taken"]:
-            raise ThreadExistsError(params["source"], params["target"])
-        yield Batch([Stmt(s, params) for s in _sql.COPY_THREAD_SQL])
+        try:
+            rows = yield Batch(
+                [
+                    Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, params["target"])),
+                    Stmt(
+                        "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s) AS taken",
+                        (params["target"],),
+                        fetch=True,
+                    ),
+                ]
+            )
+            if rows[1][0]["taken"]:
+                raise ThreadExistsError(params["source"], params["target"])
+            yield Batch([Stmt(s, params) for s in _sql.COPY_THREAD_SQL])
+        except psycopg.Error as exc:
+            err = _values.canceled_error(exc, "copy_thread", params["target"])
+            if err is None:
+                raise
+            raise err from exc
 
     def _op_stock(self, statements: Any) -> Op[None]:
         """Run one of the stock saver's prune statement generators."""

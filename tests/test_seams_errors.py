@@ -360,6 +360,9 @@ def test_statement_timeout_is_typed_and_writes_nothing(dsn: str) -> None:
         assert err.value.operation == "get_tuple"
         with pytest.raises(StatementCanceledError):
             list(saver.list(cfg("timeout")))
+        with pytest.raises(StatementCanceledError) as err:
+            saver.copy_thread("timeout", "timeout-copy")
+        assert err.value.operation == "copy_thread" and err.value.thread_id == "timeout-copy"
         locker.rollback()
     assert counts(dsn, "timeout") == {"checkpoints": 0, "checkpoint_blobs": 0, "checkpoint_writes": 0}
 
