@@ -188,6 +188,8 @@ def locate(values: Mapping[str, Any], reject: Reject, root: str) -> tuple[str, A
 def check_ids(thread_id: Any, checkpoint_ns: Any = "", checkpoint_id: Any = None) -> None:
     """Refuse ids PostgreSQL text cannot hold, before any statement is sent (psycopg
     would raise DataError for a NUL, UnicodeEncodeError for a lone surrogate)."""
+    if _plain_id(thread_id) and _plain_id(checkpoint_ns) and _plain_id(checkpoint_id):
+        return  # nearly always: ASCII without NUL
     from langgraph_durable.errors import InvalidThreadIdError
 
     for key, value in (
@@ -204,6 +206,10 @@ def check_ids(thread_id: Any, checkpoint_ns: Any = "", checkpoint_id: Any = None
                 except UnicodeEncodeError as exc:
                     cause = exc  # what psycopg would have raised
                 raise InvalidThreadIdError(value, problem, key=key) from cause
+
+
+def _plain_id(value: Any) -> bool:
+    return not isinstance(value, str) or (value.isascii() and "\x00" not in value)
 
 
 def canceled_error(
