@@ -245,15 +245,36 @@ class SyncDriver:
         # Results are read after the block: leaving it syncs once and receives them
         # all. An explicit pipe.sync() inside it cost a second round trip (the exit
         # syncs again), ~0.05 ms per op: a third of a small put.
-        with conn.pipeline():
-            curs = []
-            for s in stmts:
-                cur = conn.cursor(binary=True, row_factory=dict_row)
-                if s.many:
-                    cur.executemany(s.sql, s.params)
-                else:
-                    cur.execute(s.sql, s.params, prepare=s.prepare)
-                curs.append(cur)
+        curs = []
+        failed: psycopg.Error | None = None
+        try:
+            with conn.pipeline():
+                try:
+                    for s in stmts:
+                        cur = conn.cursor(binary=True, row_factory=dict_row)
+                        curs.append(cur)
+                        if s.many:
+                            cur.executemany(s.sql, s.params)
+                        else:
+                            cur.execute(s.sql, s.params, prepare=s.prepare)
+                except psycopg.Error as exc:
+                    failed = exc
+        except psycopg.errors.PipelineAborted:
+            if failed is None:
+                raise
+        except BaseException:
+            for cur in curs:
+                cur.close()
+            raise
+        if failed is not None:
+            # A statement failed while the block was still sending (psycopg reads
+            # results as they arrive, e.g. in executemany). The block was left without
+            # an exception, so psycopg does not log "error ignored terminating Pipeline"
+            # about the PipelineAborted its closing sync reports: the statement's own
+            # error is the only one the op (and the user) sees.
+            for cur in curs:
+                cur.close()
+            raise failed
         out = [cur.fetchall() if s.fetch else [] for s, cur in zip(stmts, curs, strict=True)]
         for cur in curs:
             cur.close()
@@ -393,15 +414,31 @@ class AsyncDriver:
                     out.append(await cur.fetchall() if s.fetch else [])
             return out
         # Results are read after the block: one sync (see SyncDriver._execute).
-        async with conn.pipeline():
-            curs = []
-            for s in stmts:
-                cur = conn.cursor(binary=True, row_factory=dict_row)
-                if s.many:
-                    await cur.executemany(s.sql, s.params)
-                else:
-                    await cur.execute(s.sql, s.params, prepare=s.prepare)
-                curs.append(cur)
+        curs = []
+        failed: psycopg.Error | None = None
+        try:
+            async with conn.pipeline():
+                try:
+                    for s in stmts:
+                        cur = conn.cursor(binary=True, row_factory=dict_row)
+                        curs.append(cur)
+                        if s.many:
+                            await cur.executemany(s.sql, s.params)
+                        else:
+                            await cur.execute(s.sql, s.params, prepare=s.prepare)
+                except psycopg.Error as exc:
+                    failed = exc
+        except psycopg.errors.PipelineAborted:
+            if failed is None:
+                raise
+        except BaseException:
+            for cur in curs:
+                await cur.close()
+            raise
+        if failed is not None:  # see SyncDriver._execute
+            for cur in curs:
+                await cur.close()
+            raise failed
         out = [
             (await cur.fetchall()) if s.fetch else []
             for s, cur in zip(stmts, curs, strict=True)

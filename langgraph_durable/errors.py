@@ -71,6 +71,114 @@ class CheckpointLoadError(DurableError):
         )
 
 
+class UnencodableValueError(SerializationError):
+    """A value cannot be stored as given; nothing of the write was stored.
+
+    ``path`` locates it inside what was written (``state['docs'][3]``,
+    ``writes['docs'][0].content``, ``metadata['user']``); ``reason`` says why (an int
+    beyond msgpack's 64 bits, a NUL or a lone surrogate where PostgreSQL needs text, a
+    type the serializer refuses). The serializer's or the database's error is the
+    ``__cause__``."""
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str | None
+    path: str
+    value_type: str
+    reason: str
+
+    def __init__(
+        self,
+        *,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str | None,
+        path: str,
+        value_type: str,
+        reason: str,
+    ) -> None:
+        super().__init__(
+            f"cannot store {path} (thread {thread_id!r}, checkpoint {checkpoint_id!r}): "
+            f"{reason}; nothing was written",
+            value_type=value_type,
+            thread_id=thread_id,
+            checkpoint_ns=checkpoint_ns,
+            checkpoint_id=checkpoint_id,
+            path=path,
+            reason=reason,
+        )
+
+
+class InvalidThreadIdError(DurableError, ValueError):
+    """A thread id (or checkpoint namespace / id, named by ``key``) cannot be stored:
+    PostgreSQL text holds no NUL character and no lone UTF-16 surrogate. Raised before
+    anything is read or written."""
+
+    value: str
+    reason: str
+    key: str
+
+    def __init__(self, value: str, reason: str, *, key: str = "thread_id") -> None:
+        super().__init__(
+            f"invalid {key} {value!r}: {reason} (PostgreSQL text cannot store it)",
+            value=value,
+            reason=reason,
+            key=key,
+        )
+
+
+class StatementCanceledError(DurableError):
+    """The database canceled a statement of this operation (``statement_timeout``,
+    ``lock_timeout`` or a cancel request); its transaction was rolled back, so nothing
+    of the write was stored. ``reason`` is the server's wording."""
+
+    operation: str
+    thread_id: str | None
+    checkpoint_ns: str | None
+    checkpoint_id: str | None
+    reason: str
+    sqlstate: str | None
+
+    def __init__(
+        self,
+        *,
+        operation: str,
+        thread_id: str | None,
+        checkpoint_ns: str | None,
+        checkpoint_id: str | None,
+        reason: str,
+        sqlstate: str | None,
+    ) -> None:
+        super().__init__(
+            f"{operation} on thread {thread_id!r} (checkpoint {checkpoint_id!r}) was canceled "
+            f"by the database: {reason}; its transaction was rolled back. Raise the "
+            "statement_timeout / lock_timeout of the saver's connections if it is too short.",
+            operation=operation,
+            thread_id=thread_id,
+            checkpoint_ns=checkpoint_ns,
+            checkpoint_id=checkpoint_id,
+            reason=reason,
+            sqlstate=sqlstate,
+        )
+
+
+class ThreadExistsError(DurableError):
+    """``copy_thread`` was asked to copy into a thread that already has checkpoints:
+    merging two histories would interleave them by checkpoint id. Nothing was copied."""
+
+    source_thread_id: str
+    target_thread_id: str
+
+    def __init__(self, source_thread_id: str, target_thread_id: str) -> None:
+        super().__init__(
+            f"cannot copy thread {source_thread_id!r} into {target_thread_id!r}: "
+            f"{target_thread_id!r} already has checkpoints and copy_thread never merges "
+            "histories; copy into a new thread id, or delete the target first",
+            source_thread_id=source_thread_id,
+            target_thread_id=target_thread_id,
+        )
+
+
 # --- artifacts ---------------------------------------------------------------------
 
 
@@ -398,6 +506,7 @@ __all__ = [
     "IdempotencyError",
     "IdempotentCallFailedError",
     "InvalidIdempotencyKeyError",
+    "InvalidThreadIdError",
     "UnstableKeyError",
     "InvalidIdentifierError",
     "LeaseLostError",
@@ -409,5 +518,8 @@ __all__ = [
     "OutcomeUnknownError",
     "PoisonCheckpointError",
     "SerializationError",
+    "StatementCanceledError",
     "ThreadBusyError",
+    "ThreadExistsError",
+    "UnencodableValueError",
 ]

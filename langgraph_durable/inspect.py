@@ -30,6 +30,7 @@ import ormsgpack
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 
+from langgraph_durable._values import ISO_TS_RE
 from langgraph_durable.artifacts import (
     _CHUNK_REF,
     _ELEMENT_REF,
@@ -39,7 +40,7 @@ from langgraph_durable.artifacts import (
     _envelope_items,
     _payload_items,
 )
-from langgraph_durable.errors import DurableError
+from langgraph_durable.errors import CheckpointLoadError, DurableError
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -82,6 +83,8 @@ class InspectError(DurableError, LookupError):
     checkpoint-id prefix is ambiguous)."""
 
 
+_TS_RE = ISO_TS_RE
+
 # The thread's state, computed in SQL so ``--status`` filters before LIMIT.
 _STATE_SQL = """
 CASE
@@ -117,7 +120,8 @@ WITH cp AS (
            t.status,
            {state} AS state,
            COALESCE(t.graph_version, latest.metadata ->> 'graph_version') AS graph_version,
-           (latest.metadata ->> 'step')::int AS step,
+           CASE WHEN jsonb_typeof(latest.metadata -> 'step') = 'number'
+                THEN (latest.metadata ->> 'step')::numeric::int END AS step,
            COALESCE(cp.checkpoints, 0) AS checkpoints,
            COALESCE(wr.n, 0) AS writes,
            COALESCE(cp.cp_bytes, 0) + COALESCE(bl.bytes, 0) + COALESCE(wr.bytes, 0) AS row_bytes,
@@ -127,7 +131,8 @@ WITH cp AS (
            t.lease_owner,
            EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8 AS lease_expires_in,
            t.last_error,
-           GREATEST(t.updated_at, (latest.checkpoint ->> 'ts')::timestamptz) AS last_activity
+           GREATEST(t.updated_at, CASE WHEN latest.checkpoint ->> 'ts' ~ {ts_re}
+                THEN (latest.checkpoint ->> 'ts')::timestamptz END) AS last_activity
     FROM ids
     LEFT JOIN durable_threads t ON t.thread_id = ids.thread_id
     LEFT JOIN cp ON cp.thread_id = ids.thread_id
@@ -142,7 +147,7 @@ WHERE (%(status)s::text IS NULL OR state = %(status)s OR status = %(status)s)
   AND (%(prefix)s::text IS NULL OR starts_with(thread_id, %(prefix)s))
 ORDER BY last_activity DESC NULLS LAST, thread_id
 LIMIT %(limit)s
-""").format(state=sql.SQL(_STATE_SQL))
+""").format(state=sql.SQL(_STATE_SQL), ts_re=sql.Literal(_TS_RE))
 
 _COUNTS_SQL = sql.SQL("""
 SELECT {state} AS state, t.status, count(*)::int AS n
@@ -378,9 +383,13 @@ def show_thread(
         )
     if row is None and count == 0:
         raise InspectError(f"thread {thread_id!r} not found", thread_id=thread_id)
-    saved = saver.get_tuple(
-        {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}}
-    )
+    load_error: CheckpointLoadError | None = None
+    try:
+        saved = saver.get_tuple(
+            {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}}
+        )
+    except CheckpointLoadError as exc:  # report what SQL alone can tell, and the damage
+        saved, load_error = None, exc
     out: dict[str, Any] = {
         "thread_id": thread_id,
         "status": row["status"] if row else None,
@@ -401,6 +410,7 @@ def show_thread(
         "interrupts": [],
         "errors": [],
         "ledger": {r["status"]: r["n"] for r in ledger},
+        "load_error": None,
     }
     if row and row["lease_owner"]:
         expires_in = row["lease_expires_in"]
@@ -411,6 +421,13 @@ def show_thread(
             "expires_in": expires_in,
             "live": expires_in is not None and expires_in > 0,
         }
+    if load_error is not None:
+        out["load_error"] = {
+            "error": type(load_error).__name__,
+            "message": str(load_error),
+            "checkpoint_id": load_error.fields.get("checkpoint_id"),
+        }
+        out["checkpoint"] = {"id": load_error.fields.get("checkpoint_id")}
     if saved is None:
         return out
     checkpoint = saved.checkpoint
@@ -541,10 +558,13 @@ def thread_history(
         task["bytes"] += w["bytes"] or 0
     out = []
     for r in rows[:limit]:
-        versions = r["versions"] or {}
+        # A damaged row (JSON of the wrong shape) is listed, flagged, never fatal.
+        versions = r["versions"] if isinstance(r["versions"], dict) else {}
         parent = by_id.get(r["parent_checkpoint_id"] or "")
-        updated = _updated(versions, parent["versions"] if parent else None)
-        md = r["metadata"] or {}
+        pv = parent["versions"] if parent and isinstance(parent["versions"], dict) else None
+        updated = _updated(versions, pv)
+        md = r["metadata"] if isinstance(r["metadata"], dict) else {}
+        damaged = not isinstance(r["versions"], dict) or not isinstance(r["metadata"], dict)
         ran = list(tasks_by_cp.get(r["checkpoint_id"], {}).values())
         out.append(
             {
@@ -559,6 +579,7 @@ def thread_history(
                 + sum(blob_bytes.get((c, str(versions[c])), 0) for c in updated),
                 "writes": ran,
                 "write_bytes": sum(t["bytes"] for t in ran),
+                "damaged": damaged,
             }
         )
     return out
@@ -735,14 +756,27 @@ def _artifact_stats(saver: DurablePostgresSaver, conn: Connection[Any]) -> dict[
     """
     elements: Counter[bytes] = Counter()
     chunks: Counter[bytes] = Counter()
-    for query in (
-        "SELECT blob FROM checkpoint_blobs WHERE type = %s",
-        "SELECT blob FROM checkpoint_writes WHERE type = %s",
+    damaged: list[dict[str, Any]] = []
+    for what, query in (
+        ("blob", "SELECT blob, thread_id, checkpoint_ns, channel FROM checkpoint_blobs WHERE type = %s"),
+        (
+            "write",
+            "SELECT blob, thread_id, checkpoint_ns, channel, checkpoint_id "
+            "FROM checkpoint_writes WHERE type = %s",
+        ),
     ):
         with conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(query, (REF_TYPE,))
-            for (blob,) in cur:
-                _count_refs(_envelope_items(bytes(blob)), elements, chunks)
+            for blob, *where in cur:
+                el: Counter[bytes] = Counter()
+                ch: Counter[bytes] = Counter()
+                try:
+                    _count_refs(_envelope_items(bytes(blob)), el, ch)
+                except Exception as exc:  # one damaged row is reported, not fatal
+                    damaged.append(_damage(what, where, exc))
+                    continue
+                elements.update(el)
+                chunks.update(ch)
     totals = _rows(
         conn,
         "SELECT count(*)::bigint AS n, COALESCE(sum(size), 0)::bigint AS unique_bytes, "
@@ -758,10 +792,21 @@ def _artifact_stats(saver: DurablePostgresSaver, conn: Connection[Any]) -> dict[
             "SELECT digest, data FROM durable_artifacts WHERE digest = ANY(%s)",
             (list(wanted),),
         ):
-            content = saver.codec.unseal(bytes(r["data"]), saver.serde)
             inner_el: Counter[bytes] = Counter()
             inner_ch: Counter[bytes] = Counter()
-            inline = _count_refs(ormsgpack.unpackb(content[1:]), inner_el, inner_ch)
+            try:
+                content = saver.codec.unseal(bytes(r["data"]), saver.serde)
+                inline = _count_refs(ormsgpack.unpackb(content[1:]), inner_el, inner_ch)
+            except Exception as exc:  # a damaged chunk artifact: reported, not fatal
+                users = _rows(
+                    conn,
+                    "SELECT thread_id FROM durable_artifact_refs WHERE digest = %s "
+                    "ORDER BY thread_id LIMIT 10",
+                    (r["digest"],),
+                )
+                item = {"artifact": bytes(r["digest"]).hex(), "error": f"{type(exc).__name__}: {exc}"}
+                damaged.append({**item, "thread_ids": [u["thread_id"] for u in users]})
+                inline, inner_el, inner_ch = 0, Counter(), Counter()
             expansion[bytes(r["digest"])] = (inline, inner_el, inner_ch)
         wanted = {d for _, _, sub in expansion.values() for d in sub if d not in expansion} - wanted
     needed = set(elements) | {d for _, el, _ in expansion.values() for d in el}
@@ -794,6 +839,20 @@ def _artifact_stats(saver: DurablePostgresSaver, conn: Connection[Any]) -> dict[
         "unique_bytes": int(totals["unique_bytes"]),
         "stored_bytes": stored,
         "dedup_ratio": round(logical / stored, 3) if stored else None,
+        "damaged": damaged,
+    }
+
+
+def _damage(what: str, where: list[Any], exc: Exception) -> dict[str, Any]:
+    """A damaged envelope row, as ``storage_stats`` reports it."""
+    thread_id, checkpoint_ns, channel, *cid = where
+    return {
+        "row": what,
+        "thread_id": thread_id,
+        "checkpoint_ns": checkpoint_ns,
+        "channel": channel,
+        "checkpoint_id": cid[0] if cid else None,
+        "error": f"{type(exc).__name__}: {exc}",
     }
 
 

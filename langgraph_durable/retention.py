@@ -39,6 +39,7 @@ Why it is safe against concurrent writers:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -51,8 +52,11 @@ from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
 from langgraph_durable import _sql
 from langgraph_durable._completion import HEADS_SQL, effective_status
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
+from langgraph_durable._values import ISO_TS_RE
 from langgraph_durable.artifacts import REF_TYPE
-from langgraph_durable.errors import ConfigurationError
+from langgraph_durable.errors import CheckpointLoadError, ConfigurationError
+
+logger = logging.getLogger("langgraph_durable")
 
 Progress = Callable[[int, int], Any]
 
@@ -64,17 +68,26 @@ _FK_RETRIES = 5
 
 # --------------------------------------------------------------------------- SQL
 
-# A thread's envelopes: its blobs and writes, and the blobs and writes kept by its
-# migration backups not yet undone (durable_migration_log): undo_migration puts those
-# back, so the artifacts they name must outlive a prune + gc (issue 11, defect 2).
+# A thread's envelopes, with where they are (for an error naming a damaged one): its
+# blobs and writes, and the blobs and writes kept by its migration backups not yet undone
+# (durable_migration_log): undo_migration puts those back, so the artifacts they name
+# must outlive a prune + gc (issue 11, defect 2).
 _ENVELOPES_SQL = """
-SELECT blob FROM checkpoint_blobs WHERE thread_id = %s AND type = %s AND blob IS NOT NULL
-UNION
-SELECT blob FROM checkpoint_writes WHERE thread_id = %s AND type = %s
-UNION
-SELECT decode(e.blob, 'base64') FROM durable_migration_log l,
-       jsonb_to_recordset(l.old_blobs || l.old_writes) AS e(type text, blob text)
+SELECT blob, checkpoint_ns, channel, version, NULL::text AS checkpoint_id
+FROM checkpoint_blobs WHERE thread_id = %s AND type = %s AND blob IS NOT NULL
+UNION ALL
+SELECT blob, checkpoint_ns, channel, NULL, checkpoint_id
+FROM checkpoint_writes WHERE thread_id = %s AND type = %s
+UNION ALL
+SELECT decode(e.blob, 'base64'), l.checkpoint_ns, e.channel, NULL, l.checkpoint_id
+FROM durable_migration_log l,
+     jsonb_to_recordset(l.old_blobs || l.old_writes) AS e(type text, blob text, channel text)
 WHERE l.thread_id = %s AND l.undone_at IS NULL AND e.type = %s AND e.blob IS NOT NULL
+"""
+# Error path: the newest checkpoint that uses a blob's channel version.
+_BLOB_CHECKPOINT_SQL = """
+SELECT max(checkpoint_id) AS checkpoint_id FROM checkpoints
+WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint -> 'channel_versions' ->> %s = %s
 """
 
 # Keep exactly ``keep``: drop the rest, and add rows the envelopes need but lack (a
@@ -182,6 +195,11 @@ FROM durable_threads t WHERE t.thread_id = ANY(%(ids)s)
 ORDER BY t.thread_id
 FOR UPDATE OF t
 """
+
+# Only ISO timestamps are cast (a damaged "ts" must not fail the whole survey).
+_THREADS_SQL, _LOCK_ROWS_SQL = (
+    q.replace("'^\\d{4}-\\d{2}-\\d{2}'", "'" + ISO_TS_RE + "'") for q in (_THREADS_SQL, _LOCK_ROWS_SQL)
+)
 
 _STAT = "SELECT count(*)::bigint AS n, COALESCE(sum({size}), 0)::bigint AS bytes FROM {table} WHERE thread_id = ANY(%s)"
 _DEL = (
@@ -300,11 +318,39 @@ def _op_closure(saver: Any, pairs: list[tuple[str, bytes]], where: dict[str, Any
 
 
 def _op_recompute_locked(saver: Any, thread_id: str) -> Op[int]:
+    """Raises ``CheckpointLoadError`` when an envelope or chunk does not decode: what it
+    references is unknown then, so no reference row may be dropped."""
     rows = yield Batch(
         [Stmt(_ENVELOPES_SQL, (thread_id, REF_TYPE) * 3, fetch=True, prepare=False)]
     )
-    pairs = [(REF_TYPE, bytes(r["blob"])) for r in rows[0]]
     where = {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": None}
+    pairs = []
+    for r in rows[0]:
+        pair = (REF_TYPE, bytes(r["blob"]))
+        try:
+            saver.codec.referenced([pair])
+        except Exception as exc:  # damaged bytes: name the checkpoint that holds them
+            cid = r["checkpoint_id"]
+            if r["version"] is not None:
+                at = yield Batch(
+                    [
+                        Stmt(
+                            _BLOB_CHECKPOINT_SQL,
+                            (thread_id, r["checkpoint_ns"], r["channel"], r["version"]),
+                            fetch=True,
+                        )
+                    ]
+                )
+                cid = at[0][0]["checkpoint_id"] if at[0] else None
+            kind = "channel" if r["version"] is not None else "pending write of channel"
+            raise CheckpointLoadError(
+                f"cannot decode the artifact envelope of {kind} {r['channel']!r} in checkpoint "
+                f"{cid!r} of thread {thread_id!r}: {type(exc).__name__}: {exc}",
+                thread_id=thread_id,
+                checkpoint_ns=r["checkpoint_ns"],
+                checkpoint_id=cid,
+            ) from exc
+        pairs.append(pair)
     keep = yield from _op_closure(saver, pairs, where)
     digests = sorted(keep)
     out = yield Batch(
@@ -319,27 +365,52 @@ def _op_recompute_locked(saver: Any, thread_id: str) -> Op[int]:
 
 def op_recompute_refs(saver: Any, thread_id: str) -> Op[int]:
     """Recompute one thread's reference rows from its remaining blobs and writes
-    (under its exclusive artifact lock). Returns the number of rows dropped."""
+    (under its exclusive artifact lock). Returns the number of rows dropped. A thread
+    with a damaged envelope keeps every row (logged; 0 dropped): what it references is
+    unknown, and dropping a row it needs would let GC delete live data."""
     tid = str(thread_id)
     yield Batch([_lock(tid)])
-    return (yield from _op_recompute_locked(saver, tid))
+    try:
+        return (yield from _op_recompute_locked(saver, tid))
+    except CheckpointLoadError as exc:
+        logger.error("thread %s: reference rows kept as they are: %s", tid, exc)
+        return 0
 
 
-def _flow_recompute(saver: Any, thread_ids: Sequence[str]) -> Flow[int]:
+def _flow_recompute(
+    saver: Any, thread_ids: Sequence[str], damaged: list[CheckpointLoadError] | None
+) -> Flow[int]:
     total = 0
     for tid in thread_ids:
-        total += yield Tx(partial(op_recompute_refs, saver, tid))
+        try:
+            total += yield Tx(partial(_op_recompute_strict, saver, tid))
+        except CheckpointLoadError as exc:
+            # Skip it (its rows stay) and go on: one damaged thread must not stop the job.
+            logger.error("recompute_refs skipped thread %s: %s", tid, exc)
+            if damaged is not None:
+                damaged.append(exc)
     return total
 
 
-def recompute_refs(saver: Any, thread_ids: Sequence[str]) -> int:
+def _op_recompute_strict(saver: Any, thread_id: str) -> Op[int]:
+    yield Batch([_lock(thread_id)])
+    return (yield from _op_recompute_locked(saver, thread_id))
+
+
+def recompute_refs(
+    saver: Any, thread_ids: Sequence[str], *, damaged: list[CheckpointLoadError] | None = None
+) -> int:
     """Recompute the reference rows of ``thread_ids`` (see the module docstring).
-    Returns how many rows were dropped. ``prune`` does this by itself."""
-    return int(saver.run_flow(_flow_recompute(saver, _ids(thread_ids))))
+    Returns how many rows were dropped. ``prune`` does this by itself. A thread whose
+    stored envelopes do not decode is skipped (its rows kept), logged, and its
+    ``CheckpointLoadError`` appended to ``damaged`` when given."""
+    return int(saver.run_flow(_flow_recompute(saver, _ids(thread_ids), damaged)))
 
 
-async def arecompute_refs(saver: Any, thread_ids: Sequence[str]) -> int:
-    return int(await saver.arun_flow(_flow_recompute(saver, _ids(thread_ids))))
+async def arecompute_refs(
+    saver: Any, thread_ids: Sequence[str], *, damaged: list[CheckpointLoadError] | None = None
+) -> int:
+    return int(await saver.arun_flow(_flow_recompute(saver, _ids(thread_ids), damaged)))
 
 
 def _ids(thread_ids: Sequence[str]) -> list[str]:
@@ -507,7 +578,8 @@ class RetentionReport:
     both. ``artifacts``/``artifact_bytes``: artifacts only the deleted threads used,
     which the next ``gc`` frees (trimming frees more, known only after it ran).
     ``ledger_keys_expired``: ``@idempotent(key=..., ttl=...)`` keys past their TTL.
-    ``skipped``: threads left alone, by reason."""
+    ``skipped``: threads left alone, by reason; ``damaged``: the threads skipped because
+    their stored bytes do not decode (left untouched, the job goes on)."""
 
     threads_deleted: int = 0
     threads_trimmed: int = 0
@@ -521,6 +593,9 @@ class RetentionReport:
     ledger_keys_expired: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     deleted_thread_ids: list[str] = field(default_factory=list)
+    # Threads skipped because stored bytes do not decode (skipped["damaged"] counts
+    # them): thread_id, checkpoint_id and the error, for the operator to inspect.
+    damaged: list[dict[str, Any]] = field(default_factory=list)
     dry_run: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -732,7 +807,15 @@ def _flow_retain(
                 "refs": dropped,
             }
 
-        outcome, stats = yield Tx(trim)
+        try:
+            outcome, stats = yield Tx(trim)
+        except CheckpointLoadError as exc:
+            # The trim rolled back whole; the thread stays as it was and the job goes on.
+            logger.error("retain skipped thread %s: %s", tid, exc)
+            report.damaged.append(
+                {"thread_id": tid, "checkpoint_id": exc.fields.get("checkpoint_id"), "error": str(exc)}
+            )
+            outcome, stats = "damaged", {}
         if outcome == "trimmed":
             report.threads_trimmed += 1
             report.checkpoints += stats["checkpoints"]

@@ -80,7 +80,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from langgraph_durable import _sql
+from langgraph_durable import _sql, _values
 from langgraph_durable._io import (
     AfterCommit,
     AsyncDriver,
@@ -103,7 +103,10 @@ from langgraph_durable.errors import (
     LeaseLostError,
     MigrationError,
     PoisonCheckpointError,
+    SerializationError,
     ThreadBusyError,
+    ThreadExistsError,
+    UnencodableValueError,
 )
 from langgraph_durable.retention import op_recompute_refs
 from langgraph_durable.versioning import (
@@ -146,6 +149,25 @@ def _jsonb_dumps(obj: Any) -> str:
 
 def _jsonb(obj: Any) -> Jsonb:
     return Jsonb(obj, dumps=_jsonb_dumps)
+
+
+def _as_is(text: Any) -> Any:
+    return text
+
+
+def _jsonb_now(obj: Any) -> Jsonb:
+    """JSON dumped now, not when psycopg adapts the parameter: an error then, inside a
+    pipeline sent as one implicit transaction, would leave the statements sent before
+    it to commit (blobs and artifacts without their checkpoint). Same cost, earlier."""
+    return Jsonb(_jsonb_dumps(obj), dumps=_as_is)
+
+
+def _json_problem(value: Any) -> str | None:
+    try:
+        _jsonb_dumps(value)
+    except Exception as exc:
+        return f"{type(value).__name__} is not JSON ({type(exc).__name__}: {exc})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -312,6 +334,57 @@ def _find_run_context() -> _RunContext | None:
             return _RunContext(loop, candidate)
         frame = frame.f_back  # type: ignore[assignment]
     return _RunContext(loop, None) if loop is not None else None
+
+
+def _load_error(where: Mapping[str, Any], what: str, exc: BaseException) -> CheckpointLoadError:
+    """The typed error for stored bytes that do not decode (the caller chains ``exc``)."""
+    return CheckpointLoadError(
+        f"cannot decode {what} of checkpoint {where.get('checkpoint_id')!r} of thread "
+        f"{where.get('thread_id')!r}: {type(exc).__name__}: {exc}",
+        thread_id=where.get("thread_id", ""),
+        checkpoint_ns=where.get("checkpoint_ns", ""),
+        checkpoint_id=where.get("checkpoint_id"),
+    )
+
+
+_START = "__start__"
+
+
+@contextmanager
+def _canceled_as_typed(operation: str, config: RunnableConfig | None) -> Iterator[None]:
+    """A statement the database canceled (statement_timeout...) as a typed error."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        conf = (config or {}).get("configurable", {})
+        err = _values.canceled_error(
+            exc, operation, conf.get("thread_id"), conf.get("checkpoint_ns", ""), conf.get("checkpoint_id")
+        )
+        if err is None:
+            raise
+        raise err from exc
+
+
+def _root(channel: str) -> str:
+    """How an error names a channel's value: the graph input, or the state."""
+    return "input" if channel == _START else f"state[{channel!r}]"
+
+
+def _check_runnable(saved: CheckpointTuple | None) -> None:
+    """What a run start needs beyond a read: PregelLoop.__enter__ computes
+    ``metadata["step"] + 1`` before any handler of ours can see a failure."""
+    if saved is None:
+        return
+    step = saved.metadata.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        cfg = saved.config["configurable"]
+        raise CheckpointLoadError(
+            f"checkpoint {cfg.get('checkpoint_id')!r} of thread {cfg.get('thread_id')!r} "
+            f"cannot be run from: its metadata has no integer 'step' ({step!r})",
+            thread_id=cfg.get("thread_id", ""),
+            checkpoint_ns=cfg.get("checkpoint_ns", ""),
+            checkpoint_id=cfg.get("checkpoint_id"),
+        )
 
 
 class _DurableBase(BasePostgresSaver):
@@ -508,7 +581,12 @@ class _DurableBase(BasePostgresSaver):
     def _decode(
         self, tag: str, data: bytes, where: Mapping[str, Any], local: Mapping[bytes, bytes] | None = None
     ) -> Any:
-        return self.codec.decode(self.serde, tag, data, local=local, **where)
+        try:
+            return self.codec.decode(self.serde, tag, data, local=local, **where)
+        except DurableError:
+            raise
+        except Exception as exc:  # damaged bytes: msgpack, zstd, the serializer's own
+            raise _load_error(where, f"a {tag!r} value", exc) from exc
 
     def _op_load_rows(self, rows: list[Any]) -> Op[list[CheckpointTuple]]:
         pairs: list[tuple[str, bytes]] = []
@@ -525,19 +603,40 @@ class _DurableBase(BasePostgresSaver):
                 "checkpoint_ns": first["checkpoint_ns"],
                 "checkpoint_id": first["checkpoint_id"],
             }
-            local = yield from self._op_resolve(pairs, where, partial(self._locate, rows))
+            try:
+                local = yield from self._op_resolve(pairs, where, partial(self._locate, rows))
+            except (DurableError, psycopg.Error):
+                raise
+            except Exception as exc:  # an envelope that does not parse
+                raise _load_error(self._damaged_row(rows) or where, "an artifact envelope", exc) from exc
         return [self._load_tuple(row, local) for row in rows]
+
+    def _damaged_row(self, rows: list[Any]) -> Mapping[str, Any] | None:
+        """The first of ``rows`` whose envelopes do not parse (error path only)."""
+        for row in rows:
+            try:
+                self.codec.referenced(self._row_pairs(row))
+            except Exception:
+                return {k: row[k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id")}
+        return None
 
     def _locate(self, rows: list[Any], digest: bytes) -> Mapping[str, Any] | None:
         """The first of ``rows`` (newest first) whose values need ``digest``: names
         the right checkpoint in an integrity error when ``list`` loads many."""
         for row in rows:
-            pairs = [(t.decode(), v) for _, t, v in row["channel_values"] or ()]
-            pairs += [(w[2].decode(), w[3]) for w in row["pending_writes"] or ()]
-            found, _ = self.codec.referenced(pairs)
+            try:
+                found, _ = self.codec.referenced(self._row_pairs(row))
+            except Exception:  # a damaged envelope: _damaged_row names that one
+                continue
             if digest in found:
                 return {k: row[k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id")}
         return None
+
+    @staticmethod
+    def _row_pairs(row: Any) -> list[tuple[str, bytes]]:
+        pairs = [(t.decode(), v) for _, t, v in row["channel_values"] or ()]
+        pairs += [(w[2].decode(), w[3]) for w in row["pending_writes"] or ()]
+        return pairs
 
     def _load_tuple(self, value: Any, local: Mapping[bytes, bytes] | None = None) -> CheckpointTuple:
         where = {
@@ -546,18 +645,13 @@ class _DurableBase(BasePostgresSaver):
             "checkpoint_id": value["checkpoint_id"],
         }
         stored, stored_md = value["checkpoint"], value["metadata"]
-        if not (
-            isinstance(stored, dict)
-            and isinstance(stored.get("channel_versions"), dict)
-            and isinstance(stored.get("versions_seen"), dict)
-            and isinstance(stored_md, dict)
-        ):
+        problem = _values.checkpoint_problem(stored, stored_md)
+        if problem is not None:
             # LangGraph would fail on this later, inside PregelLoop.__enter__ where no
             # exit handler runs: refuse it here, as a load error (fail closed).
             raise CheckpointLoadError(
                 f"checkpoint {value['checkpoint_id']!r} of thread {value['thread_id']!r} is "
-                "malformed (checkpoint JSON without channel_versions/versions_seen, or "
-                "metadata not an object)",
+                f"malformed: {problem}",
                 **where,
             )
         try:
@@ -576,11 +670,7 @@ class _DurableBase(BasePostgresSaver):
         except DurableError:
             raise
         except Exception as exc:
-            raise CheckpointLoadError(
-                f"cannot decode checkpoint {value['checkpoint_id']!r} of thread "
-                f"{value['thread_id']!r}: {type(exc).__name__}: {exc}",
-                **where,
-            ) from exc
+            raise _load_error(where, "a blob or pending write", exc) from exc
         checkpoint = cast(
             Checkpoint,
             {
@@ -610,6 +700,7 @@ class _DurableBase(BasePostgresSaver):
         thread_id = str(config["configurable"]["thread_id"])
         checkpoint_id = get_checkpoint_id(config)
         checkpoint_ns = config["configurable"].get("checkpoint_ns", "")
+        _values.check_ids(thread_id, checkpoint_ns, checkpoint_id)
         if checkpoint_id:
             args: tuple[Any, ...] = (thread_id, checkpoint_ns, checkpoint_id)
             where = "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s"
@@ -629,6 +720,9 @@ class _DurableBase(BasePostgresSaver):
         before: RunnableConfig | None,
         limit: int | None,
     ) -> Op[list[CheckpointTuple]]:
+        if config is not None:
+            conf = config.get("configurable", {})
+            _values.check_ids(conf.get("thread_id"), conf.get("checkpoint_ns"), conf.get("checkpoint_id"))
         where, args = self._search_where(config, filter, before)
         query = SELECT_SQL + where + " ORDER BY checkpoint_id DESC"
         params = list(args)
@@ -731,6 +825,58 @@ class _DurableBase(BasePostgresSaver):
                 md[VERSION_KEY] = version
         return md
 
+    def _encode(self, value: Any, where: Mapping[str, Any], root: str) -> Any:
+        """``codec.encode``; on failure, the typed error naming where the value is."""
+        try:
+            return self.codec.encode(self.serde, value)
+        except SerializationError as exc:
+            inner = value.value if isinstance(value, _DeltaSnapshot) else value
+            found = _values.find_unencodable(inner, _values.serializer_reject(self.serde), root)
+            path, culprit, reason = found or (root, inner, str(exc))
+            raise UnencodableValueError(
+                **where, path=path, value_type=type(culprit).__name__, reason=reason
+            ) from exc
+
+    def _check_texts(self, value: Any, where: Mapping[str, Any], root: str) -> None:
+        """Refuse a state string with a lone surrogate before anything is sent.
+        Inline, PostgreSQL's JSON refuses it (after the node ran); in a blob, LangGraph's
+        serializer stores '?' instead (OPT_REPLACE_SURROGATES), so the run would go on
+        with a string that differs from the stored one. Checked: a channel's own string
+        value, and the graph input's (``{"channel": "text"}``); isascii() answers at
+        C speed for nearly every string. Strings nested deeper are the serializer's."""
+        texts: Any = ()
+        if isinstance(value, str):
+            texts = ((root, value),)
+        elif root == "input" and isinstance(value, dict):
+            texts = ((f"input[{k!r}]", v) for k, v in value.items() if isinstance(v, str))
+        for path, text in texts:
+            if not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise UnencodableValueError(
+                        **where, path=path, value_type="str",
+                        reason=cast(str, _values.surrogate_problem(text)),
+                    ) from exc
+
+    def _write_error(
+        self, exc: BaseException, operation: str, where: Mapping[str, Any], parts: Mapping[str, Any]
+    ) -> DurableError | None:
+        """The typed error for a write the database refused (nothing was committed:
+        the write is one transaction), or None for errors handled elsewhere."""
+        canceled = _values.canceled_error(exc, operation, **where)
+        if canceled is not None:
+            return cast(DurableError, canceled)
+        if not isinstance(exc, psycopg.DataError):
+            return None
+        # Text PostgreSQL refuses (a NUL or a lone surrogate in metadata or an inline
+        # value): find it, on this error path only.
+        found = None
+        for root, value in parts.items():
+            found = found or _values.locate(value, _values.text_reject, root)
+        path, culprit, reason = found or (operation, None, str(exc).splitlines()[0])
+        return UnencodableValueError(**where, path=path, value_type=type(culprit).__name__, reason=reason)
+
     def _op_put(
         self,
         config: RunnableConfig,
@@ -742,6 +888,8 @@ class _DurableBase(BasePostgresSaver):
         thread_id = str(configurable["thread_id"])
         checkpoint_ns = configurable.get("checkpoint_ns", "")
         parent_id = configurable.get("checkpoint_id")
+        _values.check_ids(thread_id, checkpoint_ns, parent_id)
+        where = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint["id"]}
         copy = checkpoint.copy()
         copy["channel_values"] = dict(copy["channel_values"])
         blob_values: dict[str, Any] = {}
@@ -751,15 +899,24 @@ class _DurableBase(BasePostgresSaver):
                 copy["channel_values"][k] = True
             elif not self._inline(v):
                 blob_values[k] = copy["channel_values"].pop(k)
+            self._check_texts(v, where, _root(k))
         artifacts: dict[bytes, bytes] = {}
         blob_rows = []
         for k, ver in new_versions.items():
             if k in blob_values:
-                enc = self.codec.encode(self.serde, blob_values[k])
+                enc = self._encode(blob_values[k], where, _root(k))
                 artifacts.update(enc.artifacts)
                 blob_rows.append((thread_id, checkpoint_ns, k, cast(str, ver), enc.type, enc.data))
         fence, lease = self._fence(thread_id, raising=True)
         md = self._stamp(config, metadata, lease)
+        try:
+            cp_json, md_json = _jsonb_now(copy), _jsonb_now(md)
+        except Exception as exc:  # metadata a caller put in config["metadata"]
+            found = _values.find_unencodable(md, _json_problem, "metadata")
+            path, culprit, reason = found or ("checkpoint", copy, f"{type(exc).__name__}: {exc}")
+            raise UnencodableValueError(
+                **where, path=path, value_type=type(culprit).__name__, reason=reason
+            ) from exc
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         lock = art_stmts[:1]
         stmts = [*lock, fence, *art_stmts[1:]]
@@ -768,7 +925,7 @@ class _DurableBase(BasePostgresSaver):
         stmts.append(
             Stmt(
                 UPSERT_CHECKPOINTS_SQL,
-                (thread_id, checkpoint_ns, checkpoint["id"], parent_id, _jsonb(copy), _jsonb(md)),
+                (thread_id, checkpoint_ns, checkpoint["id"], parent_id, cp_json, md_json),
             )
         )
         if VERSION_KEY not in md and parent_id:
@@ -781,9 +938,12 @@ class _DurableBase(BasePostgresSaver):
             rows = yield Batch(stmts, final=True)
         except psycopg.Error as exc:
             err = self._fence_error(thread_id, lease, exc)
+            if err is not None:
+                raise err from None
+            err = self._write_error(exc, "put", where, {"state": copy["channel_values"], "metadata": md})
             if err is None:
                 raise
-            raise err from None
+            raise err from exc
         self._check_fence(thread_id, lease, rows[len(lock)])
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
@@ -808,6 +968,8 @@ class _DurableBase(BasePostgresSaver):
         thread_id = str(configurable["thread_id"])
         checkpoint_ns = configurable.get("checkpoint_ns", "")
         checkpoint_id = configurable["checkpoint_id"]
+        _values.check_ids(thread_id, checkpoint_ns, checkpoint_id)
+        where = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
         query = (
             UPSERT_CHECKPOINT_WRITES_SQL
             if all(w[0] in WRITES_IDX_MAP for w in writes)
@@ -816,7 +978,9 @@ class _DurableBase(BasePostgresSaver):
         artifacts: dict[bytes, bytes] = {}
         rows = []
         for idx, (channel, value) in enumerate(writes):
-            enc = self.codec.encode(self.serde, value)
+            root = "input" if channel == _START else f"writes[{channel!r}]"
+            self._check_texts(value, where, root)
+            enc = self._encode(value, where, root)
             artifacts.update(enc.artifacts)
             rows.append(
                 (
@@ -838,9 +1002,12 @@ class _DurableBase(BasePostgresSaver):
             result = yield Batch([*lock, fence, *art_stmts[1:], Stmt(query, rows, many=True)], final=True)
         except psycopg.Error as exc:
             err = self._fence_error(thread_id, lease, exc)
+            if err is not None:
+                raise err from None
+            err = self._write_error(exc, "put_writes", where, {"writes": {w[0]: w[1] for w in writes}})
             if err is None:
                 raise
-            raise err from None
+            raise err from exc
         self._check_fence(thread_id, lease, result[len(lock)])
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
@@ -944,7 +1111,30 @@ class _DurableBase(BasePostgresSaver):
 
     def _op_copy_thread(self, source: str, target: str) -> Op[None]:
         params = {"source": str(source), "target": str(target)}
-        yield Batch([Stmt(s, params) for s in _sql.COPY_THREAD_SQL])
+        _values.check_ids(params["source"])
+        _values.check_ids(params["target"])
+        # Copying into a thread with checkpoints would interleave two histories by
+        # checkpoint id (ON CONFLICT DO NOTHING keeps the target's rows): refuse. The
+        # target's exclusive artifact lock makes a put with artifacts into it wait.
+        try:
+            rows = yield Batch(
+                [
+                    Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, params["target"])),
+                    Stmt(
+                        "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s) AS taken",
+                        (params["target"],),
+                        fetch=True,
+                    ),
+                ]
+            )
+            if rows[1][0]["taken"]:
+                raise ThreadExistsError(params["source"], params["target"])
+            yield Batch([Stmt(s, params) for s in _sql.COPY_THREAD_SQL])
+        except psycopg.Error as exc:
+            err = _values.canceled_error(exc, "copy_thread", params["target"])
+            if err is None:
+                raise
+            raise err from exc
 
     def _op_stock(self, statements: Any) -> Op[None]:
         """Run one of the stock saver's prune statement generators."""
@@ -1047,7 +1237,12 @@ class _DurableBase(BasePostgresSaver):
         pairs = [(r["type"], r["blob"]) for r in stage2 if r["type"] and r["blob"] is not None]
         local: dict[bytes, bytes] | None = None
         if any(self.codec.is_ref(t) for t, _ in pairs):
-            local = yield from self._op_resolve(pairs, where)
+            try:
+                local = yield from self._op_resolve(pairs, where)
+            except (DurableError, psycopg.Error):
+                raise
+            except Exception as exc:  # an envelope that does not parse
+                raise _load_error(where, "an artifact envelope", exc) from exc
         # The stock helper only reads ``self.serde``: give it one that resolves refs.
         shim = SimpleNamespace(serde=_ResolvingSerde(self, where, local))
         return BasePostgresSaver._build_delta_channels_writes_history(
@@ -1210,6 +1405,7 @@ class _DurableBase(BasePostgresSaver):
     ) -> Flow[tuple[CheckpointTuple | None, Lease]]:
         thread_id = str(config["configurable"]["thread_id"])
         requested = get_checkpoint_id(config)
+        _values.check_ids(thread_id, config["configurable"].get("checkpoint_ns", ""), requested)
         version = self._current_version(config, ctx)
         policy = config["configurable"].get(POLICY_KEY, self.version_policy)
         claim = config["configurable"].get(CLAIM_KEY)
@@ -1261,6 +1457,7 @@ class _DurableBase(BasePostgresSaver):
                 yield from self._flow_quarantine(lease, record)
             try:
                 saved = yield Tx(lambda: self._op_get_tuple(config))
+                _check_runnable(saved)
             except CheckpointLoadError as exc:
                 # Fail closed: a checkpoint we cannot read is never run on half a state,
                 # and retrying cannot fix stored bytes: quarantine at once.
@@ -1607,17 +1804,18 @@ class _DurableBase(BasePostgresSaver):
     # ------------------------------------------------------------------ public API (sync)
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ctx = self._run_context(config)
-        if ctx is not None:
-            saved, lease = self._run_flow(self._flow_run_start(config, ctx))
-            self._attach_exit(ctx, lease)
-            _RUN_LEASE.set(lease)
-            return cast("CheckpointTuple | None", saved)
-        # Reads run without BEGIN/COMMIT: each statement has its own snapshot either way
-        # (READ COMMITTED) and artifacts are immutable; two round trips less per load.
-        return cast(
-            "CheckpointTuple | None",
-            self._run_op(lambda: self._op_get_tuple(config), transaction=False),
-        )
+        with _canceled_as_typed("get_tuple", config):
+            if ctx is not None:
+                saved, lease = self._run_flow(self._flow_run_start(config, ctx))
+                self._attach_exit(ctx, lease)
+                _RUN_LEASE.set(lease)
+                return cast("CheckpointTuple | None", saved)
+            # Reads run without BEGIN/COMMIT: each statement has its own snapshot either
+            # way (READ COMMITTED) and artifacts are immutable; two round trips less.
+            return cast(
+                "CheckpointTuple | None",
+                self._run_op(lambda: self._op_get_tuple(config), transaction=False),
+            )
 
     def list(
         self,
@@ -1627,7 +1825,9 @@ class _DurableBase(BasePostgresSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        yield from self._run_op(lambda: self._op_list(config, filter, before, limit), transaction=False)
+        with _canceled_as_typed("list", config):
+            items = self._run_op(lambda: self._op_list(config, filter, before, limit), transaction=False)
+        yield from items
 
     def put(
         self,
@@ -1679,15 +1879,16 @@ class _DurableBase(BasePostgresSaver):
     # ------------------------------------------------------------------ public API (async)
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ctx = self._run_context(config)
-        if ctx is not None:
-            saved, lease = await self._arun_flow(self._flow_run_start(config, ctx))
-            self._attach_exit(ctx, lease)
-            _RUN_LEASE.set(lease)
-            return cast("CheckpointTuple | None", saved)
-        return cast(
-            "CheckpointTuple | None",
-            await self._arun_op(lambda: self._op_get_tuple(config), transaction=False),
-        )
+        with _canceled_as_typed("get_tuple", config):
+            if ctx is not None:
+                saved, lease = await self._arun_flow(self._flow_run_start(config, ctx))
+                self._attach_exit(ctx, lease)
+                _RUN_LEASE.set(lease)
+                return cast("CheckpointTuple | None", saved)
+            return cast(
+                "CheckpointTuple | None",
+                await self._arun_op(lambda: self._op_get_tuple(config), transaction=False),
+            )
 
     async def alist(
         self,
@@ -1697,9 +1898,11 @@ class _DurableBase(BasePostgresSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        for item in await self._arun_op(
-            lambda: self._op_list(config, filter, before, limit), transaction=False
-        ):
+        with _canceled_as_typed("list", config):
+            items = await self._arun_op(
+                lambda: self._op_list(config, filter, before, limit), transaction=False
+            )
+        for item in items:
             yield item
 
     async def aput(

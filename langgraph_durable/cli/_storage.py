@@ -191,6 +191,14 @@ def retain_command(
     for reason, n in sorted(report.skipped.items()):
         table.add_row(f"[dim]threads skipped: {reason}[/]", str(n), "")
     console.print(table)
+    for d in report.damaged:
+        err_console.print(
+            f"skipped damaged thread {d['thread_id']!r} (checkpoint {d['checkpoint_id']}): "
+            f"{d['error']}",
+            style="red",
+            markup=False,
+            highlight=False,
+        )
     if gc_report is not None:
         console.print(_gc_table(gc_report, "gc"))
 

@@ -27,6 +27,7 @@ from langgraph_durable.cli._common import (
     open_saver,
     print_json,
 )
+from langgraph_durable.errors import DurableError
 
 threads_app = typer.Typer(
     help="Inspect threads: list, show, history, diff, status.",
@@ -51,12 +52,14 @@ STATE_STYLE = {
 
 @contextmanager
 def _saver(dsn: str | None, schema: str | None) -> Iterator[Any]:
-    """A saver for reading; inspection errors become a message and exit code 1."""
+    """A saver for reading; typed errors (a missing thread, a checkpoint that does not
+    decode) become a message and exit code 1, never a traceback."""
     try:
         with open_saver(dsn, schema) as saver:
             yield saver
-    except lgi.InspectError as exc:
-        err_console.print(f"[red]error:[/] {exc}")
+    except DurableError as exc:
+        # Text, not markup: a message may hold brackets (ids, reprs of values).
+        err_console.print(Text.assemble(("error: ", "red"), str(exc)), highlight=False)
         raise typer.Exit(1) from None
 
 
@@ -210,8 +213,18 @@ def threads_show(
         grid.add_row("last error", Text(info["last_error"], style="red"))
     if info["ledger"]:
         grid.add_row("idempotent calls", ", ".join(f"{k}: {v}" for k, v in info["ledger"].items()))
-    grid.add_row("next", ", ".join(info["next"]) or "(nothing: the run is complete)")
+    damage = info.get("load_error")
+    if damage:
+        grid.add_row("damaged", Text(damage["message"], style="bold red"))
+    else:
+        grid.add_row("next", ", ".join(info["next"]) or "(nothing: the run is complete)")
     console.print(grid)
+    if damage:
+        console.print(
+            "[red]the latest checkpoint cannot be decoded: its values are not shown; a run "
+            "from it is quarantined (see `langgraph-durable quarantine show`, then rewind)[/]"
+        )
+        return
 
     channels = [c for c in info["channels"] if show_all or not c["internal"]]
     table = Table(title="channels", title_justify="left")
@@ -285,7 +298,7 @@ def threads_history(
             for t in r["writes"]
         )
         cells = [
-            r["checkpoint_id"][:SHORT_ID],
+            r["checkpoint_id"][:SHORT_ID] + (" (damaged)" if r.get("damaged") else ""),
             "-" if r["step"] is None else str(r["step"]),
             r["source"] or "-",
         ]
@@ -453,6 +466,15 @@ def stats(
         )
         grid.add_row("dedup ratio", ratio, "logical / stored")
         console.print(grid)
+        for d in art.get("damaged") or ():
+            where = (
+                f"artifact {d['artifact'][:16]} (threads {', '.join(d['thread_ids']) or '-'})"
+                if "artifact" in d
+                else f"thread {d['thread_id']!r} {d['row']} {d['channel']!r}"
+            )
+            err_console.print(
+                Text(f"damaged (not counted): {where}: {d['error']}", style="red")
+            )
 
 
 def register(app: typer.Typer) -> None:
