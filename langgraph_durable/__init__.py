@@ -38,6 +38,7 @@ from langgraph_durable.idempotency import (
     idempotent,
     purge_expired_keys,
 )
+from langgraph_durable.journal import JournaledRunnable, journaled
 from langgraph_durable.poison import QuarantineEntry, RewindResult, ThreadReport
 from langgraph_durable.recovery import (
     RecoveryResult,
@@ -94,6 +95,7 @@ __all__ = [
     "IdempotentTool",
     "InvalidIdempotencyKeyError",
     "InvalidIdentifierError",
+    "JournaledRunnable",
     "Ledger",
     "LedgerEntry",
     "LeaseLostError",
@@ -129,6 +131,7 @@ __all__ = [
     "gc",
     "graph_fingerprint",
     "idempotent",
+    "journaled",
     "migrate_threads",
     "poison",
     "purge_expired_keys",
