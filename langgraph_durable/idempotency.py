@@ -552,7 +552,7 @@ def _journal_runnable(target: Runnable[Any, Any], options: Mapping[str, Any]) ->
     make sense for effects are refused."""
     from langgraph_durable.journal import journaled
 
-    effect_only = {
+    effect_only: dict[str, Any] = {
         "key": None, "ttl": None, "on_unknown": "raise", "cache_failures": (),
         "transactional": False, "exclude": frozenset(),
     }

@@ -27,7 +27,7 @@ import hashlib
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Mapping
 from typing import Any
 
 from langchain_core.language_models import BaseLanguageModel
@@ -44,11 +44,12 @@ from langgraph_durable.errors import ConfigurationError, NoLedgerError, Serializ
 from langgraph_durable.idempotency import (
     _PARENT,
     _RENEWER,
+    _adrive,
     _Call,
     _canonical,
+    _current_site,
     _digest,
     _drive,
-    _adrive,
     _dumps,
     _Invoke,
     _Op,
@@ -59,7 +60,6 @@ from langgraph_durable.idempotency import (
     _Site,
     _Spec,
     _stable_task,
-    _current_site,
     _Wait,
 )
 from langgraph_durable.saver import _DurableBase
@@ -222,11 +222,11 @@ class JournaledRunnable(Runnable[Any, Any]):
         return self.bound.get_name(suffix, name=name)
 
     @property
-    def InputType(self) -> Any:  # noqa: N802 - LangChain's name
+    def InputType(self) -> Any:
         return self.bound.InputType
 
     @property
-    def OutputType(self) -> Any:  # noqa: N802 - LangChain's name
+    def OutputType(self) -> Any:
         return self.bound.OutputType
 
     def get_input_schema(self, config: RunnableConfig | None = None) -> Any:
@@ -378,7 +378,7 @@ class JournaledRunnable(Runnable[Any, Any]):
         gen = _protocol(call)
         send: Any = None
         throw: BaseException | None = None
-        ran = closed = False
+        ran = False
         try:
             while True:
                 try:
@@ -406,7 +406,6 @@ class JournaledRunnable(Runnable[Any, Any]):
                                 except GeneratorExit:
                                     # The consumer stopped early: record what it saw,
                                     # so a re-execution sees the same (see _assemble).
-                                    closed = True
                                     break
                         finally:
                             _RENEWER.remove(call)
@@ -432,7 +431,7 @@ class JournaledRunnable(Runnable[Any, Any]):
         gen = _protocol(call)
         send: Any = None
         throw: BaseException | None = None
-        ran = closed = False
+        ran = False
         try:
             while True:
                 try:
@@ -458,7 +457,6 @@ class JournaledRunnable(Runnable[Any, Any]):
                                 try:
                                     yield chunk
                                 except GeneratorExit:
-                                    closed = True
                                     break
                         finally:
                             _RENEWER.remove(call)
@@ -497,7 +495,7 @@ def _parent_of(call: _Call) -> _Parent:
     return _Parent(call.key, call.thread_id, call.origin, call.ttl, chain=chain)
 
 
-def _under(call: _Call, it: Iterator[Any]) -> Iterator[Any]:
+def _under(call: _Call, it: Iterator[Any]) -> Generator[Any, None, None]:
     """Iterate ``it`` with ``call`` as the enclosing call only while its code runs (the
     context variable must not leak to the consumer between chunks)."""
     parent = _parent_of(call)
@@ -517,7 +515,7 @@ def _under(call: _Call, it: Iterator[Any]) -> Iterator[Any]:
             close()
 
 
-async def _aunder(call: _Call, it: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def _aunder(call: _Call, it: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
     parent = _parent_of(call)
     ait = aiter(it)
     try:

@@ -378,3 +378,102 @@ def test_a_stream_stopped_early_records_what_was_seen(saver: DurablePostgresSave
     # both calls as they were seen, calling nothing.
     assert seen == ["a ", "a b c", "a ", "a b c"]
     assert model.calls == ["stream", "stream"]
+
+
+def test_interrupt_after_the_model_call_replays_it_on_resume(saver: DurablePostgresSaver) -> None:
+    """Human in the loop: the node calls the model, then interrupts; ``Command(resume=)``
+    re-executes the node from its first line. Journaled, the model is not called again
+    and the approved answer is the one the human saw; plain, it is called again."""
+    from langgraph.types import Command, interrupt
+
+    for journal, expected_calls in ((True, 1), (False, 2)):
+        model = Scripted(calls=[])
+        m: Any = journaled(model) if journal else model
+
+        def node(state: MessagesState) -> dict[str, Any]:
+            msg = m.invoke(state["messages"])
+            approved = interrupt({"draft": msg.content})
+            return {"messages": [AIMessage(f"{msg.content} ({approved})")]}
+
+        app = _graph(saver, node, retry=False)
+        thread = k()
+        first = app.invoke({"messages": [HumanMessage("hi")]}, cfg(thread))
+        assert first["__interrupt__"][0].value == {"draft": "answer 1"}
+        out = app.invoke(Command(resume="ok"), cfg(thread))
+        assert len(model.calls) == expected_calls
+        assert out["messages"][-1].content == ("answer 1 (ok)" if journal else "answer 2 (ok)")
+
+
+async def test_async_calls_with_different_inputs_replay_in_any_order(asaver: AsyncDurablePostgresSaver) -> None:
+    import asyncio
+
+    model = Scripted(calls=[])
+    jm = journaled(model)
+    runs: list[int] = []
+
+    async def node(state: MessagesState) -> dict[str, Any]:
+        runs.append(1)
+        questions = ["a", "b"] if len(runs) == 1 else ["b", "a"]
+        msgs = await asyncio.gather(*(jm.ainvoke([HumanMessage(q)]) for q in questions))
+        answers = dict(zip(questions, (str(m.content) for m in msgs), strict=True))
+        if len(runs) == 1:
+            raise RuntimeError("died after the model calls")
+        return {"messages": [AIMessage(f"{answers['a']} / {answers['b']}")]}
+
+    out = await _graph(asaver, node).ainvoke({"messages": [HumanMessage("hi")]}, cfg(k()))
+    assert len(model.calls) == 2
+    assert sorted(str(out["messages"][-1].content).split(" / ")) == ["answer 1", "answer 2"]
+
+
+async def test_astream_stopped_early_records_what_was_seen(asaver: AsyncDurablePostgresSaver) -> None:
+    from langchain_core.messages import AIMessageChunk
+    from langchain_core.outputs import ChatGenerationChunk
+
+    class Words(Scripted):
+        async def _astream(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> Any:
+            self.calls.append("astream")
+            for w in ("a ", "b ", "c"):
+                yield ChatGenerationChunk(message=AIMessageChunk(content=w))
+
+    model = Words(calls=[])
+    jm = journaled(model)
+    seen: list[str] = []
+    runs: list[int] = []
+
+    async def node(state: MessagesState) -> dict[str, Any]:
+        stream = jm.astream(state["messages"])
+        first = await anext(aiter(stream))
+        await stream.aclose()  # type: ignore[attr-defined]
+        seen.append(str(first.content))
+        seen.append("".join([str(c.content) async for c in jm.astream(state["messages"])]))
+        runs.append(1)
+        if len(runs) == 1:
+            raise RuntimeError("died after the model calls")
+        return {"messages": [AIMessage(seen[-1])]}
+
+    await _graph(asaver, node).ainvoke({"messages": [HumanMessage("hi")]}, cfg(k()))
+    assert seen == ["a ", "a b c", "a ", "a b c"]
+    assert model.calls == ["astream", "astream"]
+
+
+def test_structured_output_include_raw_and_subgraph(saver: DurablePostgresSaver) -> None:
+    model = Scripted(calls=[], tool_name="Weather")
+    structured = journaled(model).with_structured_output(Weather, include_raw=True)
+    seen: list[str] = []
+
+    def body(state: MessagesState) -> dict[str, Any]:
+        out = structured.invoke(state["messages"])
+        assert isinstance(out["raw"], AIMessage) and isinstance(out["parsed"], Weather)
+        seen.append(out["parsed"].city)
+        return {"messages": [AIMessage(out["parsed"].city)]}
+
+    inner = _graph(None, _flaky_node(body))  # a subgraph: inherits the parent's saver
+    parent = StateGraph(MessagesState)
+    parent.add_node("sub", inner)
+    parent.add_edge(START, "sub")
+    parent.add_edge("sub", END)
+    thread = k()
+    parent.compile(checkpointer=saver).invoke({"messages": [HumanMessage("hi")]}, cfg(thread))
+    assert seen == ["city 1", "city 1"] and len(model.calls) == 1
+    (entry,) = Ledger(saver).entries(thread_id=thread)
+    assert isinstance(Ledger(saver).result(entry.key), AIMessage)
