@@ -390,7 +390,7 @@ def test_interrupt_after_the_model_call_replays_it_on_resume(saver: DurablePostg
         model = Scripted(calls=[])
         m: Any = journaled(model) if journal else model
 
-        def node(state: MessagesState) -> dict[str, Any]:
+        def node(state: MessagesState, m: Any = m) -> dict[str, Any]:
             msg = m.invoke(state["messages"])
             approved = interrupt({"draft": msg.content})
             return {"messages": [AIMessage(f"{msg.content} ({approved})")]}
