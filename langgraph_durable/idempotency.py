@@ -107,7 +107,7 @@ _RUNTIME = "__pregel_runtime"
 _DURABILITY = "__pregel_durability"
 
 # --- SQL -------------------------------------------------------------------------------
-# Kept beside the protocol that uses it (only this module touches durable_ledger rows;
+# Kept beside the protocol that uses it (only this module and journal.py touch durable_ledger rows;
 # delete_thread / prune reach them through _sql.DELETE_THREAD_EXTRA_SQL).
 
 # Claim a free key, or a key whose TTL ran out (an expired key= key counts as absent).
@@ -554,7 +554,7 @@ def _journal_runnable(target: Runnable[Any, Any], options: Mapping[str, Any]) ->
 
     effect_only: dict[str, Any] = {
         "key": None, "ttl": None, "on_unknown": "raise", "cache_failures": (),
-        "transactional": False, "exclude": frozenset(),
+        "transactional": False, "exclude": frozenset(), "wait_timeout": 60.0, "claim_ttl": None,
     }
     bad = sorted(k for k, default in effect_only.items() if options[k] != default)
     if bad:
@@ -562,13 +562,7 @@ def _journal_runnable(target: Runnable[Any, Any], options: Mapping[str, Any]) ->
             f"idempotent(<Runnable>) journals the runnable's calls (journaled()); "
             f"options {bad} apply to side effects only"
         )
-    return journaled(
-        target,
-        name=options["name"],
-        ledger=options["ledger"],
-        wait_timeout=options["wait_timeout"],
-        claim_ttl=options["claim_ttl"],
-    )
+    return journaled(target, name=options["name"], ledger=options["ledger"])
 
 
 def _decorate(target: Any, **options: Any) -> Any:

@@ -6,28 +6,36 @@ than the run that crashed. ``journaled`` wraps a chat model (or any ``Runnable``
 that each call's result is recorded in the ``@idempotent`` ledger (``durable_ledger``)
 under the task's position, and a re-execution of the same task replays it.
 
-The record uses the ledger's protocol unchanged (claim, call, record; see
-``idempotency``) with journal-specific choices:
+A model call is not a side effect, so the journal needs less than ``@idempotent``'s
+protocol (claim, call, record): it reads the key, calls the model if nothing is
+recorded, and records the result (``status = 'completed'`` at once). No claim means no
+claim lease to wait out when a process died during the call (the resume simply calls
+the model again) and no wait for the task's checkpoint before the call: a record made
+under a task id that a crash discarded is never looked up again, and goes with its
+thread. The choices specific to the journal:
 
 - the key is ``llm:`` + a hash of (thread, checkpoint namespace, task id, the input's
   fingerprint, n) where n counts the calls *with that input* in this execution of the
   task. Including the input makes the journal insensitive to the order of calls with
   different inputs (``asyncio.gather``, fallbacks, branches) and means a changed prompt
   is a new call, never a conflict that blocks the thread;
-- a dead claim (the process died during the model call) is taken over and the model
-  called again (``on_unknown="retry"``): a model call has no effect but its cost;
 - a failed call records nothing and gives its position back, so a retry of the same
-  call takes the same key and a resume replays the retry's answer.
+  call takes the same key and a resume replays the retry's answer;
+- when two executions record the same key (only if two processes ran the same task),
+  the first record wins and both return it.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import hashlib
+import os
+import socket
 import threading
-import time
+import uuid
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.language_models import BaseLanguageModel
@@ -40,32 +48,24 @@ from langchain_core.runnables import (
     RunnableSequence,
 )
 
+from langgraph_durable._io import Batch, Stmt
 from langgraph_durable.errors import ConfigurationError, NoLedgerError, SerializationError
 from langgraph_durable.idempotency import (
     _PARENT,
-    _RENEWER,
-    _adrive,
-    _Call,
+    READ_SQL,
     _canonical,
     _current_site,
     _digest,
-    _drive,
     _dumps,
     _Invoke,
     _Op,
+    _op_one,
     _Parent,
-    _protocol,
-    _resolve_ledger,
-    _seconds,
     _Site,
-    _Spec,
-    _stable_task,
-    _Wait,
 )
 from langgraph_durable.saver import _DurableBase
 
 KEY_PREFIX = "llm:"
-DEFAULT_WAIT_TIMEOUT = 300.0  # a reasoning model may answer after minutes
 _PREVIEW_CHARS = 500
 # A stream whose chunks cannot be added up is recorded as the list of its chunks.
 _CHUNKS = "$journal_chunks"
@@ -75,6 +75,31 @@ _CHUNKS = "$journal_chunks"
 # run, kept through RetryPolicy retries), so a resume (a new run) counts from 0 again.
 _COUNTS: weakref.WeakKeyDictionary[Any, dict[tuple[int, str], int]] = weakref.WeakKeyDictionary()
 _COUNTS_LOCK = threading.Lock()
+
+# Record a result; a key recorded meanwhile (another execution of the same task) keeps
+# its first record, which the READ in the same round trip returns to both. An expired
+# key (a journal entry nested in a key= call with a ttl) counts as absent.
+RECORD_SQL = """
+INSERT INTO durable_ledger AS l (
+    key, thread_id, origin_thread_id, checkpoint_ns, task_id, name, fingerprint,
+    args_preview, status, owner, attempts, result_type, result, expires_at, created_at,
+    completed_at)
+VALUES (
+    %(key)s, %(thread_id)s, %(origin)s, %(ns)s, %(task_id)s, %(name)s, %(fp)s,
+    %(preview)s, 'completed', %(owner)s, 1, %(result_type)s, %(result)s,
+    CASE WHEN %(ttl)s::float8 IS NULL THEN NULL
+         ELSE now() + make_interval(secs => %(ttl)s::float8) END,
+    now(), now())
+ON CONFLICT (key) DO UPDATE SET
+    thread_id = EXCLUDED.thread_id, origin_thread_id = EXCLUDED.origin_thread_id,
+    checkpoint_ns = EXCLUDED.checkpoint_ns, task_id = EXCLUDED.task_id,
+    name = EXCLUDED.name, fingerprint = EXCLUDED.fingerprint,
+    args_preview = EXCLUDED.args_preview, status = 'completed', owner = EXCLUDED.owner,
+    attempts = 1, claim_expires_at = NULL, result_type = EXCLUDED.result_type,
+    result = EXCLUDED.result, error_type = NULL, error = NULL,
+    expires_at = EXCLUDED.expires_at, created_at = now(), completed_at = now()
+WHERE l.expires_at IS NOT NULL AND l.expires_at <= now()
+"""
 
 
 def _take_slot(site: _Site, fingerprint: str) -> tuple[Any, tuple[int, str], int]:
@@ -169,49 +194,169 @@ def _journal_model_part(runnable: Runnable[Any, Any], make: Callable[[Runnable[A
     return make(runnable)
 
 
+@dataclass
+class _Entry:
+    """One journaled call: where its record lives and what identifies it."""
+
+    ledger: _DurableBase
+    key: str
+    name: str
+    fingerprint: str
+    preview: str
+    thread_id: str | None  # binds the row to the thread (deleted with it)
+    origin: str | None
+    checkpoint_ns: str
+    task_id: str
+    ttl: float | None
+    taken: tuple[Any, tuple[int, str], int] | None  # the position, given back on failure
+    owner: str = ""
+
+    def __post_init__(self) -> None:
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+    def params(self, result_type: str, result: bytes) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "thread_id": self.thread_id,
+            "origin": self.origin,
+            "ns": self.checkpoint_ns,
+            "task_id": self.task_id,
+            "name": self.name,
+            "fp": self.fingerprint,
+            "preview": self.preview,
+            "owner": self.owner,
+            "result_type": result_type,
+            "result": result,
+            "ttl": self.ttl,
+        }
+
+    def parent(self) -> _Parent:
+        """Calls made inside this one (an @idempotent function in a journaled chain) are
+        keyed under it: when it replays they are not made and shift nothing."""
+        outer = _PARENT.get()
+        chain = (outer.chain if outer is not None else frozenset()) | {self.key}
+        return _Parent(self.key, self.thread_id, self.origin, self.ttl, chain=chain)
+
+
+def _op_record(entry: _Entry, result_type: str, result: bytes) -> Generator[Any, Any, list[dict[str, Any]]]:
+    rows = yield Batch(
+        [Stmt(RECORD_SQL, entry.params(result_type, result)), Stmt(READ_SQL, (entry.key,), fetch=True)]
+    )
+    return list(rows[1])
+
+
+def _encode(entry: _Entry, result: Any) -> tuple[str, bytes]:
+    try:
+        return entry.ledger.serde.dumps_typed(result)
+    except Exception as exc:
+        raise SerializationError(
+            f"the result of journaled {entry.name!r} (a {type(result).__qualname__}) cannot "
+            f"be serialized by the saver's serializer: {exc}; nothing was recorded",
+            value_type=type(result).__qualname__,
+            key=entry.key,
+            thread_id=entry.thread_id,
+        ) from exc
+
+
+def _decode(entry: _Entry, row: Mapping[str, Any]) -> Any:
+    try:
+        return entry.ledger.serde.loads_typed((row["result_type"], bytes(row["result"] or b"")))
+    except Exception as exc:
+        raise SerializationError(
+            f"the recorded result of journaled {entry.name!r} (key {entry.key!r}, thread "
+            f"{entry.thread_id!r}) cannot be decoded: {type(exc).__name__}: {exc}; "
+            "Ledger(saver).forget(key) drops it so the model is called again",
+            value_type=str(row["result_type"]),
+            key=entry.key,
+            thread_id=entry.thread_id,
+        ) from exc
+
+
+def _protocol(entry: _Entry) -> Generator[Any, Any, tuple[bool, Any]]:
+    """Read, call if nothing is recorded, record. Returns (replayed, value); the caller
+    of a live call gets the decoded record, like every replay after it."""
+    rows = yield _Op(functools.partial(_op_one, READ_SQL, (entry.key,)))
+    if rows and rows[0]["status"] == "completed" and not rows[0]["expired"]:
+        return True, _decode(entry, rows[0])
+    result = yield _Invoke()
+    result_type, data = _encode(entry, result)
+    rows = yield _Op(functools.partial(_op_record, entry, result_type, data))
+    row = rows[0] if rows else None
+    if row is not None and row["status"] == "completed" and row["owner"] != entry.owner:
+        return False, _decode(entry, row)  # another execution recorded first
+    return False, entry.ledger.serde.loads_typed((result_type, data))
+
+
+def _drive(entry: _Entry, call: Callable[[], Any]) -> Any:
+    gen = _protocol(entry)
+    send: Any = None
+    throw: BaseException | None = None
+    while True:
+        try:
+            cmd = gen.throw(throw) if throw is not None else gen.send(send)
+        except StopIteration as stop:
+            return stop.value[1]
+        send, throw = None, None
+        try:
+            if isinstance(cmd, _Op):
+                send = entry.ledger.run_op(cmd.factory)
+            else:
+                token = _PARENT.set(entry.parent())
+                try:
+                    send = call()
+                finally:
+                    _PARENT.reset(token)
+        except BaseException as exc:
+            throw = exc
+
+
+async def _adrive(entry: _Entry, call: Callable[[], Any]) -> Any:
+    gen = _protocol(entry)
+    send: Any = None
+    throw: BaseException | None = None
+    while True:
+        try:
+            cmd = gen.throw(throw) if throw is not None else gen.send(send)
+        except StopIteration as stop:
+            return stop.value[1]
+        send, throw = None, None
+        try:
+            if isinstance(cmd, _Op):
+                send = await entry.ledger.arun_op(cmd.factory)
+            else:
+                token = _PARENT.set(entry.parent())
+                try:
+                    send = await call()
+                finally:
+                    _PARENT.reset(token)
+        except BaseException as exc:
+            throw = exc
+
+
+def _resolve(ledger: Any) -> _DurableBase:
+    found = ledger if isinstance(ledger, _DurableBase) else ledger()
+    if not isinstance(found, _DurableBase):
+        raise ConfigurationError(
+            "ledger= must be a DurablePostgresSaver or AsyncDurablePostgresSaver (or a "
+            f"callable returning one), got {type(found).__name__}"
+        )
+    return found
+
+
 class JournaledRunnable(Runnable[Any, Any]):
     """A ``Runnable`` whose calls inside a durable graph run are recorded in the ledger
     and replayed when the same task runs again (a resume after a crash, a ``RetryPolicy``
-    retry). Build it with :func:`journaled`.
+    retry, ``Command(resume=...)``). Build it with :func:`journaled`.
 
     Methods of the wrapped model that return a ``Runnable`` (``bind_tools``,
     ``with_structured_output``, provider-specific ones) return a journaled one; other
     attributes are the wrapped model's."""
 
-    def __init__(
-        self,
-        bound: Runnable[Any, Any],
-        *,
-        name: str | None = None,
-        ledger: Any = None,
-        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
-        claim_ttl: float | None = None,
-    ) -> None:
+    def __init__(self, bound: Runnable[Any, Any], *, name: str | None = None, ledger: Any = None) -> None:
         self.bound = bound
         self.journal_name = name or bound.get_name()
-        self._options: dict[str, Any] = {
-            "name": name,
-            "ledger": ledger,
-            "wait_timeout": wait_timeout,
-            "claim_ttl": claim_ttl,
-        }
-        self._spec = _Spec(
-            fn=bound.invoke,
-            name=self.journal_name,
-            key=None,
-            ttl=None,
-            on_unknown="retry",
-            cache_failures=(),
-            transactional=False,
-            wait_timeout=wait_timeout,
-            claim_ttl=claim_ttl,
-            exclude=frozenset(),
-            ledger=ledger,
-            is_async=False,
-            signature=None,
-            public=None,
-            takes_key=False,
-        )
+        self.ledger = ledger
+        self._options: dict[str, Any] = {"name": name, "ledger": ledger}
 
     # --- what LangChain asks of a Runnable --------------------------------------------
 
@@ -240,7 +385,7 @@ class JournaledRunnable(Runnable[Any, Any]):
         return self.bound.config_specs
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("bound", "_options", "_spec", "journal_name"):
+        if name.startswith("__") or name in ("bound", "ledger", "_options", "journal_name"):
             raise AttributeError(name)
         attr = getattr(self.bound, name)
         if not callable(attr) or isinstance(attr, type):
@@ -262,9 +407,11 @@ class JournaledRunnable(Runnable[Any, Any]):
     # --- one call ------------------------------------------------------------------------
 
     def _ledger(self, site: _Site) -> _DurableBase | None:
-        if self._spec.ledger is None and site.checkpointer is None:
+        if self.ledger is not None:
+            return _resolve(self.ledger)
+        if site.checkpointer is None:
             return None  # a graph without a checkpointer cannot be resumed
-        if self._spec.ledger is None and not isinstance(site.checkpointer, _DurableBase):
+        if not isinstance(site.checkpointer, _DurableBase):
             raise NoLedgerError(
                 f"journaled {self.journal_name!r} has no ledger: the running graph's "
                 f"checkpointer is a {type(site.checkpointer).__name__}. Compile the graph "
@@ -273,17 +420,11 @@ class JournaledRunnable(Runnable[Any, Any]):
                 thread_id=site.thread_id,
                 checkpoint_id=site.checkpoint_id,
             )
-        return _resolve_ledger(self._spec, site)
+        return site.checkpointer
 
-    def _prepare(
-        self,
-        input: Any,
-        kwargs: Mapping[str, Any],
-        mode: str,
-        invoke: Callable[[_Call], Callable[[Any], Any]] | None,
-    ) -> tuple[_Call, tuple[Any, tuple[int, str], int] | None] | None:
-        """The ledger call for this model call, or None to call through (no task, a
-        graph without checkpointer, ``durability="exit"``: nothing could be resumed)."""
+    def _prepare(self, input: Any, kwargs: Mapping[str, Any], mode: str) -> _Entry | None:
+        """The journal entry of this call, or None to call through (no task, a graph
+        without checkpointer, ``durability="exit"``: nothing could be resumed)."""
         site = _current_site()
         if site is None or site.durability == "exit":
             return None
@@ -300,8 +441,6 @@ class JournaledRunnable(Runnable[Any, Any]):
         fingerprint = hashlib.sha256(_dumps({"name": self.journal_name, "args": canon})).hexdigest()
         parent = _PARENT.get()
         taken: tuple[Any, tuple[int, str], int] | None = None
-        await_checkpoint = None
-        state = None
         ttl: float | None = None
         if parent is not None:
             # Inside an @idempotent call (or a journaled chain): keyed under it, so a
@@ -309,16 +448,15 @@ class JournaledRunnable(Runnable[Any, Any]):
             key = KEY_PREFIX + _digest("journal-nested", parent.key, str(parent.counter()), fingerprint)
             thread_id, ttl = parent.thread_id, parent.ttl
         else:
-            state, await_checkpoint = _stable_task(site, ledger)
             taken = _take_slot(site, fingerprint)
             key = KEY_PREFIX + _digest(
                 "journal", site.thread_id or "", site.checkpoint_ns, site.task_id, fingerprint, str(taken[2])
             )
             thread_id = site.thread_id
-        call = _Call(
-            spec=self._spec,
+        return _Entry(
             ledger=ledger,
             key=key,
+            name=self.journal_name,
             fingerprint=fingerprint,
             preview=_preview(input, canon_input),
             thread_id=thread_id,
@@ -326,78 +464,51 @@ class JournaledRunnable(Runnable[Any, Any]):
             checkpoint_ns=site.checkpoint_ns,
             task_id=site.task_id,
             ttl=ttl,
-            claim_ttl=self._spec.claim_ttl if self._spec.claim_ttl is not None else ledger.lease_ttl,
-            invoke=lambda _conn: None,
-            await_checkpoint=await_checkpoint,
-            task_state=state,
+            taken=taken,
         )
-        if invoke is not None:
-            call.invoke = invoke(call)
-        return call, taken
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        def factory(call: _Call) -> Callable[[Any], Any]:
-            def run(_conn: Any) -> Any:
-                return _serializable(call, self.bound.invoke(input, config, **kwargs))
-
-            return run
-
-        prepared = self._prepare(input, kwargs, "invoke", factory)
-        if prepared is None:
+        entry = self._prepare(input, kwargs, "invoke")
+        if entry is None:
             return self.bound.invoke(input, config, **kwargs)
-        call, taken = prepared
         try:
-            return _drive(call, _protocol(call))
+            return _drive(entry, lambda: self.bound.invoke(input, config, **kwargs))
         except Exception:
-            _give_back(taken)
+            _give_back(entry.taken)
             raise
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        def factory(call: _Call) -> Callable[[Any], Any]:
-            async def run(_conn: Any) -> Any:
-                return _serializable(call, await self.bound.ainvoke(input, config, **kwargs))
-
-            return run
-
-        prepared = self._prepare(input, kwargs, "invoke", factory)
-        if prepared is None:
+        entry = self._prepare(input, kwargs, "invoke")
+        if entry is None:
             return await self.bound.ainvoke(input, config, **kwargs)
-        call, taken = prepared
         try:
-            return await _adrive(call, _protocol(call))
+            return await _adrive(entry, lambda: self.bound.ainvoke(input, config, **kwargs))
         except Exception:
-            _give_back(taken)
+            _give_back(entry.taken)
             raise
 
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
-        prepared = self._prepare(input, kwargs, "stream", None)
-        if prepared is None:
+        entry = self._prepare(input, kwargs, "stream")
+        if entry is None:
             yield from self.bound.stream(input, config, **kwargs)
             return
-        call, taken = prepared
-        gen = _protocol(call)
+        gen = _protocol(entry)
         send: Any = None
         throw: BaseException | None = None
-        ran = False
         try:
             while True:
                 try:
                     cmd = gen.throw(throw) if throw is not None else gen.send(send)
                 except StopIteration as stop:
-                    value = stop.value
+                    replayed, value = stop.value
                     break
                 send, throw = None, None
                 try:
                     if isinstance(cmd, _Op):
-                        send = call.ledger.run_op(cmd.factory)
-                    elif isinstance(cmd, _Wait):
-                        time.sleep(cmd.seconds)
+                        send = entry.ledger.run_op(cmd.factory)
                     else:
-                        assert isinstance(cmd, _Invoke)
-                        ran = True
                         chunks: list[Any] = []
-                        inner = _under(call, self.bound.stream(input, config, **kwargs))
-                        _RENEWER.add(call)
+                        inner = _under(entry, self.bound.stream(input, config, **kwargs))
                         try:
                             for chunk in inner:
                                 chunks.append(chunk)
@@ -408,49 +519,41 @@ class JournaledRunnable(Runnable[Any, Any]):
                                     # so a re-execution sees the same (see _assemble).
                                     break
                         finally:
-                            _RENEWER.remove(call)
                             inner.close()
-                        send = _serializable(call, _assemble(chunks))
+                        send = _assemble(chunks)
                 except BaseException as exc:
                     throw = exc
         except Exception:
-            _give_back(taken)
+            _give_back(entry.taken)
             raise
-        if not ran:
+        if replayed:
             yield from _replayed_chunks(value)
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        prepared = self._prepare(input, kwargs, "stream", None)
-        if prepared is None:
+        entry = self._prepare(input, kwargs, "stream")
+        if entry is None:
             async for chunk in self.bound.astream(input, config, **kwargs):
                 yield chunk
             return
-        call, taken = prepared
-        gen = _protocol(call)
+        gen = _protocol(entry)
         send: Any = None
         throw: BaseException | None = None
-        ran = False
         try:
             while True:
                 try:
                     cmd = gen.throw(throw) if throw is not None else gen.send(send)
                 except StopIteration as stop:
-                    value = stop.value
+                    replayed, value = stop.value
                     break
                 send, throw = None, None
                 try:
                     if isinstance(cmd, _Op):
-                        send = await call.ledger.arun_op(cmd.factory)
-                    elif isinstance(cmd, _Wait):
-                        await asyncio.sleep(cmd.seconds)
+                        send = await entry.ledger.arun_op(cmd.factory)
                     else:
-                        assert isinstance(cmd, _Invoke)
-                        ran = True
                         chunks: list[Any] = []
-                        ainner = _aunder(call, self.bound.astream(input, config, **kwargs))
-                        _RENEWER.add(call)
+                        ainner = _aunder(entry, self.bound.astream(input, config, **kwargs))
                         try:
                             async for chunk in ainner:
                                 chunks.append(chunk)
@@ -459,46 +562,22 @@ class JournaledRunnable(Runnable[Any, Any]):
                                 except GeneratorExit:
                                     break
                         finally:
-                            _RENEWER.remove(call)
                             await ainner.aclose()
-                        send = _serializable(call, _assemble(chunks))
+                        send = _assemble(chunks)
                 except BaseException as exc:
                     throw = exc
         except Exception:
-            _give_back(taken)
+            _give_back(entry.taken)
             raise
-        if not ran:
+        if replayed:
             for chunk in _replayed_chunks(value):
                 yield chunk
 
 
-def _serializable(call: _Call, result: Any) -> Any:
-    """Refuse a result the saver's serializer cannot store while the claim is still
-    ours: the protocol then drops the claim (a model call may run again) instead of
-    marking the position failed for good, as it does for an effect."""
-    try:
-        call.serde.dumps_typed(result)
-    except Exception as exc:
-        raise SerializationError(
-            f"the result of journaled {call.spec.name!r} (a {type(result).__qualname__}) "
-            f"cannot be serialized by the saver's serializer: {exc}",
-            value_type=type(result).__qualname__,
-            key=call.key,
-            thread_id=call.thread_id,
-        ) from exc
-    return result
-
-
-def _parent_of(call: _Call) -> _Parent:
-    outer = _PARENT.get()
-    chain = (outer.chain if outer is not None else frozenset()) | {call.key}
-    return _Parent(call.key, call.thread_id, call.origin, call.ttl, chain=chain)
-
-
-def _under(call: _Call, it: Iterator[Any]) -> Generator[Any, None, None]:
-    """Iterate ``it`` with ``call`` as the enclosing call only while its code runs (the
+def _under(entry: _Entry, it: Iterator[Any]) -> Generator[Any, None, None]:
+    """Iterate ``it`` with ``entry`` as the enclosing call only while its code runs (the
     context variable must not leak to the consumer between chunks)."""
-    parent = _parent_of(call)
+    parent = entry.parent()
     try:
         while True:
             token = _PARENT.set(parent)
@@ -515,8 +594,8 @@ def _under(call: _Call, it: Iterator[Any]) -> Generator[Any, None, None]:
             close()
 
 
-async def _aunder(call: _Call, it: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
-    parent = _parent_of(call)
+async def _aunder(entry: _Entry, it: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
+    parent = entry.parent()
     ait = aiter(it)
     try:
         while True:
@@ -534,29 +613,22 @@ async def _aunder(call: _Call, it: AsyncIterator[Any]) -> AsyncGenerator[Any, No
             await aclose()
 
 
-def journaled(
-    runnable: Runnable[Any, Any],
-    *,
-    name: str | None = None,
-    ledger: Any = None,
-    wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
-    claim_ttl: float | None = None,
-) -> Runnable[Any, Any]:
+def journaled(runnable: Runnable[Any, Any], *, name: str | None = None, ledger: Any = None) -> Runnable[Any, Any]:
     """Record the calls of a chat model (or any ``Runnable``) so a re-executed task
     replays them: ``model = journaled(ChatOpenAI(...))``.
 
     Inside a run of a graph compiled with a durable saver, ``invoke`` / ``ainvoke`` /
     ``batch`` / ``stream`` / ``astream`` record each call's result (a stream: the sum of
     its chunks) in the ledger; the same task running again (a resume after a crash, a
-    ``RetryPolicy`` retry) gets the recorded result without calling the model. A fork
-    (time travel, ``update_state``, ``copy_thread``) runs new tasks and calls the model
-    anew. Outside a graph task, in a graph without checkpointer and under
-    ``durability="exit"`` it calls straight through. See docs/journal.md.
+    ``RetryPolicy`` retry, ``Command(resume=...)``) gets the recorded result without
+    calling the model. A fork (time travel, ``update_state``, ``copy_thread``) runs new
+    tasks and calls the model anew. Outside a graph task, in a graph without
+    checkpointer and under ``durability="exit"`` it calls straight through; with a
+    checkpointer that is not durable it raises ``NoLedgerError``. See docs/journal.md.
 
     ``name``: the call's name in its fingerprint and in the ledger (default: the
-    runnable's name); ``ledger``: a saver used instead of the running graph's;
-    ``wait_timeout``: how long a call waits for the same call in flight elsewhere;
-    ``claim_ttl``: the claim lease (default: the saver's ``lease_ttl``).
+    runnable's name); ``ledger``: a durable saver (or a zero-argument callable returning
+    one) used instead of the running graph's checkpointer.
     """
     if not isinstance(runnable, Runnable):
         raise ConfigurationError(
@@ -569,18 +641,7 @@ def journaled(
             "ledger= must be a DurablePostgresSaver or AsyncDurablePostgresSaver (or a "
             f"callable returning one), got {type(ledger).__name__}"
         )
-    wait = _seconds(wait_timeout, "wait_timeout")
-    claim = _seconds(claim_ttl, "claim_ttl")
-    if claim is not None and claim <= 0.5:
-        raise ConfigurationError("claim_ttl must be above 0.5 s")
-    options = {
-        "name": name,
-        "ledger": ledger,
-        "wait_timeout": DEFAULT_WAIT_TIMEOUT if wait is None else wait,
-        "claim_ttl": claim,
-    }
-    return _journal_model_part(runnable, lambda r: JournaledRunnable(r, **options))
-
+    return _journal_model_part(runnable, lambda r: JournaledRunnable(r, name=name, ledger=ledger))
 
 
 __all__ = ["JournaledRunnable", "journaled"]

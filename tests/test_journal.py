@@ -146,17 +146,16 @@ def test_tool_node_loop_sigkill_in_the_second_turn(
 
 
 def test_sigkill_inside_the_model_call_calls_it_again(saver: DurablePostgresSaver, tables: str) -> None:
-    """The model answered but the process died before the answer was recorded: the
-    ledger holds a dead claim. A model call has no effect but its cost, so the resume
-    takes the claim over and calls again (no OutcomeUnknownError, unlike an effect)."""
+    """The model answered but the process died before the answer was recorded. A model
+    call is not an effect: the journal holds no claim, so there is no unknown outcome and
+    no claim lease to wait out; the resume calls the model again."""
     thread, tag = crash(tables, "invoke", "1", kill="inside")
     assert child.answers(tables, tag) == ["answer 1"]
-    (entry,) = Ledger(saver).entries(thread_id=thread)
-    assert entry.status == "started"
+    assert Ledger(saver).entries(thread_id=thread) == []
     out = child.build(saver, tables, tag, "invoke", journal=True).invoke(None, cfg(thread))
     assert last_ai(out) == "answer 2" and child.answers(tables, tag) == ["answer 1", "answer 2"]
     (entry,) = Ledger(saver).entries(thread_id=thread)
-    assert entry.status == "completed" and entry.attempts == 2
+    assert entry.status == "completed" and entry.attempts == 1
 
 
 # --- forks call the model anew -----------------------------------------------------------
