@@ -476,3 +476,52 @@ def test_structured_output_include_raw_and_subgraph(saver: DurablePostgresSaver)
     assert seen == ["city 1", "city 1"] and len(model.calls) == 1
     (entry,) = Ledger(saver).entries(thread_id=thread)
     assert isinstance(Ledger(saver).result(entry.key), AIMessage)
+
+
+def test_functional_api_entrypoint_replays(saver: DurablePostgresSaver) -> None:
+    from langgraph.func import entrypoint
+
+    model = Scripted(calls=[])
+    jm = journaled(model)
+    runs: list[int] = []
+
+    @entrypoint(checkpointer=saver)
+    def flow(q: str) -> str:
+        answer = str(jm.invoke([HumanMessage(q)]).content)
+        runs.append(1)
+        if len(runs) == 1:
+            raise RuntimeError("died after the model call")
+        return answer
+
+    thread = k()
+    with pytest.raises(RuntimeError):
+        flow.invoke("x", cfg(thread))
+    assert flow.invoke(None, cfg(thread)) == "answer 1" and model.calls == ["x"]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_create_react_agent_binds_tools_on_the_journaled_model(saver: DurablePostgresSaver) -> None:
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import create_react_agent
+
+    class Agentic(Scripted):
+        def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+            self.calls.append(str(messages[-1].content))
+            if isinstance(messages[-1], HumanMessage):
+                call = {"name": "lookup", "args": {"q": "a"}, "id": "c1", "type": "tool_call"}
+                msg = AIMessage(content="", tool_calls=[call])
+            else:
+                msg = AIMessage(content="final")
+            return ChatResult(generations=[ChatGeneration(message=msg)])
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return f"found {q}"
+
+    model = Agentic(calls=[])
+    agent = create_react_agent(journaled(model), [lookup], checkpointer=saver)
+    thread = k()
+    out = agent.invoke({"messages": [HumanMessage("q")]}, cfg(thread))
+    assert [m.content for m in out["messages"]] == ["q", "", "found a", "final"]
+    assert len(model.calls) == 2 and len(Ledger(saver).entries(thread_id=thread)) == 2
