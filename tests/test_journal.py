@@ -175,6 +175,10 @@ def test_a_fork_calls_the_model_anew(saver: DurablePostgresSaver, tables: str) -
     # A plain resume of the finished thread calls nothing.
     app.invoke(None, cfg(thread))
     assert len(child.answers(tables, tag)) == 3
+    # The records belong to the thread: deleted with it.
+    assert len(Ledger(saver).entries(thread_id=thread)) == 3
+    saver.delete_thread(thread)
+    assert Ledger(saver).entries(thread_id=thread) == []
 
 
 # --- in-process re-executions (RetryPolicy) ----------------------------------------------
