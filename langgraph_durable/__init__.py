@@ -42,6 +42,7 @@ from langgraph_durable.idempotency import (
     idempotent,
     purge_expired_keys,
 )
+from langgraph_durable.journal import JournaledRunnable, journaled
 from langgraph_durable.poison import QuarantineEntry, RewindResult, ThreadReport
 from langgraph_durable.recovery import (
     RecoveryResult,
@@ -99,6 +100,7 @@ __all__ = [
     "InvalidIdempotencyKeyError",
     "InvalidIdentifierError",
     "InvalidThreadIdError",
+    "JournaledRunnable",
     "Ledger",
     "LedgerEntry",
     "LeaseLostError",
@@ -137,6 +139,7 @@ __all__ = [
     "gc",
     "graph_fingerprint",
     "idempotent",
+    "journaled",
     "migrate_threads",
     "poison",
     "purge_expired_keys",

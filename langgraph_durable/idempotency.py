@@ -61,7 +61,7 @@ from langchain_core.callbacks import (
     AsyncCallbackManagerForToolRun,
     CallbackManagerForToolRun,
 )
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -107,7 +107,7 @@ _RUNTIME = "__pregel_runtime"
 _DURABILITY = "__pregel_durability"
 
 # --- SQL -------------------------------------------------------------------------------
-# Kept beside the protocol that uses it (only this module touches durable_ledger rows;
+# Kept beside the protocol that uses it (only this module and journal.py touch durable_ledger rows;
 # delete_thread / prune reach them through _sql.DELETE_THREAD_EXTRA_SQL).
 
 # Claim a free key, or a key whose TTL ran out (an expired key= key counts as absent).
@@ -546,6 +546,25 @@ def idempotent(
     return decorate(fn)
 
 
+def _journal_runnable(target: Runnable[Any, Any], options: Mapping[str, Any]) -> Any:
+    """``idempotent(model)``: a model call is recorded, not deduplicated as an effect,
+    so it is ``journaled(model)`` (langgraph_durable.journal); the options that only
+    make sense for effects are refused."""
+    from langgraph_durable.journal import journaled
+
+    effect_only: dict[str, Any] = {
+        "key": None, "ttl": None, "on_unknown": "raise", "cache_failures": (),
+        "transactional": False, "exclude": frozenset(), "wait_timeout": 60.0, "claim_ttl": None,
+    }
+    bad = sorted(k for k, default in effect_only.items() if options[k] != default)
+    if bad:
+        raise ConfigurationError(
+            f"idempotent(<Runnable>) journals the runnable's calls (journaled()); "
+            f"options {bad} apply to side effects only"
+        )
+    return journaled(target, name=options["name"], ledger=options["ledger"])
+
+
 def _decorate(target: Any, **options: Any) -> Any:
     from langgraph.func import _TaskFunction
 
@@ -556,6 +575,8 @@ def _decorate(target: Any, **options: Any) -> Any:
         )
     if isinstance(target, BaseTool):
         return _wrap_tool(target, **options)
+    if isinstance(target, Runnable):
+        return _journal_runnable(target, options)
     if not callable(target):
         raise ConfigurationError(f"@idempotent needs a function or a BaseTool, got {target!r}")
     fn = target
