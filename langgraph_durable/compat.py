@@ -30,9 +30,10 @@ import typing
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, cast
 
-from langgraph_durable._io import Batch, Op, Stmt
+from langgraph_durable._io import Batch, Flow, Op, Stmt, Tx
 from langgraph_durable.versioning import (
     _END,
     _INTERRUPT,
@@ -437,7 +438,85 @@ def classify_saved(
     )
 
 
+# --- many threads (versions list) -----------------------------------------------------------
+
+
+def _flow_classify_threads(
+    saver: Any, graph: Any, thread_ids: Sequence[str]
+) -> Flow[dict[str, Compatibility]]:
+    """Each thread's latest root checkpoint classified against ``graph`` (a thread at
+    the graph's own version is ``identical``)."""
+    from langgraph_durable.versioning import VERSION_KEY
+
+    current = graph_fingerprint(graph)
+    loaded: dict[str, Any] = {}
+    for tid in thread_ids:
+        cfg = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
+        loaded[tid] = yield Tx(partial(saver._op_get_tuple, cfg))
+    versions = sorted(
+        {
+            str(t.metadata.get(VERSION_KEY))
+            for t in loaded.values()
+            if t and t.metadata.get(VERSION_KEY)
+        }
+    )
+    rows = (yield Tx(partial(op_load_versions, versions))) if versions else {}
+    out: dict[str, Compatibility] = {}
+    for tid, saved in loaded.items():
+        if saved is None:
+            continue
+        stored = (saved.metadata or {}).get(VERSION_KEY)
+        if stored is None:
+            out[tid] = Compatibility(
+                "unknown", reasons=("unversioned (written by the stock saver): adopted as is",)
+            )
+        elif stored == current:
+            out[tid] = Compatibility("identical", automatic=True)
+        else:
+            out[tid] = classify_saved(saved, str(stored), current, rows, graph)
+    return out
+
+
+def classify_threads(saver: Any, graph: Any, thread_ids: Sequence[str]) -> dict[str, Compatibility]:
+    """How ``graph`` would treat each thread's latest checkpoint (sync saver)."""
+    return cast(
+        "dict[str, Compatibility]", saver.run_flow(_flow_classify_threads(saver, graph, thread_ids))
+    )
+
+
+async def aclassify_threads(
+    saver: Any, graph: Any, thread_ids: Sequence[str]
+) -> dict[str, Compatibility]:
+    """``classify_threads`` for an ``AsyncDurablePostgresSaver``."""
+    return cast(
+        "dict[str, Compatibility]",
+        await saver.arun_flow(_flow_classify_threads(saver, graph, thread_ids)),
+    )
+
+
+def recorded_versions(saver: Any) -> dict[str, dict[str, Any]]:
+    """Rows of ``durable_graph_versions`` by version (without the topology JSON)."""
+
+    def op() -> Op[dict[str, dict[str, Any]]]:
+        rows = yield Batch(
+            [
+                Stmt(
+                    "SELECT version, fingerprint, ambiguous, created_at FROM durable_graph_versions",
+                    None,
+                    fetch=True,
+                    prepare=False,
+                )
+            ]
+        )
+        return {r["version"]: dict(r) for r in rows[0]}
+
+    return cast("dict[str, dict[str, Any]]", saver.run_op(op))
+
+
 __all__ = [
+    "aclassify_threads",
+    "classify_threads",
+    "recorded_versions",
     "Compatibility",
     "classify",
     "classify_saved",

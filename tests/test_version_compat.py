@@ -484,3 +484,59 @@ def test_topology_is_written_once_per_version_not_per_step(
             (psycopg.types.json.Jsonb(graph_topology(g)["description"]), graph_fingerprint(g)),
         ).fetchone()
     assert row == (graph_fingerprint(g), True)
+
+
+# --- the CLI shows the classification ----------------------------------------------------
+
+_SINK: list[str] = []
+GRAPH_WITH_AUDIT = _pipeline(_SINK, extra_node=True)  # for `versions list --graph`
+GRAPH_WITHOUT_REVIEW = _pipeline(_SINK, drop_review=True)
+
+
+def test_cli_versions_list_classifies_against_a_graph(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from langgraph_durable.cli import app
+    from langgraph_durable.cli._common import console
+
+    monkeypatch.setattr(console, "width", 400)  # one line per row
+
+    runner = CliRunner()
+    here = __file__
+
+    def run_json(*args: str) -> Any:
+        result = runner.invoke(app, ["versions", "list", *args, "--dsn", dsn, "--json"])
+        assert result.exit_code == 0, (result.output, result.exception)
+        return json.loads(result.stdout)
+
+    ran: list[str] = []
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        g1 = _pause(saver, "cli-paused", ran)
+        _pipeline(ran, asks=None).compile(checkpointer=saver).invoke({"log": []}, cfg("cli-done"))
+    v1 = graph_fingerprint(g1)
+    rows = {
+        r["thread_id"]: r["compatibility"]
+        for r in run_json("--threads", "--graph", f"{here}:GRAPH_WITHOUT_REVIEW")
+        if r["thread_id"].startswith("cli-")
+    }
+    assert rows["cli-paused"]["verdict"] == "incompatible"
+    assert any("'review'" in r for r in rows["cli-paused"]["reasons"])
+    assert rows["cli-done"]["verdict"] == "compatible"
+    rows = {
+        r["thread_id"]: r["compatibility"]
+        for r in run_json("--threads", "--graph", f"{here}:GRAPH_WITH_AUDIT")
+        if r["thread_id"].startswith("cli-")
+    }
+    assert rows["cli-paused"]["verdict"] == "compatible" and rows["cli-paused"]["automatic"]
+    groups = {g["graph_version"]: g for g in run_json("--graph", f"{here}:GRAPH_WITHOUT_REVIEW")}
+    assert groups[v1]["topology"] == "stored"
+    assert groups[v1]["vs_graph"].get("incompatible", 0) >= 1
+    table = runner.invoke(
+        app,
+        ["versions", "list", "--threads", "--graph", f"{here}:GRAPH_WITHOUT_REVIEW", "--dsn", dsn],
+    )
+    assert table.exit_code == 0 and "incompatible" in table.stdout
