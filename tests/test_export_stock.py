@@ -286,3 +286,38 @@ def test_cli_export_stock_dry_run_then_verify(dsn: str) -> None:
     assert out["verified"] == {"threads": 1, "mismatches": 0}
     assert out["totals"]["blobs"] == plan["totals"]["blobs"]
     assert ref_rows(dsn, "exp-cli") == 0
+
+
+def test_uninstall_as_documented_keeps_every_thread(admin_dsn: str) -> None:
+    """export-stock, then drop every durable_* object (the list the docs give): the
+    stock saver, set up again, reads the thread exactly as the durable saver did."""
+    from conftest import drop_database, make_database
+
+    from langgraph_durable.export import DURABLE_FUNCTIONS, DURABLE_INDEXES, DURABLE_TABLES
+
+    url = make_database(admin_dsn, "uninstall")
+    try:
+        with DurablePostgresSaver.from_conn_string(url) as saver:
+            saver.setup()
+            g = chat_graph().compile(checkpointer=saver)
+            for i in range(4):
+                g.invoke({"messages": [HumanMessage(f"{BIG} u{i}")]}, cfg("exp-uninstall"))
+                g.invoke(Command(resume="ok"), cfg("exp-uninstall"))
+            before = state_view(g, "exp-uninstall")
+            tuples = snapshot_thread(saver, "exp-uninstall")
+            assert export_stock(saver).ok
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {', '.join(DURABLE_TABLES)}")
+            conn.execute(f"DROP FUNCTION {', '.join(DURABLE_FUNCTIONS)}")
+            conn.execute(f"DROP INDEX {', '.join(DURABLE_INDEXES)}")
+            left = conn.execute(
+                "SELECT count(*) FROM pg_class WHERE relname LIKE 'durable%%' "
+                "AND relnamespace = 'public'::regnamespace"
+            ).fetchone()
+            assert left == (0,)
+        with PostgresSaver.from_conn_string(url) as stock:
+            stock.setup()
+            assert compare_snapshots(tuples, snapshot_thread(stock, "exp-uninstall")) == []
+            assert state_view(chat_graph().compile(checkpointer=stock), "exp-uninstall") == before
+    finally:
+        drop_database(admin_dsn, url)
