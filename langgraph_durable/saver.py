@@ -28,11 +28,11 @@ import inspect
 import json
 import logging
 import os
+import secrets
 import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from contextvars import ContextVar
@@ -265,7 +265,9 @@ def process_identity() -> str:
 
 
 def _owner_id() -> str:
-    return f"{process_identity()}:{uuid.uuid4().hex[:12]}"
+    # Not uuid.uuid4(): tests (LangGraph's own, deterministic_uuids) patch it to number
+    # message ids, and one draw per run start here shifted every id they expect.
+    return f"{process_identity()}:{secrets.token_hex(6)}"
 
 
 def owner_is_dead(owner: str | None) -> bool:

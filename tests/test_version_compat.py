@@ -540,3 +540,28 @@ def test_cli_versions_list_classifies_against_a_graph(
         ["versions", "list", "--threads", "--graph", f"{here}:GRAPH_WITHOUT_REVIEW", "--dsn", dsn],
     )
     assert table.exit_code == 0 and "incompatible" in table.stdout
+
+
+def test_saver_draws_no_uuid4_so_mocked_message_ids_stay_in_sequence(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LangGraph's suites number message ids by patching uuid.uuid4 (deterministic_uuids,
+    used by test_root_graph): a run must draw from it exactly as with the stock saver."""
+    import uuid
+
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    real = uuid.uuid4
+    draws: list[int] = []
+    monkeypatch.setattr(uuid, "uuid4", lambda: draws.append(1) or real())
+
+    def run(checkpointer: Any, tid: str) -> int:
+        draws.clear()
+        g = _chat_app(PlainState, checkpointer)
+        g.invoke({"messages": [HumanMessage("hi")]}, cfg(tid))
+        g.invoke({"messages": [HumanMessage("again")]}, cfg(tid))
+        return len(draws)
+
+    baseline = run(InMemorySaver(), "uuid-mem")
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        assert run(saver, "uuid-durable") == baseline
