@@ -30,6 +30,7 @@ from langgraph_durable.errors import (
     ThreadBusyError,
     UnstableKeyError,
 )
+from langgraph_durable.export import ExportReport, aexport_stock, export_stock
 from langgraph_durable.idempotency import (
     IdempotentTool,
     Ledger,
@@ -86,6 +87,7 @@ __all__ = [
     "DurableError",
     "DurablePostgresSaver",
     "EmbeddedPostgresError",
+    "ExportReport",
     "GcReport",
     "GraphVersionMismatchError",
     "IdempotencyConflictError",
@@ -118,6 +120,7 @@ __all__ = [
     "ThreadReport",
     "WorkerStats",
     "agc",
+    "aexport_stock",
     "amigrate_threads",
     "arecompute_refs",
     "arecover",
@@ -129,6 +132,7 @@ __all__ = [
     "gc",
     "graph_fingerprint",
     "idempotent",
+    "export_stock",
     "migrate_threads",
     "poison",
     "purge_expired_keys",

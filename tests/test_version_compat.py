@@ -565,3 +565,34 @@ def test_saver_draws_no_uuid4_so_mocked_message_ids_stay_in_sequence(
     baseline = run(InMemorySaver(), "uuid-mem")
     with DurablePostgresSaver.from_conn_string(dsn) as saver:
         assert run(saver, "uuid-durable") == baseline
+
+
+def test_changed_subgraph_with_a_thread_paused_inside_it_is_refused(dsn: str) -> None:
+    """The counterpart of test_versioning's subgraph test: here the pending work (an
+    interrupt) is inside the changed subgraph, so it is incompatible."""
+    ran: list[str] = []
+
+    def outer(extra: bool) -> Any:
+        inner = StateGraph(S)
+        inner.add_node("draft", _rec("draft", ran, asks=True))
+        inner.add_edge(START, "draft")
+        if extra:
+            inner.add_node("polish", _rec("polish", ran))
+            inner.add_edge("draft", "polish")
+            inner.add_edge("polish", END)
+        else:
+            inner.add_edge("draft", END)
+        b = StateGraph(S)
+        b.add_node("write", inner.compile())
+        b.add_edge(START, "write")
+        b.add_edge("write", END)
+        return b
+
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        assert "__interrupt__" in outer(False).compile(checkpointer=saver).invoke(
+            {"log": []}, cfg("sub-in")
+        )
+        with pytest.raises(GraphVersionMismatchError) as err:
+            outer(True).compile(checkpointer=saver).invoke(Command(resume="ok"), cfg("sub-in"))
+        assert any("node 'write' changed" in r for r in err.value.compatibility["reasons"])
+        assert ran == ["draft"]
