@@ -321,3 +321,22 @@ def test_uninstall_as_documented_keeps_every_thread(admin_dsn: str) -> None:
             assert state_view(chat_graph().compile(checkpointer=stock), "exp-uninstall") == before
     finally:
         drop_database(admin_dsn, url)
+
+
+def test_damaged_artifact_fails_the_thread_and_writes_nothing(dsn: str) -> None:
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        g = chat_graph().compile(checkpointer=saver)
+        g.invoke({"messages": [HumanMessage(BIG + " damaged")]}, cfg("exp-damaged"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE durable_artifacts SET data = '\\x28b52ffd00'::bytea WHERE digest = "
+            "(SELECT r.digest FROM durable_artifact_refs r WHERE r.thread_id = 'exp-damaged' "
+            "AND NOT EXISTS (SELECT 1 FROM durable_artifact_refs o WHERE o.digest = r.digest "
+            "AND o.thread_id <> 'exp-damaged') LIMIT 1)"  # one no other thread shares
+        )
+    rows = raw(dsn, "exp-damaged")
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:  # a fresh cache
+        report = export_stock(saver, thread_ids=["exp-damaged"])
+    assert list(report.failed) == ["exp-damaged"] and not report.ok
+    assert "corrupted" in report.failed["exp-damaged"]
+    assert raw(dsn, "exp-damaged") == rows
