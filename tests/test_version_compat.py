@@ -596,3 +596,33 @@ def test_changed_subgraph_with_a_thread_paused_inside_it_is_refused(dsn: str) ->
             outer(True).compile(checkpointer=saver).invoke(Command(resume="ok"), cfg("sub-in"))
         assert any("node 'write' changed" in r for r in err.value.compatibility["reasons"])
         assert ran == ["draft"]
+
+
+def test_cli_versions_record_backfills_an_old_version(dsn: str) -> None:
+    """A version written before topologies were stored is 'unknown' (refused) until its
+    topology is recorded from the old code; then it is classified like any other."""
+    from typer.testing import CliRunner
+
+    from langgraph_durable.cli import app
+
+    ran: list[str] = []
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        g1 = _pause(saver, "backfill-1", ran)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "DELETE FROM durable_graph_versions WHERE version = %s", (graph_fingerprint(g1),)
+            )
+        g2 = _pipeline(ran, extra_node=True).compile(checkpointer=saver)
+        with pytest.raises(GraphVersionMismatchError):
+            g2.invoke(Command(resume="ok"), cfg("backfill-1"))
+        result = CliRunner().invoke(
+            app,
+            ["versions", "record", "--graph", f"{__file__}:OLD_PIPELINE", "--dsn", dsn, "--json"],
+        )
+        assert result.exit_code == 0, result.output
+        assert '"version": "%s"' % graph_fingerprint(g1) in result.stdout
+        g2.invoke(Command(resume="ok"), cfg("backfill-1"))
+        assert ran[-2:] == ["review", "finish"]
+
+
+OLD_PIPELINE = _pipeline(_SINK)  # the "old code" for `versions record --graph`

@@ -1,4 +1,4 @@
-"""CLI commands: ``versions list|migrate|log|undo|fingerprint``.
+"""CLI commands: ``versions list|migrate|log|undo|record|fingerprint``.
 
 ``list`` shows what must drain before old code can go (threads by the graph version of
 their latest checkpoint); ``migrate`` applies registered migrations in batch. The CLI
@@ -439,6 +439,39 @@ def undo_cmd(
     console.print(
         f"thread {thread_id}: migration {out['migration_id']} undone, back at "
         f"{out['restored_version']} (was {out['undone_version']})"
+    )
+
+
+@versions_app.command("record")
+def record_cmd(
+    graph: GraphOption,
+    version: Annotated[
+        str | None,
+        typer.Option("--version", help="The version name to record it under (default: its fingerprint)."),
+    ] = None,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Store a graph's topology for its version, as a run start does. For versions written
+    before topologies were stored: with the old code at hand, record it once and their
+    threads are classified (compatible ones then resume) instead of refused as unknown."""
+    from langgraph_durable import compat
+    from langgraph_durable import versioning as v
+
+    g, _ = _graph(graph)
+    topology = compat.graph_topology(g)
+    name = version or v.graph_fingerprint(g)
+    with open_saver(dsn, schema) as saver:
+        saver.run_op(lambda: compat.op_record_version(name, topology))
+        row = compat.recorded_versions(saver).get(name) or {}
+    out = {"version": name, "fingerprint": topology["fingerprint"], "ambiguous": bool(row.get("ambiguous"))}
+    if as_json:
+        print_json(out)
+        return
+    console.print(
+        f"recorded the topology of {name}"
+        + (" [yellow](ambiguous: this name was recorded for another topology)[/]" if out["ambiguous"] else "")
     )
 
 
