@@ -416,9 +416,14 @@ def classify_saved(
     """``classify`` for a loaded checkpoint tuple, with the topologies ``rows`` (by
     version) and, when known, the running graph (else its stored topology)."""
     stored = stored_topology(rows.get(stored_version))
-    running = (
-        graph_topology(graph) if graph is not None else stored_topology(rows.get(current_version))
-    )
+    try:
+        running = (
+            graph_topology(graph)
+            if graph is not None
+            else stored_topology(rows.get(current_version))
+        )
+    except Exception as exc:  # a graph we cannot describe: fail closed
+        return Compatibility("unknown", reasons=(f"cannot describe the running graph: {exc}",))
     if running is None:
         return Compatibility(
             "unknown", reasons=(f"no topology known for the running version {current_version!r}",)
@@ -428,14 +433,19 @@ def classify_saved(
         and is_automatic(stored_version, stored)
         and is_automatic(current_version, running)
     )
-    return classify(
-        stored,
-        running,
-        saved.checkpoint,
-        list(saved.pending_writes or []),
-        stored_version=stored_version,
-        automatic=automatic,
-    )
+    try:
+        return classify(
+            stored,
+            running,
+            saved.checkpoint,
+            list(saved.pending_writes or []),
+            stored_version=stored_version,
+            automatic=automatic,
+        )
+    except Exception as exc:  # a damaged topology row: fail closed (refused as unknown)
+        return Compatibility(
+            "unknown", reasons=(f"could not classify: {type(exc).__name__}: {exc}",)
+        )
 
 
 # --- many threads (versions list) -----------------------------------------------------------

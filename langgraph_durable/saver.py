@@ -1271,10 +1271,10 @@ class _DurableBase(BasePostgresSaver):
             return cast(CheckpointTuple, reloaded)
         if policy == "auto-upgrade":
             return saved
-        if policy == "strict":
-            raise GraphVersionMismatchError(thread_id, str(stored), current)
         rows = yield Tx(lambda: op_load_versions([str(stored), current]))
         compat = classify_saved(saved, str(stored), current, rows, graph)
+        if policy == "strict":
+            raise GraphVersionMismatchError(thread_id, str(stored), current, compat.as_dict())
         if policy == "warn":
             orphans = pending_orphans(saved, graph) if graph is not None else []
             logger.warning(

@@ -628,3 +628,30 @@ def test_cli_versions_record_backfills_an_old_version(dsn: str) -> None:
 
 
 OLD_PIPELINE = _pipeline(_SINK)  # the "old code" for `versions record --graph`
+
+
+def test_damaged_topology_row_is_refused_as_unknown(dsn: str) -> None:
+    ran: list[str] = []
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        g1 = _pause(saver, "damaged-topo-1", ran)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE durable_graph_versions SET topology = jsonb_set(topology, '{description}', "
+                "'\"garbage\"') WHERE version = %s",
+                (graph_fingerprint(g1),),
+            )
+        g2 = _pipeline(ran, extra_node=True).compile(checkpointer=saver)
+        with pytest.raises(GraphVersionMismatchError) as err:
+            g2.invoke(Command(resume="ok"), cfg("damaged-topo-1"))
+        assert err.value.compatibility["verdict"] == "unknown"
+        assert ran == ["fetch", "review"]
+        strict = _pipeline(ran, extra_node=True).compile(
+            checkpointer=saver.bind(version_policy="strict")
+        )
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "DELETE FROM durable_graph_versions WHERE version = %s", (graph_fingerprint(g1),)
+            )
+        with pytest.raises(GraphVersionMismatchError) as err:
+            strict.invoke(Command(resume="ok"), cfg("damaged-topo-1"))
+        assert err.value.compatibility["verdict"] == "unknown"  # strict errors classify too
