@@ -264,7 +264,13 @@ def classify(
     reasons: list[str] = []
 
     def work(node: str) -> str:
-        return "pending work and an interrupt" if pend.interrupted else "pending work"
+        # Interrupts are stored per task id, which hashes the node with its triggers: the
+        # thread is known to be paused at an interrupt, not (without the old graph) whose.
+        return (
+            "pending work (the thread is paused at an interrupt)"
+            if pend.interrupted
+            else "pending work"
+        )
 
     s_nodes: Mapping[str, Any] = s.get("nodes") or {}
     r_nodes: Mapping[str, Any] = r.get("nodes") or {}
