@@ -655,3 +655,18 @@ def test_damaged_topology_row_is_refused_as_unknown(dsn: str) -> None:
         with pytest.raises(GraphVersionMismatchError) as err:
             strict.invoke(Command(resume="ok"), cfg("damaged-topo-1"))
         assert err.value.compatibility["verdict"] == "unknown"  # strict errors classify too
+
+
+async def test_async_classify_threads(dsn: str) -> None:
+    from langgraph_durable.compat import aclassify_threads
+
+    ran: list[str] = []
+    async with AsyncDurablePostgresSaver.from_conn_string(dsn) as saver:
+        g1 = _pipeline(ran).compile(checkpointer=saver)
+        assert "__interrupt__" in await g1.ainvoke({"log": [], "note": "n"}, cfg("aclassify-1"))
+        found = await aclassify_threads(
+            saver, _pipeline(ran, drop_review=True).compile(), ["aclassify-1"]
+        )
+        assert found["aclassify-1"].verdict == "incompatible"
+        same = await aclassify_threads(saver, _pipeline(ran).compile(), ["aclassify-1"])
+        assert same["aclassify-1"].verdict == "identical"
