@@ -34,6 +34,7 @@ from langgraph_durable.errors import (
     UnencodableValueError,
     UnstableKeyError,
 )
+from langgraph_durable.export import ExportReport, aexport_stock, export_stock
 from langgraph_durable.idempotency import (
     IdempotentTool,
     Ledger,
@@ -91,6 +92,7 @@ __all__ = [
     "DurableError",
     "DurablePostgresSaver",
     "EmbeddedPostgresError",
+    "ExportReport",
     "GcReport",
     "GraphVersionMismatchError",
     "IdempotencyConflictError",
@@ -128,6 +130,7 @@ __all__ = [
     "ThreadReport",
     "WorkerStats",
     "agc",
+    "aexport_stock",
     "amigrate_threads",
     "arecompute_refs",
     "arecover",
@@ -139,6 +142,7 @@ __all__ = [
     "gc",
     "graph_fingerprint",
     "idempotent",
+    "export_stock",
     "journaled",
     "migrate_threads",
     "poison",

@@ -211,6 +211,17 @@ MIGRATIONS: list[str] = [
     """CREATE INDEX IF NOT EXISTS durable_checkpoints_run_idx ON checkpoints ((metadata ->> 'run_id'))
         WHERE (metadata ->> 'run_id') IS NOT NULL""",
     "DROP INDEX IF EXISTS durable_checkpoints_run_id_idx",
+    # Graph versions (compat.py): each version's topology (the JSON its fingerprint
+    # hashes, plus declared value types), written once per version at run start, so a
+    # version mismatch can be classified identical / compatible / incompatible.
+    # ``ambiguous``: the version name was stamped by graphs of different topologies.
+    """CREATE TABLE IF NOT EXISTS durable_graph_versions (
+        version TEXT PRIMARY KEY,
+        fingerprint TEXT NOT NULL,
+        topology JSONB NOT NULL,
+        ambiguous BOOLEAN NOT NULL DEFAULT false,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
 ]
 
 # --- leases / lifecycle --------------------------------------------------------------

@@ -238,15 +238,29 @@ class ArtifactIntegrityError(ArtifactError, CheckpointLoadError):
 class GraphVersionMismatchError(DurableError):
     """A thread's latest checkpoint was written by another graph version."""
 
-    def __init__(self, thread_id: str, stored: str | None, current: str | None) -> None:
+    def __init__(
+        self,
+        thread_id: str,
+        stored: str | None,
+        current: str | None,
+        compatibility: dict[str, Any] | None = None,
+    ) -> None:
+        # compatibility: compat.Compatibility.as_dict() (verdict, changes, reasons), or
+        # None when it was not classified (unversioned thread, strict policy).
+        why = ""
+        if compatibility:
+            verdict = compatibility.get("verdict")
+            detail = compatibility.get("reasons") or compatibility.get("changes") or []
+            why = f" The difference is {verdict}" + (f": {'; '.join(detail)}." if detail else ".")
         super().__init__(
             f"thread {thread_id!r} was checkpointed by graph version {stored!r} but the "
-            f"running graph is {current!r}; register a migration "
+            f"running graph is {current!r}.{why} Register a migration "
             f"(saver.migrations.register({stored!r}, {current!r}, fn)) or resume with the "
             "old code. Reading the thread (get_state) still works.",
             thread_id=thread_id,
             stored=stored,
             current=current,
+            compatibility=compatibility,
         )
 
 

@@ -28,11 +28,11 @@ import inspect
 import json
 import logging
 import os
+import secrets
 import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from contextvars import ContextVar
@@ -94,6 +94,12 @@ from langgraph_durable._io import (
     Tx,
 )
 from langgraph_durable.artifacts import ArtifactCodec, ArtifactConfig, KnownRefs
+from langgraph_durable.compat import (
+    classify_saved,
+    graph_topology,
+    op_load_versions,
+    op_record_version,
+)
 from langgraph_durable.embedded import resolve_dsn
 from langgraph_durable.errors import (
     CheckpointLoadError,
@@ -280,7 +286,9 @@ def process_identity() -> str:
 
 
 def _owner_id() -> str:
-    return f"{process_identity()}:{uuid.uuid4().hex[:12]}"
+    # Not uuid.uuid4(): tests (LangGraph's own, deterministic_uuids) patch it to number
+    # message ids, and one draw per run start here shifted every id they expect.
+    return f"{process_identity()}:{secrets.token_hex(6)}"
 
 
 def owner_is_dead(owner: str | None) -> bool:
@@ -413,7 +421,7 @@ class _DurableBase(BasePostgresSaver):
     ) -> None:
         super().__init__(serde=serde)
         self.schema = _sql.validate_schema(schema)
-        if version_policy not in ("refuse", "warn", "auto-upgrade"):
+        if version_policy not in VERSION_POLICIES:
             raise ConfigurationError(f"unknown version_policy {version_policy!r}")
         if unversioned_policy not in ("adopt", "refuse"):
             raise ConfigurationError(f"unknown unversioned_policy {unversioned_policy!r}")
@@ -447,6 +455,8 @@ class _DurableBase(BasePostgresSaver):
         self._leases = _LeaseRegistry()
         self._renewer: _Renewer | None = None
         self._renewer_lock = threading.Lock()
+        # Graph versions whose topology this saver (and its bind() views) stored.
+        self._recorded_versions: set[str] = set()
 
     # ------------------------------------------------------------------ drivers
     def _run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
@@ -1448,6 +1458,7 @@ class _DurableBase(BasePostgresSaver):
         )
         self._leases.add(lease)
         try:
+            yield from self._flow_record_version(version, ctx)
             if lease.attempts > self.max_resume_attempts and lease.checkpoint_id is not None:
                 # This is start number max+1 from the same checkpoint: the max runs before
                 # it all failed there (exception or dead process). It never runs a node.
@@ -1506,15 +1517,39 @@ class _DurableBase(BasePostgresSaver):
             return cast(CheckpointTuple, reloaded)
         if policy == "auto-upgrade":
             return saved
+        rows = yield Tx(lambda: op_load_versions([str(stored), current]))
+        compat = classify_saved(saved, str(stored), current, rows, graph)
+        if policy == "strict":
+            raise GraphVersionMismatchError(thread_id, str(stored), current, compat.as_dict())
         if policy == "warn":
             orphans = pending_orphans(saved, graph) if graph is not None else []
             logger.warning(
-                "thread %s was written by graph version %s, resuming on %s (version_policy=warn)%s",
-                thread_id, stored, current,
+                "thread %s was written by graph version %s, resuming on %s (version_policy=warn, %s)%s",
+                thread_id, stored, current, compat.summary(),
                 f"; pending work for missing node(s) {orphans} will be skipped" if orphans else "",
             )
             return saved
-        raise GraphVersionMismatchError(thread_id, str(stored), current)
+        if compat.automatic and compat.verdict in ("identical", "compatible"):
+            logger.info(
+                "thread %s: graph version %s -> %s is %s; resuming", thread_id, stored, current,
+                compat.summary(),
+            )
+            return saved
+        raise GraphVersionMismatchError(thread_id, str(stored), current, compat.as_dict())
+
+    def _flow_record_version(self, version: str | None, ctx: _RunContext) -> Flow[None]:
+        """Store the running graph's topology once per version (per saver and its
+        views): later mismatches are classified against it. One statement the first
+        time a version runs in this process, nothing after, nothing per step."""
+        if not version or ctx.graph is None or version in self._recorded_versions:
+            return
+        try:
+            topology = graph_topology(ctx.graph)
+        except Exception:  # a graph we cannot describe: its threads classify "unknown"
+            logger.debug("could not describe %r", ctx.graph, exc_info=True)
+            return
+        yield Tx(lambda: op_record_version(version, topology))
+        self._recorded_versions.add(version)
 
     def _op_rewrite(
         self,

@@ -7,7 +7,10 @@ compares that version with the running graph's and applies the policy:
 
 * ``"refuse"`` (default): raise ``GraphVersionMismatchError`` before any node runs,
   unless a migration path from the stored version to the current one is registered,
-  in which case the checkpoint is migrated (atomically, in place) and the run goes on.
+  in which case the checkpoint is migrated (atomically, in place) and the run goes on,
+  or both versions are fingerprints and the difference is *compatible* for this
+  thread (``compat.py``: e.g. an added state key), in which case it simply goes on.
+* ``"strict"``: as ``"refuse"`` but any difference without a migration is refused.
 * ``"warn"``: log a warning (naming pending work the new graph cannot run) and
   continue on the new graph (LangGraph's stock behaviour).
 * ``"auto-upgrade"``: an operator's per-invoke override (``configurable.version_policy``)
@@ -56,9 +59,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("langgraph_durable.versioning")
 
-VersionPolicy = Literal["refuse", "warn", "auto-upgrade"]
+VersionPolicy = Literal["refuse", "strict", "warn", "auto-upgrade"]
 UnversionedPolicy = Literal["adopt", "refuse"]
-VERSION_POLICIES: tuple[str, ...] = ("refuse", "warn", "auto-upgrade")
+VERSION_POLICIES: tuple[str, ...] = ("refuse", "strict", "warn", "auto-upgrade")
 VERSION_KEY = "graph_version"
 POLICY_KEY = "version_policy"
 MIGRATED_FROM_KEY = "migrated_from"

@@ -371,16 +371,22 @@ def test_finished_sends_to_a_renamed_node_are_not_rerun(dsn: str) -> None:
 
 
 def test_subgraph_change_is_refused(dsn: str) -> None:
+    """A changed subgraph changes the fingerprint: strict refuses; the default policy
+    lets the thread go on, as the changed subgraph has no pending work (the thread is
+    paused in ``gate``, after it)."""
     tid = "subgraph-1"
     with DurablePostgresSaver.from_conn_string(dsn) as saver:
         old = G.build_with_subgraph(False).compile(checkpointer=saver)
         assert "__interrupt__" in old.invoke({"log": []}, cfg(tid))
         ran = G.executed(dsn, tid)
-        new = G.build_with_subgraph(True).compile(checkpointer=saver)
+        new = G.build_with_subgraph(True).compile(checkpointer=saver.bind(version_policy="strict"))
         with pytest.raises(GraphVersionMismatchError) as err:
             new.invoke(Command(resume="go"), cfg(tid))
         assert err.value.stored == graph_fingerprint(old) != graph_fingerprint(new)
         assert G.executed(dsn, tid) == ran
+        default = G.build_with_subgraph(True).compile(checkpointer=saver)
+        default.invoke(Command(resume="go"), cfg(tid))
+        assert G.executed(dsn, tid) == [*ran, "outer:gate"]
 
 
 # --- policies ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ import typer
 from langgraph_durable.cli import (
     _demo,
     _embedded,
+    _export,
     _ledger,
     _quarantine,
     _storage,
@@ -26,7 +27,9 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-for module in (_demo, _embedded, _threads, _versions, _storage, _quarantine, _ledger, _worker):
+for module in (
+    _demo, _embedded, _threads, _versions, _storage, _quarantine, _ledger, _worker, _export
+):
     module.register(app)
 
 

@@ -1,4 +1,4 @@
-"""CLI commands: ``versions list|migrate|log|undo|fingerprint``.
+"""CLI commands: ``versions list|migrate|log|undo|record|fingerprint``.
 
 ``list`` shows what must drain before old code can go (threads by the graph version of
 their latest checkpoint); ``migrate`` applies registered migrations in batch. The CLI
@@ -189,32 +189,64 @@ def list_cmd(
         str | None, typer.Option("--status", help="Only threads in this status (waiting, done, ...).")
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many threads.")] = 200,
+    graph: Annotated[
+        str | None,
+        typer.Option(
+            "--graph",
+            help="Classify each thread against this graph (module:attr or file.py:attr): "
+            "identical / compatible / incompatible / unknown, as a run start would.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Threads grouped by the graph version of their latest checkpoint (what must drain
-    before the old code goes), or one row per thread with --version/--threads."""
+    before the old code goes), or one row per thread with --version/--threads. With
+    --graph, how that graph would treat each thread (its pending work included)."""
+    from langgraph_durable import compat
     from langgraph_durable import versioning as v
 
     if version is not None and unversioned:
         raise _fail("--version and --unversioned exclude each other")
     per_thread = threads or version is not None or unversioned or status is not None
+    g = _graph(graph)[0] if graph else None
     with open_saver(dsn, schema) as saver:
+        recorded = compat.recorded_versions(saver)
         if not per_thread:
             groups = v.version_summary(saver)
+            for grp in groups:
+                row = recorded.get(grp["graph_version"] or "")
+                grp["topology"] = (
+                    "ambiguous" if row and row["ambiguous"] else "stored" if row else "none"
+                )
+            if g is not None:
+                verdicts = _classify_all(saver, g)
+                for grp in groups:
+                    counts: dict[str, int] = {}
+                    for ver, verdict in verdicts:
+                        if ver == grp["graph_version"]:
+                            counts[verdict] = counts.get(verdict, 0) + 1
+                    grp["vs_graph"] = counts
             if as_json:
                 print_json(groups)
                 return
             table = Table(title="Threads by graph version (latest checkpoint)")
-            for col in ("graph version", "threads", "unfinished", "by status", "last activity"):
+            cols = ["graph version", "threads", "unfinished", "by status", "last activity", "topology"]
+            if g is not None:
+                cols.append("vs --graph")
+            for col in cols:
                 table.add_column(col, justify="right" if col in ("threads", "unfinished") else "left")
-            for g in groups:
-                table.add_row(
-                    _label(g["graph_version"]),
-                    str(g["threads"]),
-                    str(g["unfinished"]),
-                    ", ".join(f"{k} {n}" for k, n in sorted(g["by_status"].items())),
-                    _when(g["last_activity"]),
-                )
+            for grp in groups:
+                cells = [
+                    _label(grp["graph_version"]),
+                    str(grp["threads"]),
+                    str(grp["unfinished"]),
+                    ", ".join(f"{k} {n}" for k, n in sorted(grp["by_status"].items())),
+                    _when(grp["last_activity"]),
+                    grp["topology"],
+                ]
+                if g is not None:
+                    cells.append(", ".join(f"{k} {n}" for k, n in sorted(grp["vs_graph"].items())))
+                table.add_row(*cells)
             console.print(table)
             if not groups:
                 console.print("no threads")
@@ -226,23 +258,54 @@ def list_cmd(
             status=status,
             limit=limit,
         )
+        if g is not None:
+            found = compat.classify_threads(saver, g, [r["thread_id"] for r in rows])
+            for r in rows:
+                c = found.get(r["thread_id"])
+                r["compatibility"] = c.as_dict() if c is not None else None
     if as_json:
         print_json(rows)
         return
     table = Table(title=f"Threads{f' at {version}' if version else ''}{' (unversioned)' if unversioned else ''}")
-    for col in ("thread", "graph version", "status", "step", "migrated from", "last activity"):
+    cols = ["thread", "graph version", "status", "step", "migrated from", "last activity"]
+    if g is not None:
+        cols.append("vs --graph")
+    for col in cols:
         table.add_column(col)
     for r in rows:
-        table.add_row(
+        cells = [
             r["thread_id"],
             _label(r["graph_version"]),
             r["status"],
             "-" if r["step"] is None else str(r["step"]),
             r["migrated_from"] or "-",
             _when(r["last_activity"]),
-        )
+        ]
+        if g is not None:
+            c = r.get("compatibility")
+            cells.append(_verdict_cell(c))
+        table.add_row(*cells)
     console.print(table)
     console.print(f"{len(rows)} thread(s)" + (" (limit reached)" if len(rows) >= limit else ""))
+
+
+def _classify_all(saver: Any, graph: Any) -> list[tuple[str | None, str]]:
+    """(stored version, verdict) of every thread, classified against ``graph``."""
+    from langgraph_durable import compat
+    from langgraph_durable import versioning as v
+
+    rows = v.list_threads(saver, any_version=True)
+    found = compat.classify_threads(saver, graph, [r["thread_id"] for r in rows])
+    return [(r["graph_version"], found[r["thread_id"]].verdict) for r in rows if r["thread_id"] in found]
+
+
+def _verdict_cell(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "-"
+    detail = c["reasons"] or c["changes"]
+    resumes = c["verdict"] == "identical" or (c["verdict"] == "compatible" and c["automatic"])
+    text = c["verdict"] + ("" if resumes or c["verdict"] != "compatible" else " (named versions: needs a migration)")
+    return text + (f": {'; '.join(detail)}" if detail else "")
 
 
 @versions_app.command("migrate")
@@ -376,6 +439,39 @@ def undo_cmd(
     console.print(
         f"thread {thread_id}: migration {out['migration_id']} undone, back at "
         f"{out['restored_version']} (was {out['undone_version']})"
+    )
+
+
+@versions_app.command("record")
+def record_cmd(
+    graph: GraphOption,
+    version: Annotated[
+        str | None,
+        typer.Option("--version", help="The version name to record it under (default: its fingerprint)."),
+    ] = None,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Store a graph's topology for its version, as a run start does. For versions written
+    before topologies were stored: with the old code at hand, record it once and their
+    threads are classified (compatible ones then resume) instead of refused as unknown."""
+    from langgraph_durable import compat
+    from langgraph_durable import versioning as v
+
+    g, _ = _graph(graph)
+    topology = compat.graph_topology(g)
+    name = version or v.graph_fingerprint(g)
+    with open_saver(dsn, schema) as saver:
+        saver.run_op(lambda: compat.op_record_version(name, topology))
+        row = compat.recorded_versions(saver).get(name) or {}
+    out = {"version": name, "fingerprint": topology["fingerprint"], "ambiguous": bool(row.get("ambiguous"))}
+    if as_json:
+        print_json(out)
+        return
+    console.print(
+        f"recorded the topology of {name}"
+        + (" [yellow](ambiguous: this name was recorded for another topology)[/]" if out["ambiguous"] else "")
     )
 
 

@@ -1,0 +1,140 @@
+"""CLI command ``export-stock``: rewrite threads into plain stock rows (no lock-in).
+
+``langgraph-durable export-stock [--thread T ...] [--dry-run] [--verify]``: every value
+stored by reference is inlined in the stock format, so the stock ``PostgresSaver`` reads
+every thread as this package does. ``--dry-run`` shows what would change (rows, bytes,
+channels) and writes nothing; ``--verify`` reads each thread with this package before
+and with the stock saver after, checkpoint by checkpoint, and counts mismatches (exit
+code 1 if any). The work lives in ``langgraph_durable.export`` (usable from Python).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from langgraph_durable.cli._common import (
+    DsnOption,
+    JsonOption,
+    SchemaOption,
+    console,
+    err_console,
+    fmt_bytes,
+    open_saver,
+    print_json,
+)
+from langgraph_durable.embedded import resolve_dsn
+
+
+def _stock_saver(dsn: str, schema: str | None) -> Any:
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.rows import dict_row
+
+    from langgraph_durable import _sql
+
+    conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+    if schema:
+        conn.execute(_sql.set_search_path(schema))
+    return conn, PostgresSaver(conn)
+
+
+def export_stock_command(
+    thread: Annotated[
+        list[str] | None, typer.Option("--thread", help="Only this thread (repeatable).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would change; write nothing.")
+    ] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Read each thread before (this package) and after (the stock saver) and "
+            "compare every checkpoint.",
+        ),
+    ] = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Rewrite threads into plain stock rows (artifacts inlined, envelopes removed) so
+    the stock PostgresSaver reads them unchanged. Run before uninstalling the package."""
+    from langgraph_durable import export
+
+    url = resolve_dsn(dsn)
+    mismatches: dict[str, list[str]] = {}
+    with open_saver(url, schema) as saver:
+        ids = thread or None
+        before: dict[str, Any] = {}
+        if verify and not dry_run:
+            listed = saver.run_op(lambda: export.op_thread_ids(ids))
+            before = {tid: export.snapshot_thread(saver, tid) for tid in listed}
+        report = export.export_stock(saver, thread_ids=ids, dry_run=dry_run)
+    if before:
+        conn, stock = _stock_saver(url, schema)
+        with conn:
+            for tid, snap in before.items():
+                problems = export.compare_snapshots(snap, export.snapshot_thread(stock, tid))
+                if problems:
+                    mismatches[tid] = problems
+    out = report.as_dict()
+    if verify and not dry_run:
+        out["verified"] = {"threads": len(before), "mismatches": sum(map(len, mismatches.values()))}
+        out["mismatches"] = mismatches
+    if as_json:
+        print_json(out)
+    else:
+        totals = report.totals()
+        verb = "would inline" if dry_run else "inlined"
+        table = Table(title="export-stock" + (" (dry run: nothing written)" if dry_run else ""))
+        for col in (
+            "thread",
+            "checkpoints",
+            "blobs",
+            "writes",
+            "envelopes",
+            "stock rows",
+            "channels",
+        ):
+            table.add_column(col)
+        for t in report.threads:
+            if t.changed:
+                table.add_row(
+                    t.thread_id,
+                    str(t.checkpoints),
+                    str(t.blobs),
+                    str(t.writes),
+                    fmt_bytes(t.envelope_bytes),
+                    fmt_bytes(t.stock_bytes),
+                    ", ".join(t.channels),
+                )
+        if totals["threads_changed"]:
+            console.print(table)
+        console.print(
+            f"{totals['threads']} thread(s), {totals['checkpoints']} checkpoint(s): {verb} "
+            f"{totals['blobs']} blob(s) and {totals['writes']} write(s) in "
+            f"{totals['threads_changed']} thread(s) ({fmt_bytes(totals['envelope_bytes'])} of "
+            f"envelopes -> {fmt_bytes(totals['stock_bytes'])} of stock rows); "
+            f"busy {len(report.busy)}, failed {len(report.failed)}"
+        )
+        if verify and not dry_run:
+            n = sum(map(len, mismatches.values()))
+            console.print(
+                f"verified with the stock saver: {len(before)} thread(s), {n} mismatch(es)"
+            )
+        for tid, err in report.failed.items():
+            err_console.print(f"[red]failed[/] {tid}: {err}")
+        for tid in report.busy:
+            err_console.print(f"[yellow]busy[/] {tid}: a live run holds it; run again later")
+        for tid, problems in mismatches.items():
+            err_console.print(f"[red]mismatch[/] {tid}: {'; '.join(problems[:5])}")
+    if not report.ok or mismatches:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the main app."""
+    app.command("export-stock")(export_stock_command)

@@ -1,0 +1,308 @@
+"""No lock-in: rewrite threads into the rows the stock ``PostgresSaver`` writes.
+
+The durable saver uses the stock tables with the stock layout; the only rows the stock
+saver cannot read are values stored *by reference* (type tag ``durable+ref``, see
+``artifacts.py``): a channel blob or a pending write replaced by an envelope that points
+into ``durable_artifacts``. ``export_stock`` inlines them: each envelope is resolved
+(artifacts fetched and verified), the value decoded, and the row rewritten with
+``serde.dumps_typed(value)``, which is exactly what the stock saver stores for that
+value (a ``DeltaChannel`` snapshot included). Everything else is already stock:
+checkpoint JSON (the durable saver inlines a subset of what the stock saver inlines,
+and the stock reader merges blobs over inline values), metadata (the ``graph_version``,
+``migrated_from`` and ``migration_id`` keys stay: the stock saver keeps any metadata),
+pending writes below the threshold, blobs of other types.
+
+One transaction per thread, under the thread's row lock: a thread a live run holds is
+reported busy and left alone; a thread whose artifacts are missing or damaged is
+reported failed, nothing of it written. Running it again is harmless (a thread with no
+envelope left has nothing to do). The artifacts themselves are not deleted (retention's
+GC collects what no thread references any more, or ``durable_*`` tables are dropped
+when uninstalling, see docs/uninstall.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import Any, cast
+
+from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
+from langgraph_durable.artifacts import REF_TYPE
+from langgraph_durable.errors import DurableError, ThreadBusyError
+from langgraph_durable.versioning import LOCK_THREAD_SQL
+
+THREADS_SQL = """
+SELECT DISTINCT thread_id FROM checkpoints
+WHERE (%(thread_ids)s::text[] IS NULL OR thread_id = ANY(%(thread_ids)s))
+ORDER BY thread_id
+"""
+
+_COUNT_SQL = "SELECT count(*)::int AS n FROM checkpoints WHERE thread_id = %s"
+
+_REF_BLOBS_SQL = """
+SELECT checkpoint_ns, channel, version, blob FROM checkpoint_blobs
+WHERE thread_id = %s AND type = %s
+ORDER BY checkpoint_ns, channel, version
+"""
+
+_REF_WRITES_SQL = """
+SELECT checkpoint_ns, checkpoint_id, task_id, idx, blob FROM checkpoint_writes
+WHERE thread_id = %s AND type = %s
+ORDER BY checkpoint_ns, checkpoint_id, task_id, idx
+"""
+
+_UPDATE_BLOB_SQL = """
+UPDATE checkpoint_blobs SET type = %s, blob = %s
+WHERE thread_id = %s AND checkpoint_ns = %s AND channel = %s AND version = %s AND type = %s
+"""
+
+_UPDATE_WRITE_SQL = """
+UPDATE checkpoint_writes SET type = %s, blob = %s
+WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s AND task_id = %s AND idx = %s
+  AND type = %s
+"""
+
+
+@dataclass
+class ThreadExport:
+    """What exporting one thread changed (or, dry run, would change)."""
+
+    thread_id: str
+    checkpoints: int = 0
+    blobs: int = 0  # channel blobs inlined (envelope -> stock bytes)
+    writes: int = 0  # pending writes inlined
+    envelope_bytes: int = 0  # size of the envelopes replaced
+    stock_bytes: int = 0  # size of the stock rows written instead
+    channels: list[str] = field(default_factory=list)  # channels whose blobs changed
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.blobs or self.writes)
+
+
+@dataclass
+class ExportReport:
+    """Outcome of ``export_stock``: per-thread changes, busy and failed threads."""
+
+    dry_run: bool
+    threads: list[ThreadExport] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.busy and not self.failed
+
+    def totals(self) -> dict[str, int]:
+        return {
+            "threads": len(self.threads),
+            "threads_changed": sum(1 for t in self.threads if t.changed),
+            "checkpoints": sum(t.checkpoints for t in self.threads),
+            "blobs": sum(t.blobs for t in self.threads),
+            "writes": sum(t.writes for t in self.threads),
+            "envelope_bytes": sum(t.envelope_bytes for t in self.threads),
+            "stock_bytes": sum(t.stock_bytes for t in self.threads),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "totals": self.totals(),
+            "threads": [asdict(t) for t in self.threads],
+            "busy": self.busy,
+            "failed": self.failed,
+        }
+
+
+def op_export_thread(saver: Any, thread_id: str, dry_run: bool) -> Op[ThreadExport]:
+    """Inline every by-reference value of one thread, in one transaction."""
+    tid = str(thread_id)
+    rows = yield Batch(
+        [
+            Stmt(LOCK_THREAD_SQL, (tid,), fetch=True),
+            Stmt(_COUNT_SQL, (tid,), fetch=True),
+            Stmt(_REF_BLOBS_SQL, (tid, REF_TYPE), fetch=True, prepare=False),
+            Stmt(_REF_WRITES_SQL, (tid, REF_TYPE), fetch=True, prepare=False),
+        ]
+    )
+    lease = rows[0][0] if rows[0] else None
+    if saver.leases_enabled and lease and lease["lease_owner"] and (lease["expires_in"] or 0) > 0:
+        raise ThreadBusyError(tid, lease["lease_owner"], lease["expires_in"])
+    out = ThreadExport(tid, checkpoints=int(rows[1][0]["n"]))
+    blobs, writes = rows[2], rows[3]
+    if not blobs and not writes:
+        return out
+    where = {"thread_id": tid, "checkpoint_ns": "", "checkpoint_id": None}
+    pairs = [(REF_TYPE, bytes(r["blob"])) for r in (*blobs, *writes)]
+    local = yield from saver._op_resolve(pairs, where)
+    blob_params = []
+    for r in blobs:
+        at = {**where, "checkpoint_ns": r["checkpoint_ns"]}
+        value = saver._decode(REF_TYPE, bytes(r["blob"]), at, local)
+        tag, data = saver.serde.dumps_typed(value)
+        blob_params.append(
+            (tag, data, tid, r["checkpoint_ns"], r["channel"], r["version"], REF_TYPE)
+        )
+        out.envelope_bytes += len(r["blob"])
+        out.stock_bytes += len(data)
+        if r["channel"] not in out.channels:
+            out.channels.append(r["channel"])
+    write_params = []
+    for r in writes:
+        at = {**where, "checkpoint_ns": r["checkpoint_ns"], "checkpoint_id": r["checkpoint_id"]}
+        value = saver._decode(REF_TYPE, bytes(r["blob"]), at, local)
+        tag, data = saver.serde.dumps_typed(value)
+        write_params.append(
+            (
+                tag,
+                data,
+                tid,
+                r["checkpoint_ns"],
+                r["checkpoint_id"],
+                r["task_id"],
+                r["idx"],
+                REF_TYPE,
+            )
+        )
+        out.envelope_bytes += len(r["blob"])
+        out.stock_bytes += len(data)
+    out.blobs, out.writes = len(blob_params), len(write_params)
+    if dry_run:
+        return out
+    stmts = []
+    if blob_params:
+        stmts.append(Stmt(_UPDATE_BLOB_SQL, blob_params, many=True))
+    if write_params:
+        stmts.append(Stmt(_UPDATE_WRITE_SQL, write_params, many=True))
+    yield Batch(stmts)
+    return out
+
+
+def op_thread_ids(thread_ids: Sequence[str] | None) -> Op[list[str]]:
+    """Threads with checkpoints (all, or those of ``thread_ids`` that exist)."""
+    ids = list(thread_ids) if thread_ids is not None else None
+    rows = yield Batch([Stmt(THREADS_SQL, {"thread_ids": ids}, fetch=True, prepare=False)])
+    return [r["thread_id"] for r in rows[0]]
+
+
+def _flow_export(
+    saver: Any,
+    thread_ids: Sequence[str] | None,
+    dry_run: bool,
+    on_progress: Callable[[str, str], Any] | None,
+) -> Flow[ExportReport]:
+    report = ExportReport(dry_run)
+    for tid in (yield Tx(partial(op_thread_ids, thread_ids))):
+        outcome = "exported"
+        try:
+            done = yield Tx(partial(op_export_thread, saver, tid, dry_run))
+            report.threads.append(done)
+            if not done.changed:
+                outcome = "unchanged"
+        except ThreadBusyError:
+            outcome = "busy"
+            report.busy.append(tid)
+        except DurableError as exc:
+            outcome = "failed"
+            report.failed[tid] = str(exc)
+        if on_progress is not None:
+            yield Hook(on_progress, (tid, outcome))
+    return report
+
+
+def export_stock(
+    saver: Any,
+    *,
+    thread_ids: Sequence[str] | None = None,
+    dry_run: bool = False,
+    on_progress: Callable[[str, str], Any] | None = None,
+) -> ExportReport:
+    """Rewrite threads (all, or ``thread_ids``) into plain stock rows, so the stock
+    ``PostgresSaver`` reads them with the same ``get_state`` and history (sync saver).
+    ``dry_run`` resolves and re-encodes everything but writes nothing.
+    ``on_progress(thread_id, outcome)`` is called after each thread."""
+    return cast(ExportReport, saver.run_flow(_flow_export(saver, thread_ids, dry_run, on_progress)))
+
+
+async def aexport_stock(
+    saver: Any,
+    *,
+    thread_ids: Sequence[str] | None = None,
+    dry_run: bool = False,
+    on_progress: Callable[[str, str], Any] | None = None,
+) -> ExportReport:
+    """``export_stock`` for an ``AsyncDurablePostgresSaver``."""
+    return cast(
+        ExportReport, await saver.arun_flow(_flow_export(saver, thread_ids, dry_run, on_progress))
+    )
+
+
+# --- verification: read a thread back, checkpoint by checkpoint ---------------------------
+
+
+def snapshot_thread(saver: Any, thread_id: str) -> list[dict[str, Any]]:
+    """Every checkpoint of a thread (all namespaces, newest first) as ``list`` returns
+    it, through any ``BaseCheckpointSaver`` (the stock one or ours): config, checkpoint
+    (values included), metadata, parent and pending writes."""
+    out = []
+    for t in saver.list({"configurable": {"thread_id": str(thread_id)}}):
+        out.append(
+            {
+                "config": t.config,
+                "checkpoint": t.checkpoint,
+                "metadata": t.metadata,
+                "parent_config": t.parent_config,
+                "pending_writes": list(t.pending_writes or []),
+            }
+        )
+    return out
+
+
+def compare_snapshots(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
+    """Where two snapshots of a thread differ (empty: identical)."""
+    problems: list[str] = []
+    if len(before) != len(after):
+        problems.append(f"{len(before)} checkpoints before, {len(after)} after")
+    for a, b in zip(before, after, strict=False):
+        cid = a["config"]["configurable"].get("checkpoint_id")
+        for key in ("config", "metadata", "parent_config", "pending_writes"):
+            if a[key] != b[key]:
+                problems.append(f"checkpoint {cid}: {key} differs")
+        ca, cb = a["checkpoint"], b["checkpoint"]
+        for key in sorted(set(ca) | set(cb)):
+            if key == "channel_values":
+                va, vb = ca.get(key) or {}, cb.get(key) or {}
+                for ch in sorted(set(va) | set(vb)):
+                    if ch not in va or ch not in vb or va[ch] != vb[ch]:
+                        problems.append(f"checkpoint {cid}: channel {ch!r} differs")
+            elif ca.get(key) != cb.get(key):
+                problems.append(f"checkpoint {cid}: {key} differs")
+    return problems
+
+
+# The tables this package adds (uninstalling: export_stock, then drop these). The stock
+# tables (checkpoints, checkpoint_blobs, checkpoint_writes, checkpoint_migrations) stay.
+DURABLE_TABLES = (
+    "durable_artifact_refs",
+    "durable_artifacts",
+    "durable_graph_versions",
+    "durable_ledger",
+    "durable_migration_log",
+    "durable_migrations",
+    "durable_quarantine",
+    "durable_threads",
+)
+DURABLE_FUNCTIONS = ("durable_fence(text, bigint, text)", "durable_foreign_lease(text)")
+DURABLE_INDEXES = ("durable_checkpoints_run_idx",)  # on the stock checkpoints table
+
+__all__ = [
+    "DURABLE_TABLES",
+    "compare_snapshots",
+    "snapshot_thread",
+    "ExportReport",
+    "ThreadExport",
+    "aexport_stock",
+    "export_stock",
+    "op_export_thread",
+]
