@@ -1,5 +1,11 @@
 """langgraph-durable: a drop-in durable checkpointer for LangGraph on Postgres."""
 
+# First: a LangGraph release that dropped a name the savers rely on is reported as one
+# UnsupportedLangGraphError listing them all, not as an ImportError deep in saver.py.
+from langgraph_durable import _compat
+
+_compat.check()
+
 from langgraph_durable import poison
 from langgraph_durable.artifacts import ArtifactConfig
 from langgraph_durable.embedded import embedded_dsn, resolve_dsn, stop_embedded
@@ -29,6 +35,8 @@ from langgraph_durable.errors import (
     SerializationError,
     ThreadBusyError,
     UnstableKeyError,
+    UnsupportedConnectionError,
+    UnsupportedLangGraphError,
 )
 from langgraph_durable.idempotency import (
     IdempotentTool,
@@ -115,6 +123,8 @@ __all__ = [
     "SerializationError",
     "ThreadBusyError",
     "UnstableKeyError",
+    "UnsupportedConnectionError",
+    "UnsupportedLangGraphError",
     "ThreadReport",
     "WorkerStats",
     "agc",
