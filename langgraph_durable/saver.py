@@ -107,6 +107,7 @@ from langgraph_durable.errors import (
     PoisonCheckpointError,
     ThreadBusyError,
     UnsupportedConnectionError,
+    UnsupportedLangGraphError,
 )
 from langgraph_durable.retention import op_recompute_refs
 from langgraph_durable.versioning import (
@@ -139,6 +140,7 @@ PoisonHook = Callable[["PoisonRecord"], Any]
 
 # The configurable keys LangGraph sets on a run's config (see langgraph._internal._constants).
 _RUNTIME_KEY = "__pregel_runtime"
+_TASK_ID_KEY = "__pregel_task_id"
 _INTERRUPT = "__interrupt__"
 
 
@@ -387,6 +389,7 @@ class _DurableBase(BasePostgresSaver):
         )
         self._known_refs = KnownRefs()
         self._leases = _LeaseRegistry()
+        self._unrecognised_logged: set[str] = set()
         self._renewer: _Renewer | None = None
         self._renewer_lock = threading.Lock()
 
@@ -1586,9 +1589,89 @@ class _DurableBase(BasePostgresSaver):
         if "thread_id" not in configurable:
             return None
         ctx = _find_run_context()
-        if ctx is None or getattr(ctx.loop, "is_nested", False):
+        if ctx is None:
+            self._check_unrecognised_start(config)
+            return None
+        if getattr(ctx.loop, "is_nested", False):
             return None
         return ctx
+
+    # ------------------------------------------------------------------ fail closed
+    # The run-start recognition (_find_run_context) walks LangGraph's private call stack.
+    # A LangGraph release that changes it would make every run go without a lease,
+    # fencing, poison counting and version check, silently. These checks notice a root
+    # run the saver did not recognise and refuse it (on_unrecognised_run="raise") or log
+    # an error ("log"). Only root runs of savers with leases are concerned: update_state,
+    # copy_thread, nested graphs, subgraphs and leases=False savers are never refused.
+
+    def _run_config(self, configurable: Mapping[str, Any]) -> bool:
+        """Whether ``configurable`` is LangGraph's config for a root run of a thread:
+        set by a PregelLoop (runtime key), root namespace, not nested in another run's
+        task (a graph invoked inside a node carries its task id: never leased)."""
+        return (
+            self.leases_enabled
+            and _RUNTIME_KEY in configurable
+            and not configurable.get("checkpoint_ns")
+            and "thread_id" in configurable
+            and _TASK_ID_KEY not in configurable
+        )
+
+    def _check_unrecognised_start(self, config: RunnableConfig) -> None:
+        """LangGraph is loading a root run's checkpoint and no PregelLoop run start was
+        recognised. The one such load in a recognised run is ``checkpoint_superseded``
+        inside ``__enter__``, right after the start took its lease: a live lease of this
+        thread in this context. Runs before any node (``__enter__``), in every
+        durability mode."""
+        configurable = config.get("configurable", {})
+        if not self._run_config(configurable):
+            return
+        thread_id = str(configurable["thread_id"])
+        lease = _RUN_LEASE.get()
+        if lease is not None and not lease.released and lease.thread_id == thread_id:
+            return
+        self._unrecognised_run(thread_id, "the run's first checkpoint load (get_tuple)")
+
+    def _check_unrecognised_put(self, config: RunnableConfig, metadata: CheckpointMetadata) -> None:
+        """The backstop, should a LangGraph release load the run's state some other way:
+        a checkpoint of a root run (source "input" or "loop") with no lease of this
+        thread in this context or this process. An ``update_state`` ("update"),
+        a fork or a copy is not a run and is never refused."""
+        configurable = config.get("configurable", {})
+        if not self._run_config(configurable):
+            return
+        if (metadata or {}).get("source") not in ("input", "loop"):
+            return
+        thread_id = str(configurable["thread_id"])
+        lease = _RUN_LEASE.get()
+        if lease is not None and lease.thread_id == thread_id:
+            return  # this run's (under durability="exit" the last put may follow release)
+        if self._leases.get(thread_id) is not None:
+            return
+        self._unrecognised_run(thread_id, "the run's first checkpoint write (put)")
+
+    def _unrecognised_run(self, thread_id: str, where: str) -> None:
+        from langgraph_durable import _compat
+
+        version = _compat.langgraph_version()
+        message = (
+            f"thread {thread_id!r}: a LangGraph run started that langgraph-durable did not "
+            f"recognise (detected at {where}; installed: {_compat.describe_versions()}). "
+            "Run starts are recognised through LangGraph internals that this release "
+            "seems to have changed; running on would skip the lease, fencing, poison "
+            "counting and the graph-version check. Install a LangGraph version this "
+            "package supports (see its pyproject/README), or pass "
+            "on_unrecognised_run='log' to run such graphs unprotected."
+        )
+        if self.on_unrecognised_run == "log":
+            if thread_id not in self._unrecognised_logged:
+                if len(self._unrecognised_logged) < 10_000:
+                    self._unrecognised_logged.add(thread_id)
+                logger.error("%s Running it unprotected (on_unrecognised_run='log').", message)
+            return
+        raise UnsupportedLangGraphError(
+            message, langgraph_version=version, what=f"run start not recognised at {where}",
+            thread_id=thread_id,
+        )
 
     def get_next_version(self, current: Any, channel: Any) -> Any:
         """The stock versioning, plus the zombie guard: LangGraph calls this on the
@@ -1648,6 +1731,7 @@ class _DurableBase(BasePostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        self._check_unrecognised_put(config, metadata)
         return cast(
             RunnableConfig,
             self._write(
@@ -1721,6 +1805,7 @@ class _DurableBase(BasePostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        self._check_unrecognised_put(config, metadata)
         return cast(
             RunnableConfig,
             await self._awrite(

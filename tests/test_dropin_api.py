@@ -298,3 +298,211 @@ async def test_pending_sends_migration_async(dsn: str) -> None:
         assert [_view(t) for t in listed] == [
             _view(t) async for t in stock.alist({"configurable": {"thread_id": tid}})
         ]
+
+
+# --------------------------------------------------------------------------- fail closed
+class Leases:
+    """Records, from inside nodes, whether the running thread's lease is held."""
+
+    def __init__(self, saver: Any) -> None:
+        self.saver = saver
+        self.seen: list[tuple[str, bool]] = []
+
+    def node(self, name: str) -> Any:
+        def run(state: S) -> dict[str, list[str]]:
+            self.record(name)
+            return {"log": [name]}
+
+        return run
+
+    def record(self, name: str) -> None:
+        from langgraph.config import get_config
+
+        thread_id = str(get_config()["configurable"]["thread_id"])
+        self.seen.append((name, self.saver.lease_for(thread_id) is not None))
+
+
+def chain(leases: Leases, checkpointer: Any = None, *, sub: Any = None) -> Any:
+    g = StateGraph(S)
+    g.add_node("a", leases.node("a"))
+    g.add_node("b", sub if sub is not None else leases.node("b"))
+    g.add_edge(START, "a")
+    g.add_edge("a", "b")
+    g.add_edge("b", END)
+    return g.compile(checkpointer=checkpointer)
+
+
+def cfg(thread_id: str) -> Any:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+@pytest.fixture
+def drift(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A LangGraph release whose run starts the saver no longer recognises."""
+    import langgraph_durable.saver as saver_module
+
+    monkeypatch.setattr(saver_module, "_find_run_context", lambda: None)
+
+
+def rows_of(dsn: str, thread_id: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM checkpoints WHERE thread_id = %s", (thread_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
+def test_every_sync_entry_point_is_recognised(dsn: str, durability: str) -> None:
+    """invoke, stream, batch, a subgraph and @entrypoint, with the real recognition:
+    each holds the thread's lease in every node (none is refused)."""
+    from langgraph.func import entrypoint, task
+
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        leases = Leases(saver)
+        graph = chain(leases, saver)
+        d: Any = durability
+        assert graph.invoke({"log": []}, cfg(f"inv-{d}"), durability=d)["log"] == ["a", "b"]
+        chunks = list(graph.stream({"log": []}, cfg(f"str-{d}"), durability=d))
+        assert [next(iter(c)) for c in chunks] == ["a", "b"]
+        outs = graph.batch([{"log": []}, {"log": []}], [cfg(f"bat1-{d}"), cfg(f"bat2-{d}")], durability=d)
+        assert [o["log"] for o in outs] == [["a", "b"], ["a", "b"]]
+        parent = chain(leases, saver, sub=chain(leases))
+        assert parent.invoke({"log": []}, cfg(f"sub-{d}"), durability=d)["log"] == ["a", "a", "a", "b"]
+
+        @task
+        def step(x: int) -> int:
+            leases.record("task")
+            return x + 1
+
+        @entrypoint(checkpointer=saver)
+        def workflow(x: int) -> int:
+            leases.record("entrypoint")
+            return step(x).result()
+
+        assert workflow.invoke(1, cfg(f"ent-{d}"), durability=d) == 2
+        assert len(leases.seen) == 2 + 2 + 4 + 3 + 2
+        assert all(held for _, held in leases.seen), leases.seen
+        # Not runs, never refused: update_state, copy_thread; state is intact.
+        graph.update_state(cfg(f"inv-{d}"), {"log": ["u"]})
+        saver.copy_thread(f"inv-{d}", f"inv-{d}-copy")
+        assert graph.get_state(cfg(f"inv-{d}-copy")).values == {"log": ["a", "b", "u"]}
+
+
+async def test_every_async_entry_point_is_recognised(dsn: str) -> None:
+    """ainvoke, astream, astream_events, abatch, a subgraph, @entrypoint, and a sync
+    graph run on the async saver from another thread (sync-on-async)."""
+    import asyncio
+
+    from langgraph.func import entrypoint, task
+
+    async with AsyncDurablePostgresSaver.from_conn_string(dsn) as saver:
+        leases = Leases(saver)
+        graph = chain(leases, saver)
+        assert (await graph.ainvoke({"log": []}, cfg("a-inv")))["log"] == ["a", "b"]
+        assert [next(iter(c)) async for c in graph.astream({"log": []}, cfg("a-str"))] == ["a", "b"]
+        events = [e["event"] async for e in graph.astream_events({"log": []}, cfg("a-ev"), version="v2")]
+        assert "on_chain_end" in events
+        outs = await graph.abatch([{"log": []}, {"log": []}], [cfg("a-bat1"), cfg("a-bat2")])
+        assert [o["log"] for o in outs] == [["a", "b"], ["a", "b"]]
+        parent = chain(leases, saver, sub=chain(leases))
+        assert (await parent.ainvoke({"log": []}, cfg("a-sub")))["log"] == ["a", "a", "a", "b"]
+        sync_out = await asyncio.to_thread(graph.invoke, {"log": []}, cfg("a-sync-on-async"))
+        assert sync_out["log"] == ["a", "b"]
+
+        @task
+        async def step(x: int) -> int:
+            leases.record("task")
+            return x + 1
+
+        @entrypoint(checkpointer=saver)
+        async def workflow(x: int) -> int:
+            leases.record("entrypoint")
+            return await step(x)
+
+        assert await workflow.ainvoke(1, cfg("a-ent")) == 2
+        assert len(leases.seen) == 2 * 5 + 3 + 2 + 2
+        assert all(held for _, held in leases.seen), leases.seen
+        await graph.aupdate_state(cfg("a-inv"), {"log": ["u"]})
+        await saver.acopy_thread("a-inv", "a-inv-copy")
+        assert (await graph.aget_state(cfg("a-inv-copy"))).values == {"log": ["a", "b", "u"]}
+
+
+@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
+def test_unrecognised_run_start_is_refused_before_any_node(dsn: str, drift: None, durability: str) -> None:
+    """LangGraph changed under the saver: the run is refused with a typed error naming
+    the LangGraph version, before its first node runs and before anything is written."""
+    from importlib.metadata import version
+
+    from langgraph_durable import UnsupportedLangGraphError
+
+    tid = f"drift-{durability}"
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        leases = Leases(saver)
+        graph = chain(leases, saver)
+        with pytest.raises(UnsupportedLangGraphError) as info:
+            graph.invoke({"log": []}, cfg(tid), durability=durability)  # type: ignore[arg-type]
+        assert leases.seen == []
+        assert rows_of(dsn, tid) == 0
+        err = info.value
+        assert err.langgraph_version == version("langgraph") and err.thread_id == tid
+        assert version("langgraph") in str(err) and "on_unrecognised_run" in str(err)
+        with pytest.raises(UnsupportedLangGraphError):
+            list(graph.stream({"log": []}, cfg(tid), durability=durability))  # type: ignore[arg-type]
+        assert leases.seen == [] and rows_of(dsn, tid) == 0
+        # What is not a run keeps working: update_state writes a checkpoint...
+        graph.update_state(cfg(tid + "-upd"), {"log": ["u"]})
+        assert graph.get_state(cfg(tid + "-upd")).values == {"log": ["u"]}
+        saver.copy_thread(tid + "-upd", tid + "-upd-copy")
+        assert rows_of(dsn, tid + "-upd-copy") == 1
+    # ...and so does a saver without leases (protection deliberately off).
+    with DurablePostgresSaver.from_conn_string(dsn, leases=False) as plain:
+        out = chain(Leases(plain), plain).invoke({"log": []}, cfg(tid + "-plain"), durability=durability)  # type: ignore[arg-type]
+        assert out["log"] == ["a", "b"]
+
+
+async def test_unrecognised_async_run_start_is_refused(dsn: str, drift: None) -> None:
+    from langgraph_durable import UnsupportedLangGraphError
+
+    async with AsyncDurablePostgresSaver.from_conn_string(dsn) as saver:
+        leases = Leases(saver)
+        graph = chain(leases, saver)
+        with pytest.raises(UnsupportedLangGraphError):
+            await graph.ainvoke({"log": []}, cfg("adrift"))
+        with pytest.raises(UnsupportedLangGraphError):
+            [e async for e in graph.astream_events({"log": []}, cfg("adrift"), version="v2")]
+        import asyncio
+
+        with pytest.raises(UnsupportedLangGraphError):
+            await asyncio.to_thread(graph.invoke, {"log": []}, cfg("adrift"))
+        assert leases.seen == [] and rows_of(dsn, "adrift") == 0
+
+
+def test_put_backstop_refuses_an_unleased_root_run(dsn: str, drift: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should a release load a run's state without the get_tuple the saver watches, the
+    run's first checkpoint write (the input checkpoint, before the first node under
+    durability="sync") is refused."""
+    from langgraph_durable import UnsupportedLangGraphError
+
+    monkeypatch.setattr(DurablePostgresSaver, "_check_unrecognised_start", lambda self, config: None)
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        leases = Leases(saver)
+        with pytest.raises(UnsupportedLangGraphError, match="checkpoint write"):
+            chain(leases, saver).invoke({"log": []}, cfg("backstop"), durability="sync")
+        assert leases.seen == [] and rows_of(dsn, "backstop") == 0
+
+
+def test_on_unrecognised_run_log_runs_unprotected_with_an_error(
+    dsn: str, drift: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    with pytest.raises(ConfigurationError):
+        DurablePostgresSaver.from_conn_string(dsn, on_unrecognised_run="ignore").__enter__()  # type: ignore[arg-type]
+    with DurablePostgresSaver.from_conn_string(dsn, on_unrecognised_run="log") as saver:
+        leases = Leases(saver)
+        with caplog.at_level(logging.ERROR, logger="langgraph_durable"):
+            out = chain(leases, saver).invoke({"log": []}, cfg("logged"))
+        assert out["log"] == ["a", "b"]
+        assert leases.seen == [("a", False), ("b", False)]  # ran, without a lease
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "did not recognise" in errors[0] and "unprotected" in errors[0]
