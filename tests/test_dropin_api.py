@@ -506,3 +506,41 @@ def test_on_unrecognised_run_log_runs_unprotected_with_an_error(
         assert leases.seen == [("a", False), ("b", False)]  # ran, without a lease
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1 and "did not recognise" in errors[0] and "unprotected" in errors[0]
+
+
+# --------------------------------------------------------------------------- private names
+def test_private_names_are_checked_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every private LangGraph name the package relies on is listed and present; a
+    release without one makes ``import langgraph_durable`` fail with a typed error
+    naming it and the installed versions (not an ImportError deep in saver.py)."""
+    import subprocess
+    import sys
+
+    from langgraph.checkpoint.postgres import base as pg_base
+
+    from langgraph_durable import UnsupportedLangGraphError, _compat
+
+    assert _compat.missing_names() == []
+    listed = {f"{m}:{a}" for m, a in _compat.REQUIRED}
+    assert {
+        "langgraph.checkpoint.postgres.base:_keep_latest",
+        "langgraph.checkpoint.serde.types:_DeltaSnapshot",
+        "langgraph.pregel._loop:PregelLoop",
+    } <= listed
+    monkeypatch.delattr(pg_base, "_keep_latest")
+    monkeypatch.delattr(pg_base.BasePostgresSaver, "_try_advance_walks")
+    with pytest.raises(UnsupportedLangGraphError) as info:
+        _compat.check()
+    text = str(info.value)
+    assert "langgraph.checkpoint.postgres.base:_keep_latest" in text
+    assert "BasePostgresSaver._try_advance_walks" in text
+    assert info.value.langgraph_version in text
+    # In a fresh interpreter, at import time.
+    code = (
+        "import langgraph.pregel._loop as loop\n"
+        "del loop.PregelLoop\n"
+        "import langgraph_durable\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "UnsupportedLangGraphError" in proc.stderr and "langgraph.pregel._loop:PregelLoop" in proc.stderr
