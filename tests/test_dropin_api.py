@@ -150,6 +150,9 @@ def test_stock_constructor_calls_sync(dsn: str) -> None:
         with psycopg.Connection.connect(dsn, autocommit=True) as other, other.pipeline() as pipe:
             with pytest.raises(ConfigurationError, match="single connection"):
                 DurablePostgresSaver(pool, pipe=pipe)
+            with psycopg.Connection.connect(dsn, autocommit=True) as third:
+                with pytest.raises(ConfigurationError, match="not a pipeline of conn"):
+                    DurablePostgresSaver(third, pipe=pipe)
 
 
 async def test_stock_constructor_calls_async(dsn: str) -> None:
