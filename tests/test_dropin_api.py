@@ -385,6 +385,13 @@ def test_every_sync_entry_point_is_recognised(dsn: str, durability: str) -> None
         assert workflow.invoke(1, cfg(f"ent-{d}"), durability=d) == 2
         assert len(leases.seen) == 2 + 2 + 4 + 3 + 2
         assert all(held for _, held in leases.seen), leases.seen
+        # Time travel: a replay from an earlier checkpoint (LangGraph loads it, then the
+        # latest one through checkpoint_superseded) is a recognised run start too.
+        graph.invoke({"log": []}, cfg(f"tt-{d}"), durability="sync")
+        before_b = next(s for s in graph.get_state_history(cfg(f"tt-{d}")) if s.next == ("b",))
+        replayed = graph.invoke(None, before_b.config, durability=d)
+        assert replayed["log"] == ["a", "b"]
+        assert len(leases.seen) == 2 + 2 + 4 + 3 + 2 + 2 + 1 and all(h for _, h in leases.seen)
         # Not runs, never refused: update_state, copy_thread; state is intact.
         graph.update_state(cfg(f"inv-{d}"), {"log": ["u"]})
         saver.copy_thread(f"inv-{d}", f"inv-{d}-copy")
@@ -425,6 +432,9 @@ async def test_every_async_entry_point_is_recognised(dsn: str) -> None:
         assert await workflow.ainvoke(1, cfg("a-ent")) == 2
         assert len(leases.seen) == 2 * 5 + 3 + 2 + 2
         assert all(held for _, held in leases.seen), leases.seen
+        before_b = [s async for s in graph.aget_state_history(cfg("a-inv")) if s.next == ("b",)][0]
+        assert (await graph.ainvoke(None, before_b.config))["log"] == ["a", "b"]
+        assert leases.seen[-1] == ("b", True)
         await graph.aupdate_state(cfg("a-inv"), {"log": ["u"]})
         await saver.acopy_thread("a-inv", "a-inv-copy")
         assert (await graph.aget_state(cfg("a-inv-copy"))).values == {"log": ["a", "b", "u"]}
