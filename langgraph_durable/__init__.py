@@ -1,5 +1,11 @@
 """langgraph-durable: a drop-in durable checkpointer for LangGraph on Postgres."""
 
+# First: a LangGraph release that dropped a name the savers rely on is reported as one
+# UnsupportedLangGraphError listing them all, not as an ImportError deep in saver.py.
+from langgraph_durable import _compat
+
+_compat.check()
+
 from langgraph_durable import poison
 from langgraph_durable.artifacts import ArtifactConfig
 from langgraph_durable.embedded import embedded_dsn, resolve_dsn, stop_embedded
@@ -33,6 +39,8 @@ from langgraph_durable.errors import (
     ThreadExistsError,
     UnencodableValueError,
     UnstableKeyError,
+    UnsupportedConnectionError,
+    UnsupportedLangGraphError,
 )
 from langgraph_durable.export import ExportReport, aexport_stock, export_stock
 from langgraph_durable.idempotency import (
@@ -127,6 +135,8 @@ __all__ = [
     "ThreadExistsError",
     "UnencodableValueError",
     "UnstableKeyError",
+    "UnsupportedConnectionError",
+    "UnsupportedLangGraphError",
     "ThreadReport",
     "WorkerStats",
     "agc",

@@ -99,6 +99,13 @@ class _Pending:
     after: list[Callable[[], None]] = field(default_factory=list)
 
 
+def _in_pipeline(conn: Any) -> bool:
+    """Whether ``conn`` is in pipeline mode (the user handed the saver a ``pipe``).
+    Every batch then runs in a nested ``conn.pipeline()`` block, whose exit syncs: a
+    lone statement sent without one would wait, unsent or unchecked, for a later sync."""
+    return bool(conn.pgconn.pipeline_status != psycopg.pq.PipelineStatus.OFF)
+
+
 def _implicit(conn: Any, item: Any) -> bool:
     """Whether an op whose first item is ``item`` can run as one pipeline with no
     BEGIN/COMMIT: its only batch (``final``), on an idle autocommit connection. The
@@ -232,7 +239,7 @@ class SyncDriver:
     @staticmethod
     def _execute(conn: Connection[Any], batch: Batch) -> list[list[DictRow]]:
         stmts = batch.stmts
-        if len(stmts) == 1 or not _HAS_PIPELINE:
+        if (len(stmts) == 1 and not _in_pipeline(conn)) or not _HAS_PIPELINE:
             out = []
             for s in stmts:
                 with conn.cursor(binary=True, row_factory=dict_row) as cur:
@@ -403,7 +410,7 @@ class AsyncDriver:
     @staticmethod
     async def _execute(conn: AsyncConnection[Any], batch: Batch) -> list[list[DictRow]]:
         stmts = batch.stmts
-        if len(stmts) == 1 or not _HAS_PIPELINE:
+        if (len(stmts) == 1 and not _in_pipeline(conn)) or not _HAS_PIPELINE:
             out = []
             for s in stmts:
                 async with conn.cursor(binary=True, row_factory=dict_row) as cur:

@@ -49,6 +49,33 @@ class InvalidIdentifierError(ConfigurationError):
         )
 
 
+class UnsupportedConnectionError(ConfigurationError, TypeError):
+    """A saver was given a connection object it cannot use (an ``asyncpg`` pool, a DSN
+    string, an async connection on the sync saver...). The message says what to pass."""
+
+    def __init__(self, saver: str, got: str, expected: str, hint: str) -> None:
+        super().__init__(
+            f"{saver} cannot use a {got}: pass {expected}. {hint}",
+            saver=saver,
+            got=got,
+            expected=expected,
+            hint=hint,
+        )
+
+
+class UnsupportedLangGraphError(DurableError):
+    """The installed LangGraph no longer matches what the saver relies on (a private
+    name it imports, or the way it recognises a run start). Raised instead of running a
+    graph without leases, fencing, poison counting and the version check."""
+
+    def __init__(
+        self, message: str, *, langgraph_version: str, what: str, thread_id: str | None = None
+    ) -> None:
+        super().__init__(
+            message, langgraph_version=langgraph_version, what=what, thread_id=thread_id
+        )
+
+
 class EmbeddedPostgresError(DurableError):
     """The embedded PostgreSQL server could not be started."""
 
@@ -536,4 +563,6 @@ __all__ = [
     "ThreadBusyError",
     "ThreadExistsError",
     "UnencodableValueError",
+    "UnsupportedConnectionError",
+    "UnsupportedLangGraphError",
 ]

@@ -59,6 +59,7 @@ from langgraph.checkpoint.postgres.base import (
     _DELTA_PAGE_SIZE,
     INSERT_CHECKPOINT_WRITES_SQL,
     PRUNE_STRATEGIES,
+    SELECT_PENDING_SENDS_SQL,
     SELECT_SQL,
     UPSERT_CHECKPOINT_BLOBS_SQL,
     UPSERT_CHECKPOINT_WRITES_SQL,
@@ -74,8 +75,8 @@ from langgraph.checkpoint.postgres.base import (
     MIGRATIONS as STOCK_MIGRATIONS,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.checkpoint.serde.types import _DeltaSnapshot
-from psycopg import AsyncConnection, Connection
+from langgraph.checkpoint.serde.types import TASKS, _DeltaSnapshot
+from psycopg import AsyncConnection, AsyncPipeline, Capabilities, Connection, Pipeline
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -113,6 +114,8 @@ from langgraph_durable.errors import (
     ThreadBusyError,
     ThreadExistsError,
     UnencodableValueError,
+    UnsupportedConnectionError,
+    UnsupportedLangGraphError,
 )
 from langgraph_durable.retention import op_recompute_refs
 from langgraph_durable.versioning import (
@@ -139,10 +142,13 @@ from langgraph_durable.versioning import (
 logger = logging.getLogger("langgraph_durable")
 
 OnBusy = Literal["raise", "wait"]
+# What a root run start the saver did not recognise does (see _check_unrecognised_run).
+OnUnrecognisedRun = Literal["raise", "log"]
 PoisonHook = Callable[["PoisonRecord"], Any]
 
 # The configurable keys LangGraph sets on a run's config (see langgraph._internal._constants).
 _RUNTIME_KEY = "__pregel_runtime"
+_TASK_ID_KEY = "__pregel_task_id"
 _INTERRUPT = "__interrupt__"
 
 
@@ -418,6 +424,7 @@ class _DurableBase(BasePostgresSaver):
         artifact_cache_bytes: int = 64 * 1024 * 1024,
         leases: bool = True,
         takeover_dead_owners: bool = True,
+        on_unrecognised_run: OnUnrecognisedRun = "raise",
     ) -> None:
         super().__init__(serde=serde)
         self.schema = _sql.validate_schema(schema)
@@ -427,6 +434,11 @@ class _DurableBase(BasePostgresSaver):
             raise ConfigurationError(f"unknown unversioned_policy {unversioned_policy!r}")
         if on_busy not in ("raise", "wait"):
             raise ConfigurationError(f"unknown on_busy {on_busy!r}")
+        if on_unrecognised_run not in ("raise", "log"):
+            raise ConfigurationError(
+                f"unknown on_unrecognised_run {on_unrecognised_run!r} (use 'raise' or 'log')",
+                on_unrecognised_run=on_unrecognised_run,
+            )
         if max_resume_attempts < 1:
             raise ConfigurationError("max_resume_attempts must be >= 1")
         if lease_ttl <= 0.5:
@@ -444,6 +456,10 @@ class _DurableBase(BasePostgresSaver):
         # A lease held by a process of this machine that is provably dead is taken over
         # at once (see owner_is_dead); leases of other machines always run to expiry.
         self.takeover_dead_owners = takeover_dead_owners
+        # A root run start the saver failed to recognise (LangGraph changed how runs
+        # start): "raise" refuses the run with UnsupportedLangGraphError before any node
+        # runs; "log" logs an error and lets it run without a lease (unprotected).
+        self.on_unrecognised_run: OnUnrecognisedRun = on_unrecognised_run
         self.codec = ArtifactCodec(
             ArtifactConfig(
                 threshold=artifact_threshold,
@@ -453,6 +469,7 @@ class _DurableBase(BasePostgresSaver):
         )
         self._known_refs = KnownRefs()
         self._leases = _LeaseRegistry()
+        self._unrecognised_logged: set[str] = set()
         self._renewer: _Renewer | None = None
         self._renewer_lock = threading.Lock()
         # Graph versions whose topology this saver (and its bind() views) stored.
@@ -553,12 +570,8 @@ class _DurableBase(BasePostgresSaver):
             raise
         yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (_sql.SETUP_LOCK_KEY,))])
 
-    def setup(self) -> None:
-        """Create or migrate the tables. Idempotent and safe to call concurrently."""
-        self._run_op(self._op_setup, transaction=False)
-
-    async def asetup(self) -> None:
-        await self._arun_op(self._op_setup, transaction=False)
+    # setup() is defined by each saver: a plain method on the sync one, a coroutine on
+    # the async one (as the stock savers do: ``await checkpointer.setup()``).
 
     # ------------------------------------------------------------------ loading
     def _op_resolve(
@@ -598,8 +611,39 @@ class _DurableBase(BasePostgresSaver):
         except Exception as exc:  # damaged bytes: msgpack, zstd, the serializer's own
             raise _load_error(where, f"a {tag!r} value", exc) from exc
 
+    def _op_legacy_sends(self, rows: list[Any]) -> Op[dict[tuple[str, str], list[tuple[str, bytes]]]]:
+        """Pending sends of checkpoints older than format v4, by (thread, parent id).
+
+        Before v4, LangGraph kept a step's ``Send`` packets as ``TASKS`` writes of the
+        parent checkpoint; the stock saver moves them into the child's ``TASKS`` channel
+        when it reads the child (``BasePostgresSaver._migrate_pending_sends``, with the
+        stock ``SELECT_PENDING_SENDS_SQL``). Same here, so a database the stock saver
+        wrote long ago resumes with its sends. One round trip, only when such rows are
+        loaded. Unlike the stock ``list()``, which looks only in the first row's thread,
+        each thread's rows are looked up in their own thread."""
+        by_thread: dict[str, list[str]] = {}
+        for row in rows:
+            stored = row["checkpoint"]
+            v = stored.get("v") if isinstance(stored, dict) else None
+            if isinstance(v, int) and v < 4 and row["parent_checkpoint_id"]:
+                by_thread.setdefault(row["thread_id"], []).append(row["parent_checkpoint_id"])
+        if not by_thread:
+            return {}
+        threads = sorted(by_thread)
+        found = yield Batch(
+            [Stmt(SELECT_PENDING_SENDS_SQL, (t, sorted(set(by_thread[t]))), fetch=True) for t in threads]
+        )
+        out: dict[tuple[str, str], list[tuple[str, bytes]]] = {}
+        for thread_id, result in zip(threads, found, strict=True):
+            for r in result:
+                sends = [(bytes(t).decode(), bytes(b)) for t, b in r["sends"] or ()]
+                if sends:
+                    out[(thread_id, r["checkpoint_id"])] = sends
+        return out
+
     def _op_load_rows(self, rows: list[Any]) -> Op[list[CheckpointTuple]]:
-        pairs: list[tuple[str, bytes]] = []
+        legacy = yield from self._op_legacy_sends(rows)
+        pairs: list[tuple[str, bytes]] = [p for sends in legacy.values() for p in sends]
         for row in rows:
             for _, t, v in row["channel_values"] or ():
                 pairs.append((t.decode(), v))
@@ -619,7 +663,10 @@ class _DurableBase(BasePostgresSaver):
                 raise
             except Exception as exc:  # an envelope that does not parse
                 raise _load_error(self._damaged_row(rows) or where, "an artifact envelope", exc) from exc
-        return [self._load_tuple(row, local) for row in rows]
+        return [
+            self._load_tuple(row, local, legacy.get((row["thread_id"], row["parent_checkpoint_id"])))
+            for row in rows
+        ]
 
     def _damaged_row(self, rows: list[Any]) -> Mapping[str, Any] | None:
         """The first of ``rows`` whose envelopes do not parse (error path only)."""
@@ -648,7 +695,12 @@ class _DurableBase(BasePostgresSaver):
         pairs += [(w[2].decode(), w[3]) for w in row["pending_writes"] or ()]
         return pairs
 
-    def _load_tuple(self, value: Any, local: Mapping[bytes, bytes] | None = None) -> CheckpointTuple:
+    def _load_tuple(
+        self,
+        value: Any,
+        local: Mapping[bytes, bytes] | None = None,
+        legacy_sends: list[tuple[str, bytes]] | None = None,
+    ) -> CheckpointTuple:
         where = {
             "thread_id": value["thread_id"],
             "checkpoint_ns": value["checkpoint_ns"],
@@ -670,6 +722,10 @@ class _DurableBase(BasePostgresSaver):
                 for k, t, v in value["channel_values"] or ()
                 if t.decode() != "empty"
             }
+            if legacy_sends:
+                # _migrate_pending_sends: the parent's sends become this checkpoint's
+                # TASKS channel, at the highest version it has (or the first version).
+                blobs[TASKS] = [self._decode(t, v, where, local) for t, v in legacy_sends]
             writes = [
                 (tid.decode(), ch.decode(), self._decode(t.decode(), v, where, local))
                 for tid, ch, t, v, _, _ in sorted(
@@ -688,6 +744,14 @@ class _DurableBase(BasePostgresSaver):
                 "channel_values": {**(value["checkpoint"].get("channel_values") or {}), **blobs},
             },
         )
+        if legacy_sends:
+            versions = dict(stored["channel_versions"])
+            versions[TASKS] = (
+                max(versions.values())
+                if versions
+                else BasePostgresSaver.get_next_version(self, None, None)
+            )
+            checkpoint["channel_versions"] = versions
         return CheckpointTuple(
             {"configurable": {k: where[k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id")}},
             checkpoint,
@@ -1806,9 +1870,89 @@ class _DurableBase(BasePostgresSaver):
         if "thread_id" not in configurable:
             return None
         ctx = _find_run_context()
-        if ctx is None or getattr(ctx.loop, "is_nested", False):
+        if ctx is None:
+            self._check_unrecognised_start(config)
+            return None
+        if getattr(ctx.loop, "is_nested", False):
             return None
         return ctx
+
+    # ------------------------------------------------------------------ fail closed
+    # The run-start recognition (_find_run_context) walks LangGraph's private call stack.
+    # A LangGraph release that changes it would make every run go without a lease,
+    # fencing, poison counting and version check, silently. These checks notice a root
+    # run the saver did not recognise and refuse it (on_unrecognised_run="raise") or log
+    # an error ("log"). Only root runs of savers with leases are concerned: update_state,
+    # copy_thread, nested graphs, subgraphs and leases=False savers are never refused.
+
+    def _run_config(self, configurable: Mapping[str, Any]) -> bool:
+        """Whether ``configurable`` is LangGraph's config for a root run of a thread:
+        set by a PregelLoop (runtime key), root namespace, not nested in another run's
+        task (a graph invoked inside a node carries its task id: never leased)."""
+        return (
+            self.leases_enabled
+            and _RUNTIME_KEY in configurable
+            and not configurable.get("checkpoint_ns")
+            and "thread_id" in configurable
+            and _TASK_ID_KEY not in configurable
+        )
+
+    def _check_unrecognised_start(self, config: RunnableConfig) -> None:
+        """LangGraph is loading a root run's checkpoint and no PregelLoop run start was
+        recognised. The one such load in a recognised run is ``checkpoint_superseded``
+        inside ``__enter__``, right after the start took its lease: a live lease of this
+        thread in this context. Runs before any node (``__enter__``), in every
+        durability mode."""
+        configurable = config.get("configurable", {})
+        if not self._run_config(configurable):
+            return
+        thread_id = str(configurable["thread_id"])
+        lease = _RUN_LEASE.get()
+        if lease is not None and not lease.released and lease.thread_id == thread_id:
+            return
+        self._unrecognised_run(thread_id, "the run's first checkpoint load (get_tuple)")
+
+    def _check_unrecognised_put(self, config: RunnableConfig, metadata: CheckpointMetadata) -> None:
+        """The backstop, should a LangGraph release load the run's state some other way:
+        a checkpoint of a root run (source "input" or "loop") with no lease of this
+        thread in this context or this process. An ``update_state`` ("update"),
+        a fork or a copy is not a run and is never refused."""
+        configurable = config.get("configurable", {})
+        if not self._run_config(configurable):
+            return
+        if (metadata or {}).get("source") not in ("input", "loop"):
+            return
+        thread_id = str(configurable["thread_id"])
+        lease = _RUN_LEASE.get()
+        if lease is not None and lease.thread_id == thread_id:
+            return  # this run's (under durability="exit" the last put may follow release)
+        if self._leases.get(thread_id) is not None:
+            return
+        self._unrecognised_run(thread_id, "the run's first checkpoint write (put)")
+
+    def _unrecognised_run(self, thread_id: str, where: str) -> None:
+        from langgraph_durable import _compat
+
+        version = _compat.langgraph_version()
+        message = (
+            f"thread {thread_id!r}: a LangGraph run started that langgraph-durable did not "
+            f"recognise (detected at {where}; installed: {_compat.describe_versions()}). "
+            "Run starts are recognised through LangGraph internals that this release "
+            "seems to have changed; running on would skip the lease, fencing, poison "
+            "counting and the graph-version check. Install a LangGraph version this "
+            "package supports (see its pyproject/README), or pass "
+            "on_unrecognised_run='log' to run such graphs unprotected."
+        )
+        if self.on_unrecognised_run == "log":
+            if thread_id not in self._unrecognised_logged:
+                if len(self._unrecognised_logged) < 10_000:
+                    self._unrecognised_logged.add(thread_id)
+                logger.error("%s Running it unprotected (on_unrecognised_run='log').", message)
+            return
+        raise UnsupportedLangGraphError(
+            message, langgraph_version=version, what=f"run start not recognised at {where}",
+            thread_id=thread_id,
+        )
 
     def get_next_version(self, current: Any, channel: Any) -> Any:
         """The stock versioning, plus the zombie guard: LangGraph calls this on the
@@ -1871,6 +2015,7 @@ class _DurableBase(BasePostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        self._check_unrecognised_put(config, metadata)
         return cast(
             RunnableConfig,
             self._write(
@@ -1947,6 +2092,7 @@ class _DurableBase(BasePostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        self._check_unrecognised_put(config, metadata)
         return cast(
             RunnableConfig,
             await self._awrite(
@@ -2141,20 +2287,112 @@ def _conninfo_of(conn: Any) -> str:
     return psycopg.conninfo.make_conninfo(**params)
 
 
+def _check_conn(saver: str, conn: Any, *, asynchronous: bool) -> None:
+    """Refuse, with a typed error saying what to pass, a connection object the saver's
+    driver cannot use. Some published tutorials hand an ``asyncpg`` pool to the saver:
+    it would fail later, on the first query, with an AttributeError."""
+    if asynchronous:
+        good: tuple[type, ...] = (AsyncConnection, AsyncConnectionPool)
+        expected = (
+            "a psycopg 3 AsyncConnectionPool or AsyncConnection opened with autocommit=True"
+        )
+        factory = "AsyncDurablePostgresSaver.from_conn_string(dsn)"
+    else:
+        good = (Connection, ConnectionPool)
+        expected = "a psycopg 3 ConnectionPool or Connection opened with autocommit=True"
+        factory = "DurablePostgresSaver.from_conn_string(dsn)"
+    if isinstance(conn, good):
+        return
+    kind = type(conn)
+    got = f"{kind.__module__}.{kind.__qualname__}"
+    root = (kind.__module__ or "").split(".")[0]
+    if root == "asyncpg":
+        hint = (
+            "asyncpg is another driver; open the pool with psycopg_pool: "
+            "AsyncConnectionPool(dsn, kwargs={'autocommit': True}, open=False), then "
+            f"`async with pool:`; or let the saver open one: `async with {factory} as saver:`"
+        )
+    elif isinstance(conn, str | bytes):
+        hint = f"For a connection string use `with {factory} as saver:`"
+    elif asynchronous and isinstance(conn, Connection | ConnectionPool):
+        hint = "That is a synchronous connection: use DurablePostgresSaver with it."
+    elif not asynchronous and isinstance(conn, AsyncConnection | AsyncConnectionPool):
+        hint = "That is an asynchronous connection: use AsyncDurablePostgresSaver with it."
+    elif root in ("psycopg2", "sqlalchemy"):
+        hint = f"{root} connections are not supported; use psycopg 3, or {factory}."
+    else:
+        hint = f"Or let the saver open a pool: {factory}."
+    raise UnsupportedConnectionError(saver, got, expected, hint)
+
+
+def _check_pipe(saver: str, conn: Any, pipe: Any, pool_type: type) -> None:
+    """``pipe``: the stock savers take a pipeline of the connection they are given and
+    run every statement through it, syncing after each write. The durable driver does
+    the same on a connection in pipeline mode: each operation's statements go to the
+    server as one batch inside ``pipe`` and are synced before the call returns (a put
+    returns once committed), so passing a pipe changes nothing else; without one, each
+    operation opens its own pipeline block. As with the stock saver, a pipe only goes
+    with a single connection, never a pool."""
+    if pipe is None:
+        return
+    if isinstance(conn, pool_type):
+        raise ConfigurationError(
+            f"{saver}: a Pipeline should be used only with a single connection, not a pool",
+            saver=saver,
+        )
+    if getattr(pipe, "_conn", conn) is not conn:
+        raise ConfigurationError(f"{saver}: pipe is not a pipeline of conn", saver=saver)
+
+
 class DurablePostgresSaver(_DurableBase):
     """Synchronous durable saver. Thread-safe (LangGraph calls ``put`` from executor
-    threads). Its async methods run the same code in a worker thread."""
+    threads). Its async methods run the same code in a worker thread.
+
+    ``DurablePostgresSaver(conn, pipe=None, serde=None, *, ...)`` takes the stock
+    ``PostgresSaver`` arguments in the stock order (see ``_DurableBase`` for the
+    package's own keyword-only options). ``conn``: a psycopg 3 ``Connection`` or
+    ``ConnectionPool`` (``autocommit=True``; the saver sets its own row factory per
+    cursor). ``pipe``: a ``psycopg.Pipeline`` of ``conn``, as the stock saver takes it;
+    see ``_check_pipe`` for what it changes."""
 
     def __init__(
         self,
         conn: Connection[Any] | ConnectionPool[Any],
-        *,
+        pipe: Pipeline | None = None,
         serde: SerializerProtocol | None = None,
+        *,
         schema: str | None = None,
-        **options: Any,
+        graph_version: str | None = None,
+        version_policy: VersionPolicy = "refuse",
+        unversioned_policy: UnversionedPolicy = "adopt",
+        migrations: MigrationRegistry | None = None,
+        max_resume_attempts: int = 3,
+        on_poison: PoisonHook | None = None,
+        lease_ttl: float = 30.0,
+        on_busy: OnBusy = "raise",
+        busy_timeout: float = 60.0,
+        artifact_threshold: int | None = 1024,
+        compression_level: int = 3,
+        artifact_cache_bytes: int = 64 * 1024 * 1024,
+        leases: bool = True,
+        takeover_dead_owners: bool = True,
+        on_unrecognised_run: OnUnrecognisedRun = "raise",
     ) -> None:
-        super().__init__(serde=serde, schema=schema, **options)
+        super().__init__(
+            serde=serde, schema=schema, graph_version=graph_version,
+            version_policy=version_policy, unversioned_policy=unversioned_policy,
+            migrations=migrations, max_resume_attempts=max_resume_attempts,
+            on_poison=on_poison, lease_ttl=lease_ttl, on_busy=on_busy,
+            busy_timeout=busy_timeout, artifact_threshold=artifact_threshold,
+            compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
+            leases=leases, takeover_dead_owners=takeover_dead_owners,
+            on_unrecognised_run=on_unrecognised_run,
+        )
+        _check_conn("DurablePostgresSaver", conn, asynchronous=False)
+        _check_pipe("DurablePostgresSaver", conn, pipe, ConnectionPool)
         self.conn = conn
+        self.pipe = pipe
+        self.supports_pipeline = Capabilities().has_pipeline()
         self._driver = SyncDriver(conn, self.schema if not getattr(conn, "_durable_own", False) else None)
         self._conninfo = _conninfo_of(conn)
 
@@ -2164,13 +2402,37 @@ class DurablePostgresSaver(_DurableBase):
         cls,
         conn_string: str | None = None,
         *,
-        pool_size: int = 10,
+        pipeline: bool = False,
         serde: SerializerProtocol | None = None,
+        pool_size: int = 10,
         schema: str | None = None,
-        **options: Any,
+        graph_version: str | None = None,
+        version_policy: VersionPolicy = "refuse",
+        unversioned_policy: UnversionedPolicy = "adopt",
+        migrations: MigrationRegistry | None = None,
+        max_resume_attempts: int = 3,
+        on_poison: PoisonHook | None = None,
+        lease_ttl: float = 30.0,
+        on_busy: OnBusy = "raise",
+        busy_timeout: float = 60.0,
+        artifact_threshold: int | None = 1024,
+        compression_level: int = 3,
+        artifact_cache_bytes: int = 64 * 1024 * 1024,
+        leases: bool = True,
+        takeover_dead_owners: bool = True,
+        on_unrecognised_run: OnUnrecognisedRun = "raise",
     ) -> Iterator[DurablePostgresSaver]:
         """Open a connection pool on ``conn_string`` (else
-        ``LANGGRAPH_DURABLE_DSN``, else the embedded PostgreSQL) and yield a saver."""
+        ``LANGGRAPH_DURABLE_DSN``, else the embedded PostgreSQL) and yield a saver.
+
+        ``pipeline``: the stock parameter, accepted so stock code runs unchanged. The
+        durable saver always works in pipeline mode: each operation's statements go to
+        the server in one pipeline round trip, synced before the call returns (a put
+        returns once committed). The stock ``pipeline=True`` instead puts its single
+        connection in pipeline mode until the next sync; here a pool is kept either way
+        (a dropped connection is replaced), so ``True`` and ``False`` give the same saver."""
+        if not isinstance(pipeline, bool):
+            raise ConfigurationError(f"pipeline must be a bool, not {pipeline!r}", pipeline=pipeline)
         dsn = resolve_dsn(conn_string)
         schema = _sql.validate_schema(schema)
         with ConnectionPool(
@@ -2188,11 +2450,34 @@ class DurablePostgresSaver(_DurableBase):
             name="langgraph-durable",
         ) as pool:
             pool._durable_own = True  # type: ignore[attr-defined]
-            saver = cls(pool, serde=serde, schema=schema, **options)
+            saver = cls(
+                pool, serde=serde, schema=schema, graph_version=graph_version,
+                version_policy=version_policy, unversioned_policy=unversioned_policy,
+                migrations=migrations, max_resume_attempts=max_resume_attempts,
+                on_poison=on_poison, lease_ttl=lease_ttl, on_busy=on_busy,
+                busy_timeout=busy_timeout, artifact_threshold=artifact_threshold,
+                compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
+                leases=leases, takeover_dead_owners=takeover_dead_owners,
+                on_unrecognised_run=on_unrecognised_run,
+            )
             try:
                 yield saver
             finally:
                 saver._stop_renewer()
+
+    def setup(self) -> None:
+        """Create or migrate the tables. Idempotent and safe to call concurrently."""
+        if self.pipe is not None:
+            # CREATE INDEX CONCURRENTLY cannot run in pipeline mode (the stock saver's
+            # setup fails there): migrate on a short-lived connection of our own.
+            with self._renew_connect() as conn:
+                SyncDriver(conn, self.schema).run_op(self._op_setup, transaction=False)
+            return
+        self._run_op(self._op_setup, transaction=False)
+
+    async def asetup(self) -> None:
+        """``setup()`` from async code (runs in a worker thread)."""
+        await asyncio.to_thread(self.setup)
 
     def _run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
         return self._driver.run_op(factory, transaction=transaction)
@@ -2221,18 +2506,52 @@ class DurablePostgresSaver(_DurableBase):
 
 class AsyncDurablePostgresSaver(_DurableBase):
     """Asynchronous durable saver. Its sync methods may be called from other threads
-    (as LangGraph does for sync graphs), like the stock ``AsyncPostgresSaver``."""
+    (as LangGraph does for sync graphs), like the stock ``AsyncPostgresSaver``.
+
+    ``AsyncDurablePostgresSaver(conn, pipe=None, serde=None, *, ...)``: the stock
+    ``AsyncPostgresSaver`` arguments in the stock order. ``conn``: a psycopg 3
+    ``AsyncConnection`` or ``AsyncConnectionPool`` (``autocommit=True``); an
+    ``asyncpg`` pool is refused with ``UnsupportedConnectionError``. ``pipe``: an
+    ``AsyncPipeline`` of ``conn`` (see ``_check_pipe``)."""
 
     def __init__(
         self,
         conn: AsyncConnection[Any] | AsyncConnectionPool[Any],
-        *,
+        pipe: AsyncPipeline | None = None,
         serde: SerializerProtocol | None = None,
+        *,
         schema: str | None = None,
-        **options: Any,
+        graph_version: str | None = None,
+        version_policy: VersionPolicy = "refuse",
+        unversioned_policy: UnversionedPolicy = "adopt",
+        migrations: MigrationRegistry | None = None,
+        max_resume_attempts: int = 3,
+        on_poison: PoisonHook | None = None,
+        lease_ttl: float = 30.0,
+        on_busy: OnBusy = "raise",
+        busy_timeout: float = 60.0,
+        artifact_threshold: int | None = 1024,
+        compression_level: int = 3,
+        artifact_cache_bytes: int = 64 * 1024 * 1024,
+        leases: bool = True,
+        takeover_dead_owners: bool = True,
+        on_unrecognised_run: OnUnrecognisedRun = "raise",
     ) -> None:
-        super().__init__(serde=serde, schema=schema, **options)
+        super().__init__(
+            serde=serde, schema=schema, graph_version=graph_version,
+            version_policy=version_policy, unversioned_policy=unversioned_policy,
+            migrations=migrations, max_resume_attempts=max_resume_attempts,
+            on_poison=on_poison, lease_ttl=lease_ttl, on_busy=on_busy,
+            busy_timeout=busy_timeout, artifact_threshold=artifact_threshold,
+            compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
+            leases=leases, takeover_dead_owners=takeover_dead_owners,
+            on_unrecognised_run=on_unrecognised_run,
+        )
+        _check_conn("AsyncDurablePostgresSaver", conn, asynchronous=True)
+        _check_pipe("AsyncDurablePostgresSaver", conn, pipe, AsyncConnectionPool)
         self.conn = conn
+        self.pipe = pipe
+        self.supports_pipeline = Capabilities().has_pipeline()
         self._driver = AsyncDriver(conn, self.schema if not getattr(conn, "_durable_own", False) else None)
         self._conninfo = _conninfo_of(conn)
         self.loop = asyncio.get_running_loop()
@@ -2243,11 +2562,30 @@ class AsyncDurablePostgresSaver(_DurableBase):
         cls,
         conn_string: str | None = None,
         *,
-        pool_size: int = 10,
+        pipeline: bool = False,
         serde: SerializerProtocol | None = None,
+        pool_size: int = 10,
         schema: str | None = None,
-        **options: Any,
+        graph_version: str | None = None,
+        version_policy: VersionPolicy = "refuse",
+        unversioned_policy: UnversionedPolicy = "adopt",
+        migrations: MigrationRegistry | None = None,
+        max_resume_attempts: int = 3,
+        on_poison: PoisonHook | None = None,
+        lease_ttl: float = 30.0,
+        on_busy: OnBusy = "raise",
+        busy_timeout: float = 60.0,
+        artifact_threshold: int | None = 1024,
+        compression_level: int = 3,
+        artifact_cache_bytes: int = 64 * 1024 * 1024,
+        leases: bool = True,
+        takeover_dead_owners: bool = True,
+        on_unrecognised_run: OnUnrecognisedRun = "raise",
     ) -> AsyncIterator[AsyncDurablePostgresSaver]:
+        """Open an async pool and yield a saver (DSN resolved as the sync saver's).
+        ``pipeline``: see ``DurablePostgresSaver.from_conn_string``."""
+        if not isinstance(pipeline, bool):
+            raise ConfigurationError(f"pipeline must be a bool, not {pipeline!r}", pipeline=pipeline)
         dsn = conn_string or os.environ.get("LANGGRAPH_DURABLE_DSN")
         if not dsn:
             dsn = await asyncio.to_thread(resolve_dsn, None)
@@ -2263,11 +2601,35 @@ class AsyncDurablePostgresSaver(_DurableBase):
             name="langgraph-durable",
         ) as pool:
             pool._durable_own = True  # type: ignore[attr-defined]
-            saver = cls(pool, serde=serde, schema=schema, **options)
+            saver = cls(
+                pool, serde=serde, schema=schema, graph_version=graph_version,
+                version_policy=version_policy, unversioned_policy=unversioned_policy,
+                migrations=migrations, max_resume_attempts=max_resume_attempts,
+                on_poison=on_poison, lease_ttl=lease_ttl, on_busy=on_busy,
+                busy_timeout=busy_timeout, artifact_threshold=artifact_threshold,
+                compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
+                leases=leases, takeover_dead_owners=takeover_dead_owners,
+                on_unrecognised_run=on_unrecognised_run,
+            )
             try:
                 yield saver
             finally:
                 saver._stop_renewer()
+
+    async def setup(self) -> None:
+        """Create or migrate the tables: ``await saver.setup()``, as with the stock
+        ``AsyncPostgresSaver``. Idempotent and safe to call concurrently. From another
+        thread: ``asyncio.run_coroutine_threadsafe(saver.setup(), saver.loop).result()``."""
+        if self.pipe is not None:
+            # Not in pipeline mode: see DurablePostgresSaver.setup.
+            async with await AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
+                await AsyncDriver(conn, self.schema).run_op(self._op_setup, transaction=False)
+            return
+        await self._arun_op(self._op_setup, transaction=False)
+
+    async def asetup(self) -> None:
+        """Alias of ``setup()`` (kept for code written against earlier releases)."""
+        await self.setup()
 
     def _check_thread(self) -> None:
         try:

@@ -33,5 +33,5 @@ async def make_checkpointer() -> AsyncIterator[AsyncDurablePostgresSaver]:
         on_busy="wait",
         busy_timeout=float(os.environ.get("LANGGRAPH_DURABLE_BUSY_TIMEOUT", "60")),
     ) as saver:
-        await saver.asetup()
+        await saver.setup()
         yield saver

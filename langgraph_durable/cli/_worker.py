@@ -215,6 +215,6 @@ async def _arun(
     async with AsyncDurablePostgresSaver.from_conn_string(
         url, schema=schema, pool_size=size, **options
     ) as saver:
-        await saver.asetup()
+        await saver.setup()
         graphs = [build_graph(obj, saver, spec) for spec, obj in objects]
         await RecoveryWorker(graphs, **worker_options).arun(until_idle=until_idle)
