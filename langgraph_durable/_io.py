@@ -85,6 +85,22 @@ CONNECTION_RETRIES = 3
 
 _HAS_PIPELINE = Capabilities().has_pipeline()
 
+# Fault injection for tests (None in production): called with (connection, attempt)
+# once an op's transaction has committed, before its result is returned. A hook that
+# closes the connection and raises psycopg.OperationalError simulates the connection
+# dropping between COMMIT and its reply: the driver then retries the whole op on a
+# fresh connection, so every op must recognise its own committed work (see
+# tests/test_seams_lease.py). Set with set_after_commit_hook.
+AfterCommitHook = Callable[[Any, int], None]
+_after_commit_hook: AfterCommitHook | None = None
+
+
+def set_after_commit_hook(hook: AfterCommitHook | None) -> AfterCommitHook | None:
+    """Install (or with None remove) the test-only after-commit hook; returns the old one."""
+    global _after_commit_hook
+    previous, _after_commit_hook = _after_commit_hook, hook
+    return previous
+
 
 def _is_connection_failure(exc: BaseException, conn: Any) -> bool:
     if isinstance(exc, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow):
@@ -169,6 +185,8 @@ class SyncDriver:
                         result = self._transact(conn, factory(), pending)
                     else:
                         result = self._drive(conn, factory(), pending)
+                    if _after_commit_hook is not None:
+                        _after_commit_hook(conn, attempt)
                 for fn in pending.after:
                     fn()
                 return result
@@ -324,6 +342,8 @@ class AsyncDriver:
                         result = await self._transact(conn, factory(), pending)
                     else:
                         result = await self._drive(conn, factory(), pending)
+                    if _after_commit_hook is not None:
+                        _after_commit_hook(conn, attempt)
                 for fn in pending.after:
                     fn()
                 return result

@@ -838,7 +838,12 @@ def _op_claim(call: _Call) -> Generator[Any, Any, tuple[bool, dict[str, Any] | N
     rows = yield Batch(
         [Stmt(CLAIM_SQL, call.params(), fetch=True), Stmt(READ_SQL, (call.key,), fetch=True)]
     )
-    return bool(rows[0]), (rows[1][0] if rows[1] else None)
+    row = rows[1][0] if rows[1] else None
+    # A 'started' row under this call's own owner (unique per call) is this very claim:
+    # it committed, the reply to the COMMIT was lost and the driver ran the op again.
+    # The function has not run yet: proceed, not "in flight" / "outcome unknown".
+    mine = row is not None and row["status"] == "started" and row["owner"] == call.owner
+    return bool(rows[0]) or mine, row
 
 
 def _op_one(sql: str, params: Any) -> Generator[Any, Any, list[dict[str, Any]]]:
@@ -995,6 +1000,10 @@ def _protocol(call: _Call) -> Generator[Any, Any, Any]:
         yield _Op(functools.partial(_op_exec, FAIL_SQL, failed))
         raise
     done = yield _Op(functools.partial(_op_one, COMPLETE_SQL, (tag, data, call.key, call.owner)))
+    if not done:
+        # Completed by this call already (a retry after a lost COMMIT reply), or taken over.
+        done = yield _Op(functools.partial(_op_one, READ_SQL, (call.key,)))
+        done = [r for r in done if r["owner"] == call.owner and r["status"] == "completed"]
     if not done:
         logger.error(
             "the claim on idempotency key %r was taken over while %s ran (its claim lease "
