@@ -67,7 +67,7 @@ from psycopg.rows import dict_row
 from pydantic import ConfigDict, PrivateAttr
 
 from langgraph_durable import _sql
-from langgraph_durable._io import AsyncDriver, Batch, Stmt, SyncDriver
+from langgraph_durable._io import AsyncDriver, Batch, Stmt, SyncDriver, op_memo
 from langgraph_durable.errors import (
     CallInFlightError,
     ConfigurationError,
@@ -1597,10 +1597,14 @@ class Ledger:
         return tag, data
 
     def _op_change(self, sql: str, key: str, params: tuple[Any, ...]) -> Generator[Any, Any, None]:
+        memo = op_memo()
         rows = yield Batch([Stmt(sql, params, fetch=True), Stmt(READ_SQL, (key,), fetch=True)])
         if rows[0]:
+            memo["changed"] = True
             return
         current = rows[1][0] if rows[1] else None
+        if memo.get("changed") and current is not None and current["status"] == "completed":
+            return  # this very change, committed; the driver retried after a lost reply
         if current is None:
             raise IdempotencyError(f"idempotency key {key!r} is not in the ledger", key=key)
         if current["status"] == "started" and current["live"]:
@@ -1610,12 +1614,14 @@ class Ledger:
         )
 
     def _op_forget(self, key: str) -> Generator[Any, Any, bool]:
+        memo = op_memo()
         rows = yield Batch([Stmt(FORGET_SQL, (key,), fetch=True), Stmt(READ_SQL, (key,), fetch=True)])
         if rows[0]:
+            memo["forgot"] = True
             return True
         if rows[1]:
             raise CallInFlightError(key, 0.0)
-        return False
+        return bool(memo.get("forgot"))  # True: this forget committed, its reply was lost
 
     def _op_purge(self) -> Generator[Any, Any, int]:
         rows = yield Batch([Stmt(PURGE_EXPIRED_SQL + " RETURNING key", None, fetch=True)])

@@ -93,6 +93,7 @@ from langgraph_durable._io import (
     Stmt,
     SyncDriver,
     Tx,
+    op_memo,
 )
 from langgraph_durable.artifacts import ArtifactCodec, ArtifactConfig, KnownRefs
 from langgraph_durable.embedded import resolve_dsn
@@ -1058,10 +1059,13 @@ class _DurableBase(BasePostgresSaver):
         """Delete the runs' checkpoints and writes, and the blob rows of their threads
         that no remaining checkpoint uses (under the threads' artifact locks and lease
         rows). Returns the threads touched."""
+        memo = op_memo()
         found = yield Batch([Stmt(_sql.RUN_THREADS_SQL, {"runs": runs}, fetch=True)])
         threads = [r["thread_id"] for r in found[0]]
         if not threads:
-            return []
+            # Nothing left: or a retry whose first attempt committed (lost COMMIT reply):
+            # its threads still need their references recomputed.
+            return list(memo.get("threads", []))
         params = {"runs": runs, "threads": threads}
         rows = yield Batch(
             [Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, t)) for t in threads]
@@ -1072,6 +1076,7 @@ class _DurableBase(BasePostgresSaver):
         late = sorted({r["thread_id"] for r in rows[-2]} - set(threads))
         if late:  # a run that checkpointed in another thread meanwhile
             yield Batch([Stmt(_sql.DELETE_UNUSED_BLOBS_SQL, {"threads": late})])
+        memo["threads"] = threads + late
         return threads + late
 
     def _flow_delete_for_runs(self, run_ids: Sequence[str]) -> Flow[None]:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import orjson
 
-from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
+from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx, op_memo
 from langgraph_durable.errors import (
     ConfigurationError,
     DurableError,
@@ -1247,6 +1247,21 @@ def migration_log(saver: Any, *, thread_id: str | None = None, limit: int = 50) 
 def op_undo(thread_id: str, migration_id: int | None = None) -> Op[dict[str, Any]]:
     """Restore the rows a migration replaced, if the thread has not moved on since."""
     tid = str(thread_id)
+    memo = op_memo()
+    if "undone" in memo:
+        # The driver retries after a lost COMMIT reply: if this undo committed, stop
+        # here. Going on would undo the *previous* migration of the same checkpoint too.
+        done = yield Batch(
+            [
+                Stmt(
+                    "SELECT undone_at IS NOT NULL AS done FROM durable_migration_log WHERE id = %s",
+                    (memo["undone"]["migration_id"],),
+                    fetch=True,
+                )
+            ]
+        )
+        if done[0] and done[0][0]["done"]:
+            return cast("dict[str, Any]", memo["undone"])
     rows = yield Batch(
         [
             Stmt(LOCK_THREAD_SQL, (tid,), fetch=True),
@@ -1329,13 +1344,14 @@ def op_undo(thread_id: str, migration_id: int | None = None) -> Op[dict[str, Any
             Stmt(SET_THREAD_VERSION_SQL, (log["from_version"], tid)),
         ]
     )
-    return {
+    memo["undone"] = {
         "migration_id": log["id"],
         "thread_id": tid,
         "checkpoint_id": log["checkpoint_id"],
         "restored_version": log["from_version"],
         "undone_version": log["to_version"],
     }
+    return cast("dict[str, Any]", memo["undone"])
 
 
 def undo_migration(saver: Any, thread_id: str, migration_id: int | None = None) -> dict[str, Any]:

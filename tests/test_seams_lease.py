@@ -598,3 +598,89 @@ def test_item14_bind_clone_renewer_stops_with_the_saver(db: str) -> None:
     renewer.join(LOAD_WAIT)
     assert not renewer.is_alive()
     assert clone._renewer is None and saver._renewer is None
+
+
+def test_defect8_operator_ops_survive_a_lost_commit_reply(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's ops under the same fault: each retry finds its own committed work
+    (op_memo) instead of failing, or worse, doing it a second time: quarantine release
+    and rewind, ledger resolve / forget, migration undo (a second undo would also undo
+    the previous migration of the same checkpoint), delete_for_runs (its threads'
+    references must still be recomputed)."""
+    import _child_versioning_graphs as G
+
+    from langgraph_durable import Ledger
+    from langgraph_durable.poison import release, rewind
+    from langgraph_durable.retention import recompute_refs
+    from langgraph_durable.versioning import migrate_threads, undo_migration
+
+    monkeypatch.setenv(G.DSN_ENV, db)
+    G.ensure_side_table(db)
+
+    def boom(state: S) -> dict[str, Any]:
+        raise RuntimeError("poison")
+
+    b = StateGraph(S)
+    b.add_node("boom", boom)
+    b.add_edge(START, "boom")
+    b.add_edge("boom", END)
+
+    def quarantine(graph: Any, tid: str, first: Any) -> None:
+        with pytest.raises(RuntimeError):
+            graph.invoke(first, cfg(tid))
+        with pytest.raises(Exception, match="quarantined"):
+            graph.invoke(None, cfg(tid))
+        assert thread_row(db, tid)["status"] == "quarantined"
+
+    qtid, ltid, mtid, rtid = "d8-op-q", "d8-op-ledger", "d8-op-mig", "d8-op-runs"
+    with DurablePostgresSaver.from_conn_string(db, max_resume_attempts=1) as saver:
+        poison_graph = b.compile(checkpointer=saver)
+        quarantine(poison_graph, qtid, {"log": []})
+        with lost_commit_replies():
+            entry = release(saver, qtid)
+        assert entry.thread_id == qtid and thread_row(db, qtid)["status"] == "stopped"
+
+        quarantine(poison_graph, qtid, None)
+        history = q(db, "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s ORDER BY 1", (qtid,))
+        with lost_commit_replies():
+            result = rewind(saver, qtid, history[0]["checkpoint_id"])
+        assert result.released and result.rewound_from == history[-1]["checkpoint_id"]
+        after = q(db, "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s ORDER BY 1", (qtid,))
+        assert len(after) == len(history) + 1 and after[-1]["checkpoint_id"] == result.checkpoint_id
+
+        for key in ("d8-k1", "d8-k2"):
+            q(db, "INSERT INTO durable_ledger (key, thread_id, fingerprint, status, owner, claim_expires_at) "
+                  "VALUES (%s, %s, 'fp', 'started', 'gone', now() - interval '1 minute')", (key, ltid))
+        ledger = Ledger(saver)
+        with lost_commit_replies():
+            ledger.resolve("d8-k1", "it happened")
+            assert ledger.forget("d8-k2") is True
+        got = ledger.get("d8-k1")
+        assert got is not None and got.status == "completed" and ledger.result("d8-k1") == "it happened"
+        assert ledger.get("d8-k2") is None
+
+        G.build_v1().compile(checkpointer=saver.bind(graph_version="v1")).invoke(
+            {"log": [], "topic": "urgent"}, cfg(mtid))
+        for src, dst, graph in (("v1", "v2", G.graph_v2), ("v2", "v3", G.graph_v3)):
+            report = migrate_threads(saver, src, dst, graph=graph, registry=G.registry, thread_ids=[mtid])
+            assert report.migrated == [mtid]
+        with lost_commit_replies():
+            undone = undo_migration(saver, mtid)
+        assert (undone["restored_version"], undone["undone_version"]) == ("v2", "v3")
+        head = saver.get_tuple(cfg(mtid))
+        assert head is not None and head.metadata["graph_version"] == "v2"
+
+        def big(state: S) -> dict[str, Any]:
+            return {"note": state["note"] + ":" + "x" * 5000}  # an artifact per run
+
+        bb = StateGraph(S)
+        bb.add_node("big", big)
+        bb.add_edge(START, "big")
+        bb.add_edge("big", END)
+        big_graph = bb.compile(checkpointer=saver)
+        runs = [str(uuid.uuid4()), str(uuid.uuid4())]
+        for run_id in runs:
+            big_graph.invoke({"log": [], "note": run_id}, cfg(rtid, run_id=run_id))
+        with lost_commit_replies():
+            saver.delete_for_runs([runs[1]])
+        assert big_graph.get_state(cfg(rtid)).values["note"].startswith(runs[0])
+        assert recompute_refs(saver, [rtid]) == 0  # delete_for_runs recomputed them already
