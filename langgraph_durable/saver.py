@@ -1229,11 +1229,10 @@ class _DurableBase(BasePostgresSaver):
         version: str | None,
         checkpoint_id: str | None,
         handoff: _Handoff | None = None,
-        memo: dict[str, Any] | None = None,
     ) -> Op[dict[str, Any]]:
         """Take the lease. Safe to run again after a lost COMMIT reply (the driver
         retries): ACQUIRE_SQL recognises its own owner and then counts no attempt and
-        bumps no token; ``memo`` (kept across the retries) restores what the committed
+        bumps no token; the op memo (kept across the retries) restores what the committed
         first execution saw of the thread before it (prev_status / prev_version)."""
         if checkpoint_id is None:
             rows = yield Batch([Stmt(_sql.LATEST_CHECKPOINT_ID_SQL, (thread_id,), fetch=True)])
@@ -1251,7 +1250,7 @@ class _DurableBase(BasePostgresSaver):
         }
         rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)])
         if rows[0]:
-            return self._acquired(rows[0][0], checkpoint_id, memo)
+            return self._acquired(rows[0][0], checkpoint_id)
         rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
         row = rows[0][0] if rows[0] else {}
         holder = row.get("lease_owner")
@@ -1269,16 +1268,16 @@ class _DurableBase(BasePostgresSaver):
             rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
             row = rows[0][0] if rows[0] else {}
             return {"ok": False, "checkpoint_id": checkpoint_id, **row}
-        return self._acquired(rows[0][0], checkpoint_id, memo)
+        return self._acquired(rows[0][0], checkpoint_id)
 
     @staticmethod
-    def _acquired(row: Mapping[str, Any], checkpoint_id: str | None, memo: dict[str, Any] | None) -> dict[str, Any]:
+    def _acquired(row: Mapping[str, Any], checkpoint_id: str | None) -> dict[str, Any]:
         res = {"ok": True, "checkpoint_id": checkpoint_id, **row}
-        if memo is not None:
-            if res.get("retried") and "prev" in memo:
-                res["prev_status"], res["prev_version"] = memo["prev"]
-            else:
-                memo["prev"] = (res.get("prev_status"), res.get("prev_version"))
+        memo = op_memo()
+        if res.get("retried") and "prev" in memo:
+            res["prev_status"], res["prev_version"] = memo["prev"]
+        else:
+            memo["prev"] = (res.get("prev_status"), res.get("prev_version"))
         return res
 
     def _op_quarantine_row(self, thread_id: str) -> Op[dict[str, Any] | None]:
@@ -1385,12 +1384,11 @@ class _DurableBase(BasePostgresSaver):
         # A recovery worker may hold the lease (handoff, from claim_handoff in the caller's
         # context): ACQUIRE_SQL takes it over from that owner and token without a gap.
         owner = _owner_id()
-        memo: dict[str, Any] = {}
         deadline = time.monotonic() + self.busy_timeout
         while True:
             started = time.monotonic()
             res = yield Tx(
-                lambda: self._op_acquire(thread_id, owner, version, requested, handoff, memo)
+                lambda: self._op_acquire(thread_id, owner, version, requested, handoff)
             )
             if res["ok"]:
                 break

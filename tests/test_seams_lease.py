@@ -684,3 +684,29 @@ def test_defect8_operator_ops_survive_a_lost_commit_reply(db: str, monkeypatch: 
             saver.delete_for_runs([runs[1]])
         assert big_graph.get_state(cfg(rtid)).values["note"].startswith(runs[0])
         assert recompute_refs(saver, [rtid]) == 0  # delete_for_runs recomputed them already
+
+
+def test_defect8_retried_acquisition_of_a_refused_resume_hands_the_thread_back(db: str) -> None:
+    """A waiting thread, resumed by a graph of another version (refused before any node
+    runs) while every COMMIT reply is lost: the thread goes back to 'waiting' with no
+    attempt counted, as without the fault; the retried acquisition must not take the
+    'running' status it wrote itself for the thread's previous state."""
+    from langgraph_durable import GraphVersionMismatchError
+
+    tid = "d8-refused"
+
+    def ask(state: S) -> dict[str, Any]:
+        return {"log": [f"answer:{interrupt('?')}"]}
+
+    b = StateGraph(S)
+    b.add_node("ask", ask)
+    b.add_edge(START, "ask")
+    b.add_edge("ask", END)
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        b.compile(checkpointer=saver.bind(graph_version="v1")).invoke({"log": []}, cfg(tid))
+        assert thread_row(db, tid)["status"] == "waiting"
+        other = b.compile(checkpointer=saver.bind(graph_version="v2"))
+        with lost_commit_replies(), pytest.raises(GraphVersionMismatchError):
+            other.invoke(Command(resume="x"), cfg(tid))
+    row = thread_row(db, tid)
+    assert (row["status"], row["attempts"], row["lease_owner"]) == ("waiting", 0, None)
