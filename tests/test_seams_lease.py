@@ -610,7 +610,8 @@ def test_defect8_operator_ops_survive_a_lost_commit_reply(db: str, monkeypatch: 
 
     from langgraph_durable import Ledger
     from langgraph_durable.poison import release, rewind
-    from langgraph_durable.retention import recompute_refs
+    from langgraph_durable.recovery import submit
+    from langgraph_durable.retention import gc, recompute_refs
     from langgraph_durable.versioning import migrate_threads, undo_migration
 
     monkeypatch.setenv(G.DSN_ENV, db)
@@ -660,10 +661,14 @@ def test_defect8_operator_ops_survive_a_lost_commit_reply(db: str, monkeypatch: 
 
         G.build_v1().compile(checkpointer=saver.bind(graph_version="v1")).invoke(
             {"log": [], "topic": "urgent"}, cfg(mtid))
-        for src, dst, graph in (("v1", "v2", G.graph_v2), ("v2", "v3", G.graph_v3)):
-            report = migrate_threads(saver, src, dst, graph=graph, registry=G.registry, thread_ids=[mtid])
-            assert report.migrated == [mtid]
         with lost_commit_replies():
+            for src, dst, graph in (("v1", "v2", G.graph_v2), ("v2", "v3", G.graph_v3)):
+                report = migrate_threads(saver, src, dst, graph=graph, registry=G.registry,
+                                         thread_ids=[mtid])
+                assert report.migrated == [mtid]
+            assert [r["to_version"] for r in q(
+                db, "SELECT to_version FROM durable_migration_log WHERE thread_id = %s ORDER BY id",
+                (mtid,))] == ["v2", "v3"]  # one backup per migration, none twice
             undone = undo_migration(saver, mtid)
         assert (undone["restored_version"], undone["undone_version"]) == ("v2", "v3")
         head = saver.get_tuple(cfg(mtid))
@@ -684,6 +689,18 @@ def test_defect8_operator_ops_survive_a_lost_commit_reply(db: str, monkeypatch: 
             saver.delete_for_runs([runs[1]])
         assert big_graph.get_state(cfg(rtid)).values["note"].startswith(runs[0])
         assert recompute_refs(saver, [rtid]) == 0  # delete_for_runs recomputed them already
+        with lost_commit_replies():
+            collected = gc(saver, grace=0)
+        assert collected.artifacts >= 1  # run 2's artifact, unreferenced now
+        assert big_graph.get_state(cfg(rtid)).values["note"].startswith(runs[0])
+
+        stid = "d8-op-submit"
+        with lost_commit_replies():
+            submit(big_graph, {"log": [], "note": "queued"}, cfg(stid))
+            assert thread_row(db, stid)["status"] == "queued"
+            stats = recover(big_graph, poll_interval=0.1)
+        assert stats.outcomes == {"finished": 1}
+        assert big_graph.get_state(cfg(stid)).values["note"].startswith("queued:")
 
 
 def test_defect8_retried_acquisition_of_a_refused_resume_hands_the_thread_back(db: str) -> None:
