@@ -1667,17 +1667,22 @@ class _DurableBase(BasePostgresSaver):
             return
         yield Tx(lambda: self._op_release(lease, status, reset=reset, undo=undo, error=error))
 
-    def _attach_exit(self, ctx: _RunContext, lease: Lease) -> None:
+    def _attach_exit(self, ctx: _RunContext, lease: Lease, outer: Lease | None = None) -> None:
         self._ensure_renewer()
         stack = ctx.loop.stack
+
+        def restore() -> None:
+            # A root run started inside another run's node (another thread) hands the
+            # context back to the outer run's lease: writes fence only with _RUN_LEASE.
+            if _RUN_LEASE.get() is lease:
+                _RUN_LEASE.set(outer if outer is not None and not outer.released else None)
 
         def sync_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
             try:
                 self._run_flow(self._release_flow(lease, ctx.loop, exc))
             except Exception:
                 logger.exception("could not release the lease on thread %s", lease.thread_id)
-            if _RUN_LEASE.get() is lease:
-                _RUN_LEASE.set(None)
+            restore()
             return False
 
         async def async_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -1685,6 +1690,7 @@ class _DurableBase(BasePostgresSaver):
                 await self._arun_flow(self._release_flow(lease, ctx.loop, exc))
             except Exception:
                 logger.exception("could not release the lease on thread %s", lease.thread_id)
+            restore()
             return False
 
         if isinstance(stack, AsyncExitStack):
@@ -1704,6 +1710,7 @@ class _DurableBase(BasePostgresSaver):
             try:
                 return first(*args, **kwargs)
             except BaseException:
+                restore()
                 self._abandon_now(lease)
                 raise
 
@@ -1794,8 +1801,9 @@ class _DurableBase(BasePostgresSaver):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ctx = self._run_context(config)
         if ctx is not None:
+            outer = _RUN_LEASE.get()
             saved, lease = self._run_flow(self._flow_run_start(config, ctx, _HANDOFF.get()))
-            self._attach_exit(ctx, lease)
+            self._attach_exit(ctx, lease, outer)
             _RUN_LEASE.set(lease)
             self._bind_run(config, lease)
             return cast("CheckpointTuple | None", saved)
@@ -1869,8 +1877,9 @@ class _DurableBase(BasePostgresSaver):
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ctx = self._run_context(config)
         if ctx is not None:
+            outer = _RUN_LEASE.get()
             saved, lease = await self._arun_flow(self._flow_run_start(config, ctx, _HANDOFF.get()))
-            self._attach_exit(ctx, lease)
+            self._attach_exit(ctx, lease, outer)
             _RUN_LEASE.set(lease)
             self._bind_run(config, lease)
             return cast("CheckpointTuple | None", saved)

@@ -179,8 +179,8 @@ def test_defect3_async_update_state_during_live_run_is_refused(db: str) -> None:
             assert out["log"] == ["work"]
             state = await graph.aget_state(cfg(tid))
             assert state.values == {"log": ["work"]}
-            # The run's task ended: the caller's context still holds the released
-            # lease; a write from it is an ordinary, accepted write now.
+            # The run ended: a write from the thread's caller is an ordinary, accepted
+            # write now.
             await graph.aupdate_state(cfg(tid), {"note": "later"})
             assert (await graph.aget_state(cfg(tid))).values["note"] == "later"
 
