@@ -247,6 +247,33 @@ def test_defect12_forged_claim_key_in_config_cannot_take_over_a_live_lease(db: s
         assert graph.get_state(cfg(tid)).values["log"] == ["work", "after"]
 
 
+def test_defect12_handoff_needs_the_context_and_the_claims_token(db: str) -> None:
+    """The real hand-off (a recovery worker's claim) travels in a ContextVar and must
+    name the claim's current fencing token: a stale or guessed one finds the thread busy."""
+    from langgraph_durable.saver import claim_handoff
+
+    tid = "d12-handoff"
+    entered, release, runs = threading.Event(), threading.Event(), []
+    release.set()
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        graph = gated_graph(saver, entered, release, runs)
+        graph.update_state(cfg(tid), {"log": []}, as_node="__input__")
+        q(db, "INSERT INTO durable_threads (thread_id, status, lease_owner, lease_token, lease_expires_at) "
+              "VALUES (%s, 'queued', 'worker-x:abc', 7, now() + interval '30 seconds') "
+              "ON CONFLICT (thread_id) DO UPDATE SET lease_owner = 'worker-x:abc', lease_token = 7, "
+              "lease_expires_at = now() + interval '30 seconds'", (tid,))
+        with claim_handoff(tid, "worker-x:abc", 6), pytest.raises(ThreadBusyError):
+            graph.invoke(None, cfg(tid))
+        with claim_handoff("another-thread", "worker-x:abc", 7), pytest.raises(ThreadBusyError):
+            graph.invoke(None, cfg(tid))
+        assert runs == []
+        with claim_handoff(tid, "worker-x:abc", 7):
+            out = graph.invoke(None, cfg(tid))
+        assert out["log"] == ["work", "after"] and runs == ["work"]
+        row = thread_row(db, tid)
+        assert (row["status"], row["lease_owner"], row["lease_token"]) == ("done", None, 8)
+
+
 # --------------------------------------------------------------------------- defect 6
 
 
