@@ -17,6 +17,7 @@ versioning) exists in exactly one place.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
@@ -84,6 +85,41 @@ Flow = Generator[Any, Any, T]
 CONNECTION_RETRIES = 3
 
 _HAS_PIPELINE = Capabilities().has_pipeline()
+
+# Fault injection for tests (None in production): called with (connection, attempt)
+# once an op's transaction has committed, before its result is returned. A hook that
+# closes the connection and raises psycopg.OperationalError simulates the connection
+# dropping between COMMIT and its reply: the driver then retries the whole op on a
+# fresh connection, so every op must recognise its own committed work (see
+# tests/test_seams_lease.py). Set with set_after_commit_hook.
+AfterCommitHook = Callable[[Any, int], None]
+_after_commit_hook: AfterCommitHook | None = None
+
+
+def set_after_commit_hook(hook: AfterCommitHook | None) -> AfterCommitHook | None:
+    """Install (or with None remove) the test-only after-commit hook; returns the old one."""
+    global _after_commit_hook
+    previous, _after_commit_hook = _after_commit_hook, hook
+    return previous
+
+
+_OP_MEMO: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "langgraph_durable_op_memo", default=None
+)
+
+
+def op_memo() -> dict[str, Any]:
+    """A dict the running op keeps across the driver's retries of it (one per run_op).
+
+    A retry after a connection failure cannot tell whether the failed attempt's COMMIT
+    happened. An op whose effect is not naturally idempotent (it counts, consumes or
+    creates something) stores here, just before it returns, what it did; its retry
+    checks the database for that effect and, when it is there, returns the remembered
+    result instead of doing it again. (In an explicit transaction every result arrives
+    before COMMIT is sent, so the memo is complete whenever the COMMIT may have
+    succeeded.) Outside a driver's run_op it is a fresh dict: nothing is retried."""
+    memo = _OP_MEMO.get()
+    return memo if memo is not None else {}
 
 
 def _is_connection_failure(exc: BaseException, conn: Any) -> bool:
@@ -167,6 +203,13 @@ class SyncDriver:
             self._schema_set.add(id(conn))
 
     def run_op(self, factory: Callable[[], Op[T]], *, transaction: bool = True) -> T:
+        memo = _OP_MEMO.set({})
+        try:
+            return self._run_op(factory, transaction)
+        finally:
+            _OP_MEMO.reset(memo)
+
+    def _run_op(self, factory: Callable[[], Op[T]], transaction: bool) -> T:
         for attempt in range(CONNECTION_RETRIES + 1):
             conn = None
             try:
@@ -176,6 +219,8 @@ class SyncDriver:
                         result = self._transact(conn, factory(), pending)
                     else:
                         result = self._drive(conn, factory(), pending)
+                    if _after_commit_hook is not None:
+                        _after_commit_hook(conn, attempt)
                 for fn in pending.after:
                     fn()
                 return result
@@ -343,6 +388,13 @@ class AsyncDriver:
             self._schema_set.add(id(conn))
 
     async def run_op(self, factory: Callable[[], Op[T]], *, transaction: bool = True) -> T:
+        memo = _OP_MEMO.set({})
+        try:
+            return await self._run_op(factory, transaction)
+        finally:
+            _OP_MEMO.reset(memo)
+
+    async def _run_op(self, factory: Callable[[], Op[T]], transaction: bool) -> T:
         for attempt in range(CONNECTION_RETRIES + 1):
             conn = None
             try:
@@ -352,6 +404,8 @@ class AsyncDriver:
                         result = await self._transact(conn, factory(), pending)
                     else:
                         result = await self._drive(conn, factory(), pending)
+                    if _after_commit_hook is not None:
+                        _after_commit_hook(conn, attempt)
                 for fn in pending.after:
                     fn()
                 return result

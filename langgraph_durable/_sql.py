@@ -222,13 +222,39 @@ MIGRATIONS: list[str] = [
         ambiguous BOOLEAN NOT NULL DEFAULT false,
         created_at TIMESTAMPTZ NOT NULL DEFAULT now()
     )""",
+    # Checkpoint order (issue 11, clock skew): checkpoint ids are uuid6 from the writer's
+    # clock and "latest" is the greatest id, so a writer whose clock is behind the head's
+    # writer would add checkpoints that sort before the head: the next load would resume
+    # from the old head and run its steps (and their effects) again. A put whose id
+    # sorts before the head of its thread and namespace, and is not a re-put of a stored
+    # checkpoint, is refused (SQLSTATE LGD03, DETAIL: JSON head). One backward index
+    # probe on the primary key, inside the put's pipeline.
+    """CREATE OR REPLACE FUNCTION durable_checkpoint_order(p_thread text, p_ns text, p_id text)
+    RETURNS integer LANGUAGE plpgsql AS $$
+    DECLARE
+        v_head text;
+    BEGIN
+        SELECT checkpoint_id INTO v_head FROM checkpoints
+        WHERE thread_id = p_thread AND checkpoint_ns = p_ns
+        ORDER BY checkpoint_id DESC LIMIT 1;
+        IF v_head > p_id AND NOT EXISTS (
+            SELECT 1 FROM checkpoints
+            WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_id) THEN
+            RAISE EXCEPTION USING ERRCODE = 'LGD03',
+                MESSAGE = format('checkpoint %s of thread %s would sort before its head %s',
+                                 p_id, p_thread, v_head),
+                DETAIL = json_build_object('head', v_head)::text;
+        END IF;
+        RETURN 1;
+    END $$""",
 ]
 
 # --- leases / lifecycle --------------------------------------------------------------
 
-# Take the lease if it is free, expired or already ours (a retried statement after an
-# ambiguous commit), bump the fencing token, and count one attempt for the checkpoint
-# the run starts from. Poison counting: attempts_checkpoint_id is the checkpoint the
+# Take the lease if it is free, expired, held by a provably dead process of this
+# machine (dead_owner) or handed over by a recovery worker (claim_owner AND its token,
+# see saver.claim_handoff), bump the fencing token, and count one attempt for the
+# checkpoint the run starts from. Poison counting: attempts_checkpoint_id is the checkpoint the
 # previous run started from. The same checkpoint: one more attempt. Another one with
 # status still 'running': the previous run moved on to it and died there (SIGKILL, OOM:
 # no exit handler ran), so that was attempt 1 at it and this is attempt 2. Otherwise the
@@ -240,8 +266,13 @@ MIGRATIONS: list[str] = [
 # lock and the loser re-evaluates the WHERE on the winner's row, so at most one owner
 # holds a live lease (no SELECT ... FOR UPDATE needed). prev_* report the row as it
 # was, to restore it if the run never starts.
+# Owner ids are unique per run, so a row already held by this owner is this very
+# acquisition, committed once already and retried by the driver because the COMMIT's
+# reply was lost: then nothing is counted or bumped again (retried = true), so a lost
+# acknowledgement can never push a healthy thread over max_resume_attempts.
 ACQUIRE_SQL = """
-WITH prev AS (SELECT status, graph_version FROM durable_threads WHERE thread_id = %(thread_id)s)
+WITH prev AS (SELECT status, graph_version, lease_owner
+              FROM durable_threads WHERE thread_id = %(thread_id)s)
 INSERT INTO durable_threads AS t (
     thread_id, status, graph_version, lease_owner, lease_token, lease_expires_at,
     attempts, attempts_checkpoint_id, updated_at)
@@ -251,21 +282,26 @@ ON CONFLICT (thread_id) DO UPDATE SET
     status = 'running',
     graph_version = COALESCE(EXCLUDED.graph_version, t.graph_version),
     lease_owner = EXCLUDED.lease_owner,
-    lease_token = t.lease_token + 1,
+    lease_token = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.lease_token
+                       ELSE t.lease_token + 1 END,
     lease_expires_at = EXCLUDED.lease_expires_at,
-    attempts = CASE WHEN t.attempts_checkpoint_id IS NOT DISTINCT FROM EXCLUDED.attempts_checkpoint_id
+    attempts = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.attempts
+                    WHEN t.attempts_checkpoint_id IS NOT DISTINCT FROM EXCLUDED.attempts_checkpoint_id
                     THEN t.attempts + 1
                     WHEN t.status = 'running' THEN 2
                     ELSE 1 END,
     attempts_checkpoint_id = EXCLUDED.attempts_checkpoint_id,
-    last_error = CASE WHEN t.attempts_checkpoint_id IS NOT DISTINCT FROM EXCLUDED.attempts_checkpoint_id
+    last_error = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.last_error
+                      WHEN t.attempts_checkpoint_id IS NOT DISTINCT FROM EXCLUDED.attempts_checkpoint_id
                       THEN t.last_error END,
     updated_at = now()
 WHERE t.status <> 'quarantined'
   AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR t.lease_owner = EXCLUDED.lease_owner
-       OR t.lease_owner = %(dead_owner)s)
+       OR t.lease_owner = %(dead_owner)s
+       OR (t.lease_owner = %(claim_owner)s AND t.lease_token = %(claim_token)s))
 RETURNING lease_token, attempts, last_error,
-          (SELECT status FROM prev) AS prev_status, (SELECT graph_version FROM prev) AS prev_version
+          (SELECT status FROM prev) AS prev_status, (SELECT graph_version FROM prev) AS prev_version,
+          COALESCE((SELECT lease_owner FROM prev) = %(owner)s, false) AS retried
 """
 
 # A run that took the lease but never started (version mismatch, failed migration,
@@ -306,6 +342,9 @@ FENCE_RAISING_SQL = "SELECT durable_fence(%s, %s, %s) AS ok"
 FOREIGN_LEASE_RAISING_SQL = "SELECT * FROM durable_foreign_lease(%s)"
 FENCE_LOST_STATE = "LGD01"
 FENCE_BUSY_STATE = "LGD02"
+# A put's checkpoint id would sort before its thread's head (durable_checkpoint_order).
+ORDER_CHECK_SQL = "SELECT durable_checkpoint_order(%s, %s, %s) AS ok"
+ORDER_SKEW_STATE = "LGD03"
 
 # A write made outside a leased run (update_state, tools) is refused while another
 # process holds a live lease on the thread.

@@ -441,6 +441,35 @@ class LeaseLostError(DurableError):
         )
 
 
+class ClockSkewError(DurableError):
+    """A new checkpoint would sort before the thread's head: the writer's clock is behind
+    the clock of whoever wrote the head (checkpoint ids are uuid6 from the writer's
+    clock, and "latest" is the greatest id). Nothing was written. ``skew_seconds``: how
+    far the head's timestamp is ahead of the refused id's. This process's id clock has
+    been moved past the head, so a retry of the same call writes a correctly ordered id."""
+
+    def __init__(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        head_checkpoint_id: str,
+        skew_seconds: float | None,
+    ) -> None:
+        skew = "?" if skew_seconds is None else f"{skew_seconds:.3f}"
+        super().__init__(
+            f"checkpoint {checkpoint_id!r} of thread {thread_id!r} (namespace "
+            f"{checkpoint_ns!r}) would sort before the thread's head {head_checkpoint_id!r}: "
+            f"this writer's clock is about {skew} s behind the head's writer; refused, "
+            "nothing written",
+            thread_id=thread_id,
+            checkpoint_ns=checkpoint_ns,
+            checkpoint_id=checkpoint_id,
+            head_checkpoint_id=head_checkpoint_id,
+            skew_seconds=skew_seconds,
+        )
+
+
 # --- idempotency -------------------------------------------------------------------
 
 
@@ -551,6 +580,7 @@ __all__ = [
     "UnstableKeyError",
     "InvalidIdentifierError",
     "LeaseLostError",
+    "ClockSkewError",
     "MigrationBackupError",
     "MigrationError",
     "NoLedgerError",

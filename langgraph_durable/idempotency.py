@@ -68,7 +68,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pydantic import ConfigDict, PrivateAttr
 
 from langgraph_durable import _sql
-from langgraph_durable._io import AsyncDriver, Batch, Stmt, SyncDriver
+from langgraph_durable._io import AsyncDriver, Batch, Stmt, SyncDriver, op_memo
 from langgraph_durable.errors import (
     CallInFlightError,
     ConfigurationError,
@@ -904,7 +904,12 @@ def _op_claim(call: _Call) -> Generator[Any, Any, tuple[bool, dict[str, Any] | N
     rows = yield Batch(
         [Stmt(CLAIM_SQL, call.params(), fetch=True), Stmt(READ_SQL, (call.key,), fetch=True)]
     )
-    return bool(rows[0]), (rows[1][0] if rows[1] else None)
+    row = rows[1][0] if rows[1] else None
+    # A 'started' row under this call's own owner (unique per call) is this very claim:
+    # it committed, the reply to the COMMIT was lost and the driver ran the op again.
+    # The function has not run yet: proceed, not "in flight" / "outcome unknown".
+    mine = row is not None and row["status"] == "started" and row["owner"] == call.owner
+    return bool(rows[0]) or mine, row
 
 
 def _op_one(sql: str, params: Any) -> Generator[Any, Any, list[dict[str, Any]]]:
@@ -1080,6 +1085,10 @@ def _protocol(call: _Call) -> Generator[Any, Any, Any]:
         yield _Op(functools.partial(_op_exec, FAIL_SQL, failed))
         raise
     done = yield _Op(functools.partial(_op_one, COMPLETE_SQL, (tag, data, call.key, call.owner)))
+    if not done:
+        # Completed by this call already (a retry after a lost COMMIT reply), or taken over.
+        done = yield _Op(functools.partial(_op_one, READ_SQL, (call.key,)))
+        done = [r for r in done if r["owner"] == call.owner and r["status"] == "completed"]
     if not done:
         logger.error(
             "the claim on idempotency key %r was taken over while %s ran (its claim lease "
@@ -1713,10 +1722,14 @@ class Ledger:
         return tag, data
 
     def _op_change(self, sql: str, key: str, params: tuple[Any, ...]) -> Generator[Any, Any, None]:
+        memo = op_memo()
         rows = yield Batch([Stmt(sql, params, fetch=True), Stmt(READ_SQL, (key,), fetch=True)])
         if rows[0]:
+            memo["changed"] = True
             return
         current = rows[1][0] if rows[1] else None
+        if memo.get("changed") and current is not None and current["status"] == "completed":
+            return  # this very change, committed; the driver retried after a lost reply
         if current is None:
             raise IdempotencyError(f"idempotency key {key!r} is not in the ledger", key=key)
         if current["status"] == "started" and current["live"]:
@@ -1726,12 +1739,14 @@ class Ledger:
         )
 
     def _op_forget(self, key: str) -> Generator[Any, Any, bool]:
+        memo = op_memo()
         rows = yield Batch([Stmt(FORGET_SQL, (key,), fetch=True), Stmt(READ_SQL, (key,), fetch=True)])
         if rows[0]:
+            memo["forgot"] = True
             return True
         if rows[1]:
             raise CallInFlightError(key, 0.0)
-        return False
+        return bool(memo.get("forgot"))  # True: this forget committed, its reply was lost
 
     def _op_purge(self) -> Generator[Any, Any, int]:
         rows = yield Batch([Stmt(PURGE_EXPIRED_SQL + " RETURNING key", None, fetch=True)])

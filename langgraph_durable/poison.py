@@ -33,11 +33,11 @@ import datetime as _dt
 import logging
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from langgraph.checkpoint.base.id import uuid6
 
-from langgraph_durable._io import Batch, Op, Stmt
+from langgraph_durable._io import Batch, Op, Stmt, op_memo
 from langgraph_durable.errors import (
     CheckpointNotFoundError,
     NotQuarantinedError,
@@ -286,7 +286,10 @@ def _op_release(thread_id: str) -> Op[QuarantineEntry]:
     )
     thread, entry = rows
     status = thread[0]["status"] if thread else None
+    memo = op_memo()
     if status != QUARANTINED or not entry:
+        if "released" in memo and status != QUARANTINED and not entry:
+            return cast(QuarantineEntry, memo["released"])  # retry of a committed release
         raise NotQuarantinedError(thread_id, status)
     yield Batch(
         [
@@ -295,6 +298,7 @@ def _op_release(thread_id: str) -> Op[QuarantineEntry]:
         ]
     )
     released = _entry(entry[0])
+    memo["released"] = released
     logger.warning(
         "thread %s released from quarantine (checkpoint %s, %d failed attempts): the next "
         "run starts from it again",
@@ -321,6 +325,12 @@ def _op_rewind(saver: Any, thread_id: str, to: str) -> Op[RewindResult]:
     if thread and thread[0]["lease_owner"] and (thread[0]["expires_in"] or 0) > 0:
         raise ThreadBusyError(thread_id, thread[0]["lease_owner"], thread[0]["expires_in"])
     head = head_rows[0]["checkpoint_id"] if head_rows else None
+    memo = op_memo()
+    done = memo.get("rewind")
+    if done is not None and head == done.checkpoint_id:
+        # A retry whose first attempt committed (lost COMMIT reply): its fork is the
+        # head. Forking again would add a second copy and report no released quarantine.
+        return cast(RewindResult, done)
     new_id = _next_id(head)
     extra = {"source": "fork", "rewound_to": to, "rewound_from": head}
     params = {
@@ -345,11 +355,12 @@ def _op_rewind(saver: Any, thread_id: str, to: str) -> Op[RewindResult]:
         ]
     )
     released = bool(rows[0])
+    memo["rewind"] = RewindResult(thread_id, new_id, to, head, released)
     logger.warning(
         "thread %s rewound to checkpoint %s (new head %s, previous head %s)%s",
         thread_id, to, new_id, head, "; quarantine lifted" if released else "",
     )
-    return RewindResult(thread_id, new_id, to, head, released)
+    return cast(RewindResult, memo["rewind"])
 
 
 def _target_config(thread_id: str, checkpoint_id: str) -> dict[str, Any]:

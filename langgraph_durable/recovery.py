@@ -57,7 +57,7 @@ from langgraph_durable.errors import (
     PoisonCheckpointError,
     ThreadBusyError,
 )
-from langgraph_durable.saver import CLAIM_KEY, _DurableBase, process_identity
+from langgraph_durable.saver import _DurableBase, claim_handoff, process_identity
 from langgraph_durable.versioning import VERSION_KEY, MigrationRegistry, graph_fingerprint
 
 logger = logging.getLogger("langgraph_durable.recovery")
@@ -79,7 +79,7 @@ WITH cand AS (
         ORDER BY c.checkpoint_id DESC
         LIMIT 1
     ) cp
-    WHERE (t.lease_owner IS NULL OR t.lease_expires_at < now())
+    WHERE (t.lease_owner IS NULL OR t.lease_expires_at < now() OR t.lease_owner = %(owner)s)
       AND (t.status = ANY(%(statuses)s)
            OR (t.status = 'error' AND %(retry_errors)s
                AND t.updated_at < now() - make_interval(secs => LEAST(
@@ -88,13 +88,16 @@ WITH cand AS (
            OR cp.graph_version = ANY(%(versions)s)
            OR (cp.graph_version IS NULL AND %(adopt)s))
       AND NOT (t.thread_id = ANY(%(skip)s))
-    ORDER BY t.updated_at
+    -- A thread this very claim took already: its COMMIT's reply was lost and the
+    -- driver retried it; the retry returns the same claim instead of leaving that
+    -- thread leased (and unrenewed) until its lease expires.
+    ORDER BY (t.lease_owner IS NOT DISTINCT FROM %(owner)s) DESC, t.updated_at
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 )
 UPDATE durable_threads AS t
 SET lease_owner = %(owner)s,
-    lease_token = t.lease_token + 1,
+    lease_token = CASE WHEN t.lease_owner = %(owner)s THEN t.lease_token ELSE t.lease_token + 1 END,
     lease_expires_at = now() + make_interval(secs => %(ttl)s)
 FROM cand
 WHERE t.thread_id = cand.thread_id
@@ -506,7 +509,6 @@ class RecoveryWorker:
     def _run_config(self, claim: Claim) -> RunnableConfig:
         configurable = dict(self.config.get("configurable") or {})
         configurable["thread_id"] = claim.thread_id
-        configurable[CLAIM_KEY] = (claim.thread_id, claim.owner)
         return cast(RunnableConfig, {**self.config, "configurable": configurable})
 
     def _log_start(self, claim: Claim) -> None:
@@ -596,8 +598,9 @@ class RecoveryWorker:
             if target is None:  # the claim filtered on versions: only a race gets here
                 raise GraphVersionMismatchError(claim.thread_id, claim.graph_version, None)
             stream = target.graph.stream(None, self._run_config(claim), stream_mode="values")
-            # Closed explicitly: the run's exit (lease release) happens in close().
-            with contextlib.closing(stream):
+            # Closed explicitly: the run's exit (lease release) happens in close(). The
+            # claim reaches the run's lease acquisition through the context, not config.
+            with claim_handoff(claim.thread_id, claim.owner, claim.token), contextlib.closing(stream):
                 for _ in stream:
                     # A "values" chunk is emitted after a superstep's writes are applied
                     # and its checkpoint submitted, before the next step's tasks start:
@@ -706,10 +709,11 @@ class RecoveryWorker:
             # An abandoned async generator is only finalized later (by the event loop),
             # after the worker may have closed its pool: close it here, at the boundary.
             try:
-                async for _ in astream:
-                    if self._stop.is_set() and self.shutdown == "step":
-                        handed_back = True
-                        break
+                with claim_handoff(claim.thread_id, claim.owner, claim.token):
+                    async for _ in astream:
+                        if self._stop.is_set() and self.shutdown == "step":
+                            handed_back = True
+                            break
             finally:
                 await astream.aclose()
         except Exception as e:

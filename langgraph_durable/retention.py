@@ -44,14 +44,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
 
 from langgraph_durable import _sql
 from langgraph_durable._completion import HEADS_SQL, effective_status
-from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
+from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx, op_memo
 from langgraph_durable._values import ISO_TS_RE
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import CheckpointLoadError, ConfigurationError
@@ -498,14 +498,21 @@ def _flow_gc(
     while True:
 
         def page(lo: bytes = lo) -> Op[tuple[int, bytes | None, dict[str, Any]]]:
+            # A retry after a lost COMMIT reply finds the page's artifacts deleted by
+            # the committed first attempt: report what that attempt deleted (op_memo).
+            memo = op_memo()
             rows = yield Batch([Stmt(_ARTIFACT_PAGE_SQL, (lo, batch_size), fetch=True)])
             if not rows[0]:
-                return 0, None, {}
+                return memo.get("page", (0, None, {}))
             hi = bytes(rows[0][-1]["digest"])
             params = {"lo": lo, "hi": hi, "grace": grace}
             sql = _GC_DRY_SQL if dry_run else _GC_DELETE_SQL
             out = yield Batch([Stmt(sql, params, fetch=True, prepare=False)])
-            return len(rows[0]), hi, _one(out[0])
+            got = _one(out[0])
+            if "page" in memo and not int(got.get("n") or 0):
+                return cast("tuple[int, bytes | None, dict[str, Any]]", memo["page"])
+            memo["page"] = (len(rows[0]), hi, got)
+            return len(rows[0]), hi, got
 
         for attempt in range(_FK_RETRIES + 1):
             try:

@@ -33,6 +33,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from contextvars import ContextVar
@@ -93,6 +94,7 @@ from langgraph_durable._io import (
     Stmt,
     SyncDriver,
     Tx,
+    op_memo,
 )
 from langgraph_durable.artifacts import ArtifactCodec, ArtifactConfig, KnownRefs
 from langgraph_durable.compat import (
@@ -104,6 +106,7 @@ from langgraph_durable.compat import (
 from langgraph_durable.embedded import resolve_dsn
 from langgraph_durable.errors import (
     CheckpointLoadError,
+    ClockSkewError,
     ConfigurationError,
     DurableError,
     GraphVersionMismatchError,
@@ -233,9 +236,31 @@ class Lease:
 # same process took after the zombie's expired, and its late writes would pass the fence.
 _RUN_LEASE: ContextVar[Lease | None] = ContextVar("langgraph_durable_run_lease", default=None)
 
-# configurable key through which the recovery worker hands the lease it claimed
-# (thread_id, owner) to the run it starts; "__" keys are never copied into metadata.
-CLAIM_KEY = "__durable_claim"
+
+@dataclass(frozen=True)
+class _Handoff:
+    thread_id: str
+    owner: str
+    token: int
+
+
+# The lease a recovery worker claimed, handed to the run it starts in this context (see
+# claim_handoff). A ContextVar, never a configurable key: config is user input, and the
+# owner string is public (ThreadBusyError.owner, `threads status`), so a key in config
+# would let any caller take over a live lease. The fencing token must match too: a
+# hand-off is good for the one acquisition that follows the claim.
+_HANDOFF: ContextVar[_Handoff | None] = ContextVar("langgraph_durable_handoff", default=None)
+
+
+@contextmanager
+def claim_handoff(thread_id: str, owner: str, token: int) -> Iterator[None]:
+    """Runs started in this block on ``thread_id`` take over the lease ``owner`` holds
+    with ``token`` (the recovery worker's claim) instead of finding the thread busy."""
+    reset = _HANDOFF.set(_Handoff(str(thread_id), str(owner), int(token)))
+    try:
+        yield
+    finally:
+        _HANDOFF.reset(reset)
 
 
 @dataclass
@@ -244,12 +269,23 @@ class _RunContext:
     graph: Any
 
 
+class _RenewerSlot:
+    """The lease renewer shared by a saver and its clones, and the lock guarding it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.renewer: _Renewer | None = None
+
+
 class _LeaseRegistry:
     """Leases held by this process, shared by a saver and its ``with_allowlist`` clones."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.by_thread: dict[str, Lease] = {}
+        # id(Runtime) -> (that Runtime, kept alive so its id is not reused, lease): the
+        # run each LangGraph Runtime object belongs to (see bind_runtime).
+        self.by_runtime: dict[int, tuple[Any, Lease]] = {}
 
     def get(self, thread_id: str) -> Lease | None:
         with self.lock:
@@ -263,6 +299,31 @@ class _LeaseRegistry:
         with self.lock:
             if self.by_thread.get(lease.thread_id) is lease:
                 del self.by_thread[lease.thread_id]
+            for key in [k for k, (_, held) in self.by_runtime.items() if held is lease]:
+                del self.by_runtime[key]
+
+    def bind_runtime(self, runtime: Any, lease: Lease) -> None:
+        """Remember that writes whose config carries ``runtime`` are ``lease``'s run.
+        LangGraph submits some writes from a finished task's done-callback, on an
+        executor thread whose context is not the run's (so _RUN_LEASE is unset there);
+        their config still carries the run's ``__pregel_runtime`` object, made anew for
+        every invoke/stream call (and for every subgraph call, bound at its start). An
+        object in memory, not a value a caller can put into a config from outside."""
+        if runtime is None:
+            return
+        with self.lock:
+            if not lease.released:
+                self.by_runtime[id(runtime)] = (runtime, lease)
+
+    def for_runtime(self, runtime: Any, thread_id: str) -> Lease | None:
+        if runtime is None:
+            return None
+        with self.lock:
+            entry = self.by_runtime.get(id(runtime))
+        if entry is None or entry[0] is not runtime:
+            return None
+        lease = entry[1]
+        return None if lease.released or lease.thread_id != thread_id else lease
 
     def snapshot(self) -> list[Lease]:
         with self.lock:
@@ -282,12 +343,41 @@ def _incarnation(pid: int) -> str | None:
 _PROCESS_IDENTITY: str | None = None
 
 
+def _namespace_identity() -> str:
+    """``ns<pid-namespace inode>.<boot id>``: which pid namespace of which kernel boot
+    this process's pids belong to. Containers sharing the host's hostname (Docker
+    ``--network host``, Kubernetes ``hostNetwork``, ``unshare --pid``) share the kernel's
+    boot time but not its pid namespace: pid 42 there is not our pid 42. Unknown parts
+    are ``0``, which ``owner_is_dead`` never treats as proof of anything."""
+    inode = "0"
+    try:
+        inode = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        if not sys.platform.startswith("linux"):
+            inode = "1"  # no pid namespaces on this platform: there is only one
+    boot = "0"
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip().replace("-", "") or "0"
+    except OSError:
+        try:
+            import psutil
+
+            boot = f"b{int(psutil.boot_time())}"
+        except Exception:  # no way to tell boots apart
+            boot = "0"
+    return f"ns{inode}.{boot}"
+
+
 def process_identity() -> str:
-    """``host:pid:incarnation`` of this process, the prefix of every lease owner it uses."""
+    """``host:pid:incarnation:namespace`` of this process, the prefix of every lease
+    owner it uses (see ``owner_is_dead`` for how it is judged)."""
     global _PROCESS_IDENTITY
     pid = os.getpid()
     if _PROCESS_IDENTITY is None or f":{pid}:" not in _PROCESS_IDENTITY:  # refreshed after fork
-        _PROCESS_IDENTITY = f"{socket.gethostname()}:{pid}:{_incarnation(pid) or '0'}"
+        _PROCESS_IDENTITY = (
+            f"{socket.gethostname()}:{pid}:{_incarnation(pid) or '0'}:{_namespace_identity()}"
+        )
     return _PROCESS_IDENTITY
 
 
@@ -298,17 +388,26 @@ def _owner_id() -> str:
 
 
 def owner_is_dead(owner: str | None) -> bool:
-    """True only when ``owner`` provably belongs to a process of THIS machine that is
-    gone (no such pid, or the pid now belongs to a younger process). A lease of another
-    machine is never judged: it must expire. This lets the common single-machine case
-    (a crash, then ``invoke(None)`` in a new process) resume at once instead of waiting
-    out ``lease_ttl``; the takeover still bumps the fencing token."""
+    """True only when ``owner`` provably belongs to a process that is gone: same host
+    name, same pid namespace of the same kernel boot (so its pid means the same process
+    here), and no such pid, or the pid now belongs to a younger process. Anything
+    uncertain is False and the lease must expire: another machine, another container
+    sharing our hostname, an owner id without a namespace (written by an older version
+    of this package), a part we could not read. This lets the common single-machine
+    case (a crash, then ``invoke(None)`` in a new process) resume at once instead of
+    waiting out ``lease_ttl``; the takeover still bumps the fencing token."""
     if not owner:
         return False
     parts = owner.split(":")
-    if len(parts) < 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+    if len(parts) < 5 or parts[0] != socket.gethostname() or not parts[1].isdigit():
         return False
-    pid, recorded = int(parts[1]), parts[2]
+    pid, recorded, namespace = int(parts[1]), parts[2], parts[3]
+    mine = process_identity().split(":")
+    inode, _, boot_id = namespace[2:].partition(".")
+    if namespace != mine[3] or not namespace.startswith("ns") or "0" in (inode, boot_id):
+        # Another pid namespace (or kernel boot), or one we could not identify: its
+        # pid is not ours to look up.
+        return False
     if pid == os.getpid():
         return False
     if recorded == "0" or "." not in recorded:
@@ -316,11 +415,59 @@ def owner_is_dead(owner: str | None) -> bool:
     boot = recorded.split(".", 1)[0]
     current = _incarnation(pid)
     if current is None:
-        # No such process. Only conclusive if we are on the same boot of the machine
-        # (a container with its own pid namespace but the same hostname would differ).
-        mine = _incarnation(os.getpid())
-        return mine is not None and mine.split(".", 1)[0] == boot
+        # No such process in our (the same) namespace. Conclusive if this is the same
+        # boot of the machine too.
+        mine_inc = _incarnation(os.getpid())
+        return mine_inc is not None and mine_inc.split(".", 1)[0] == boot
     return current != recorded
+
+
+# --- checkpoint-id clock (issue 11, clock skew) -----------------------------------------
+# LangGraph makes checkpoint ids with uuid6 from this machine's clock and the latest
+# checkpoint is the greatest id. A resumer whose clock is behind the head's writer would
+# write ids that sort before the head, and a later load would resume from the old head
+# and run its steps again. So whenever a checkpoint is loaded, LangGraph's uuid6
+# generator (which never goes backwards within a process: _last_v6_timestamp) is moved
+# past it: every id this process makes afterwards sorts after everything it has read,
+# whatever the skew, with no waiting. durable_checkpoint_order (SQL, in every put) is the
+# backstop: a put that would still sort before its head is refused (ClockSkewError).
+_UUID_EPOCH_100NS = 0x01B21DD213814000
+_ID_CLOCK_LOCK = threading.Lock()
+
+
+def _uuid6_ticks(checkpoint_id: Any) -> int | None:
+    """The 100-ns timestamp of a uuid6 checkpoint id (None for any other id)."""
+    try:
+        u = uuid.UUID(str(checkpoint_id))
+    except (ValueError, TypeError):
+        return None
+    if u.version != 6:
+        return None
+    n = u.int
+    return (((n >> 80) & 0xFFFFFFFFFFFF) << 12) | ((n >> 64) & 0x0FFF)
+
+
+def _advance_id_clock(checkpoint_id: Any) -> None:
+    """Make LangGraph's next uuid6 ids sort after ``checkpoint_id``."""
+    ticks = _uuid6_ticks(checkpoint_id)
+    if ticks is None:
+        return
+    now = time.time_ns() // 100 + _UUID_EPOCH_100NS
+    if ticks < now:
+        return  # our clock is past it already: the common case, nothing to do
+    import importlib
+
+    id_module = importlib.import_module("langgraph.checkpoint.base.id")
+    with _ID_CLOCK_LOCK:
+        last = getattr(id_module, "_last_v6_timestamp", None)
+        if last is None or ticks > last:
+            id_module._last_v6_timestamp = ticks  # type: ignore[attr-defined]
+            if ticks - now > 10_000_000:
+                logger.warning(
+                    "checkpoint %s was written by a clock %.3f s ahead of this machine's; "
+                    "this process's checkpoint ids now continue after it",
+                    checkpoint_id, (ticks - now) / 1e7,
+                )
 
 
 def _find_run_context() -> _RunContext | None:
@@ -470,10 +617,24 @@ class _DurableBase(BasePostgresSaver):
         self._known_refs = KnownRefs()
         self._leases = _LeaseRegistry()
         self._unrecognised_logged: set[str] = set()
-        self._renewer: _Renewer | None = None
-        self._renewer_lock = threading.Lock()
         # Graph versions whose topology this saver (and its bind() views) stored.
         self._recorded_versions: set[str] = set()
+        # One renewer for a saver and all its bind()/with_allowlist clones (they share
+        # the slot, as they share the lease registry): closing any of them stops it. A
+        # clone with a renewer of its own outlived the saver's close by up to 60 s.
+        self._renewer_slot = _RenewerSlot()
+
+    @property
+    def _renewer(self) -> _Renewer | None:
+        return self._renewer_slot.renewer
+
+    @_renewer.setter
+    def _renewer(self, value: _Renewer | None) -> None:
+        self._renewer_slot.renewer = value
+
+    @property
+    def _renewer_lock(self) -> threading.Lock:
+        return self._renewer_slot.lock
 
     # ------------------------------------------------------------------ drivers
     def _run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
@@ -752,6 +913,7 @@ class _DurableBase(BasePostgresSaver):
                 else BasePostgresSaver.get_next_version(self, None, None)
             )
             checkpoint["channel_versions"] = versions
+        _advance_id_clock(value["checkpoint_id"])
         return CheckpointTuple(
             {"configurable": {k: where[k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id")}},
             checkpoint,
@@ -809,13 +971,24 @@ class _DurableBase(BasePostgresSaver):
         return (yield from self._op_load_rows(rows[0]))
 
     # ------------------------------------------------------------------ writing
-    def _fence(self, thread_id: str, *, raising: bool = False) -> tuple[Stmt, Lease | None]:
+    def _fence(
+        self, thread_id: str, *, raising: bool = False, config: RunnableConfig | None = None
+    ) -> tuple[Stmt, Lease | None]:
         """The fence statement of a write and the lease it checks. ``raising``: the
         variant that fails server-side (SQLSTATE LGD01/LGD02, see ``_fence_error``),
         for batches sent as one implicit transaction (``Batch(final=True)``)."""
+        # Only the run executing in this context writes with its lease. No fallback to
+        # this process's lease registry: that let any write of the process (update_state
+        # from another request of a web server) pass the fence with the running run's
+        # token, and the run then silently overwrote it. Every other writer, in this
+        # process or not, is checked against the live lease (ThreadBusyError).
         lease = _RUN_LEASE.get()
-        if lease is None or lease.released or lease.thread_id != thread_id:
-            lease = self._leases.get(thread_id)
+        if lease is not None and (lease.released or lease.thread_id != thread_id):
+            lease = None
+        if lease is None and config is not None:
+            # A write LangGraph submitted outside the run's context (see bind_runtime).
+            runtime = (config.get("configurable") or {}).get(_RUNTIME_KEY)
+            lease = self._leases.for_runtime(runtime, thread_id)
         if lease is not None:
             if lease.lost:
                 raise LeaseLostError(thread_id, lease.token)
@@ -836,6 +1009,21 @@ class _DurableBase(BasePostgresSaver):
             info = json.loads(getattr(diag, "message_detail", None) or "{}")
             return ThreadBusyError(thread_id, info.get("owner"), info.get("expires_in"))
         return None
+
+    @staticmethod
+    def _order_error(
+        thread_id: str, checkpoint_ns: str, checkpoint_id: str, exc: BaseException
+    ) -> DurableError | None:
+        """ClockSkewError for a put refused by durable_checkpoint_order (else None). The
+        id clock is moved past the head first, so the caller's retry is ordered."""
+        if getattr(exc, "sqlstate", None) != _sql.ORDER_SKEW_STATE:
+            return None
+        diag = getattr(exc, "diag", None)
+        head = str(json.loads(getattr(diag, "message_detail", None) or "{}").get("head") or "")
+        _advance_id_clock(head)
+        ahead, mine = _uuid6_ticks(head), _uuid6_ticks(checkpoint_id)
+        skew = (ahead - mine) / 1e7 if ahead is not None and mine is not None else None
+        return ClockSkewError(thread_id, checkpoint_ns, checkpoint_id, head, skew)
 
     def _check_fence(self, thread_id: str, lease: Lease | None, rows: list[Any]) -> None:
         if lease is not None:
@@ -981,7 +1169,7 @@ class _DurableBase(BasePostgresSaver):
                 enc = self._encode(blob_values[k], where, _root(k))
                 artifacts.update(enc.artifacts)
                 blob_rows.append((thread_id, checkpoint_ns, k, cast(str, ver), enc.type, enc.data))
-        fence, lease = self._fence(thread_id, raising=True)
+        fence, lease = self._fence(thread_id, raising=True, config=config)
         md = self._stamp(config, metadata, lease)
         try:
             cp_json, md_json = _jsonb_now(copy), _jsonb_now(md)
@@ -996,6 +1184,8 @@ class _DurableBase(BasePostgresSaver):
         stmts = [*lock, fence, *art_stmts[1:]]
         if blob_rows:
             stmts.append(Stmt(UPSERT_CHECKPOINT_BLOBS_SQL, blob_rows, many=True))
+        # Never behind the head (clock skew): see durable_checkpoint_order.
+        stmts.append(Stmt(_sql.ORDER_CHECK_SQL, (thread_id, checkpoint_ns, checkpoint["id"])))
         stmts.append(
             Stmt(
                 UPSERT_CHECKPOINTS_SQL,
@@ -1014,7 +1204,9 @@ class _DurableBase(BasePostgresSaver):
             err = self._fence_error(thread_id, lease, exc)
             if err is not None:
                 raise err from None
-            err = self._write_error(exc, "put", where, {"state": copy["channel_values"], "metadata": md})
+            err = self._order_error(thread_id, checkpoint_ns, checkpoint["id"], exc) or self._write_error(
+                exc, "put", where, {"state": copy["channel_values"], "metadata": md}
+            )
             if err is None:
                 raise
             raise err from exc
@@ -1069,7 +1261,7 @@ class _DurableBase(BasePostgresSaver):
                     enc.data,
                 )
             )
-        fence, lease = self._fence(thread_id, raising=True)
+        fence, lease = self._fence(thread_id, raising=True, config=config)
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         lock = art_stmts[:1]
         try:
@@ -1190,6 +1382,7 @@ class _DurableBase(BasePostgresSaver):
         # Copying into a thread with checkpoints would interleave two histories by
         # checkpoint id (ON CONFLICT DO NOTHING keeps the target's rows): refuse. The
         # target's exclusive artifact lock makes a put with artifacts into it wait.
+        memo = op_memo()
         try:
             rows = yield Batch(
                 [
@@ -1202,13 +1395,33 @@ class _DurableBase(BasePostgresSaver):
                 ]
             )
             if rows[1][0]["taken"]:
+                if memo.get("copy_sent") and (yield from self._op_copied(params)):
+                    return  # a retry after a lost COMMIT reply: the first attempt copied
                 raise ThreadExistsError(params["source"], params["target"])
+            memo["copy_sent"] = True
             yield Batch([Stmt(s, params) for s in _sql.COPY_THREAD_SQL])
         except psycopg.Error as exc:
             err = _values.canceled_error(exc, "copy_thread", params["target"])
             if err is None:
                 raise
             raise err from exc
+
+    @staticmethod
+    def _op_copied(params: Mapping[str, str]) -> Op[bool]:
+        """Whether the target holds exactly the source's newest checkpoint: the copy a
+        retried ``copy_thread`` sent before its COMMIT reply was lost committed."""
+        rows = yield Batch(
+            [
+                Stmt(
+                    "SELECT (SELECT max(checkpoint_id) FROM checkpoints WHERE thread_id = %(source)s)"
+                    " IS NOT DISTINCT FROM "
+                    "(SELECT max(checkpoint_id) FROM checkpoints WHERE thread_id = %(target)s) AS same",
+                    params,
+                    fetch=True,
+                )
+            ]
+        )
+        return bool(rows[0][0]["same"])
 
     def _op_stock(self, statements: Any) -> Op[None]:
         """Run one of the stock saver's prune statement generators."""
@@ -1346,11 +1559,21 @@ class _DurableBase(BasePostgresSaver):
         return None
 
     def _op_acquire(
-        self, thread_id: str, owner: str, version: str | None, checkpoint_id: str | None
+        self,
+        thread_id: str,
+        owner: str,
+        version: str | None,
+        checkpoint_id: str | None,
+        handoff: _Handoff | None = None,
     ) -> Op[dict[str, Any]]:
+        """Take the lease. Safe to run again after a lost COMMIT reply (the driver
+        retries): ACQUIRE_SQL recognises its own owner and then counts no attempt and
+        bumps no token; the op memo (kept across the retries) restores what the committed
+        first execution saw of the thread before it (prev_status / prev_version)."""
         if checkpoint_id is None:
             rows = yield Batch([Stmt(_sql.LATEST_CHECKPOINT_ID_SQL, (thread_id,), fetch=True)])
             checkpoint_id = rows[0][0]["checkpoint_id"] if rows[0] else None
+        mine = handoff if handoff is not None and handoff.thread_id == thread_id else None
         params = {
             "thread_id": thread_id,
             "owner": owner,
@@ -1358,27 +1581,40 @@ class _DurableBase(BasePostgresSaver):
             "ttl": self.lease_ttl,
             "checkpoint_id": checkpoint_id,
             "dead_owner": None,
+            "claim_owner": mine.owner if mine else None,
+            "claim_token": mine.token if mine else None,
         }
+        rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)])
+        if rows[0]:
+            return self._acquired(rows[0][0], checkpoint_id)
+        rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
+        row = rows[0][0] if rows[0] else {}
+        holder = row.get("lease_owner")
+        if row.get("status") == "quarantined" or not (
+            self.takeover_dead_owners and owner_is_dead(holder)
+        ):
+            return {"ok": False, "checkpoint_id": checkpoint_id, **row}
+        logger.warning(
+            "thread %s: lease holder %s is a dead process of this machine and pid namespace; "
+            "taking over", thread_id, holder,
+        )
+        params["dead_owner"] = holder
         rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)])
         if not rows[0]:
             rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
             row = rows[0][0] if rows[0] else {}
-            holder = row.get("lease_owner")
-            if row.get("status") == "quarantined" or not (
-                self.takeover_dead_owners and owner_is_dead(holder)
-            ):
-                return {"ok": False, "checkpoint_id": checkpoint_id, **row}
-            logger.warning(
-                "thread %s: lease holder %s is a dead process on this machine; taking over",
-                thread_id, holder,
-            )
-            params["dead_owner"] = holder
-            rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)])
-            if not rows[0]:
-                rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
-                row = rows[0][0] if rows[0] else {}
-                return {"ok": False, "checkpoint_id": checkpoint_id, **row}
-        return {"ok": True, "checkpoint_id": checkpoint_id, **rows[0][0]}
+            return {"ok": False, "checkpoint_id": checkpoint_id, **row}
+        return self._acquired(rows[0][0], checkpoint_id)
+
+    @staticmethod
+    def _acquired(row: Mapping[str, Any], checkpoint_id: str | None) -> dict[str, Any]:
+        res = {"ok": True, "checkpoint_id": checkpoint_id, **row}
+        memo = op_memo()
+        if res.get("retried") and "prev" in memo:
+            res["prev_status"], res["prev_version"] = memo["prev"]
+        else:
+            memo["prev"] = (res.get("prev_status"), res.get("prev_version"))
+        return res
 
     def _op_quarantine_row(self, thread_id: str) -> Op[dict[str, Any] | None]:
         rows = yield Batch(
@@ -1475,25 +1711,22 @@ class _DurableBase(BasePostgresSaver):
         ) from cause
 
     def _flow_run_start(
-        self, config: RunnableConfig, ctx: _RunContext
+        self, config: RunnableConfig, ctx: _RunContext, handoff: _Handoff | None = None
     ) -> Flow[tuple[CheckpointTuple | None, Lease]]:
         thread_id = str(config["configurable"]["thread_id"])
         requested = get_checkpoint_id(config)
         _values.check_ids(thread_id, config["configurable"].get("checkpoint_ns", ""), requested)
         version = self._current_version(config, ctx)
         policy = config["configurable"].get(POLICY_KEY, self.version_policy)
-        claim = config["configurable"].get(CLAIM_KEY)
-        # A recovery worker already holds the lease under this owner: ACQUIRE_SQL lets the
-        # same owner re-take it, so the claim passes to the run without a gap.
-        owner = (
-            str(claim[1])
-            if isinstance(claim, tuple | list) and len(claim) == 2 and str(claim[0]) == thread_id
-            else _owner_id()
-        )
+        # A recovery worker may hold the lease (handoff, from claim_handoff in the caller's
+        # context): ACQUIRE_SQL takes it over from that owner and token without a gap.
+        owner = _owner_id()
         deadline = time.monotonic() + self.busy_timeout
         while True:
             started = time.monotonic()
-            res = yield Tx(lambda: self._op_acquire(thread_id, owner, version, requested))
+            res = yield Tx(
+                lambda: self._op_acquire(thread_id, owner, version, requested, handoff)
+            )
             if res["ok"]:
                 break
             if res.get("status") == "quarantined":
@@ -1521,6 +1754,10 @@ class _DurableBase(BasePostgresSaver):
             prev_version=res.get("prev_version"),
         )
         self._leases.add(lease)
+        # The run's own writes during its start (a migration rewriting the checkpoint)
+        # are fenced with this lease: _fence reads it from the context only.
+        outer = _RUN_LEASE.get()
+        _RUN_LEASE.set(lease)
         try:
             yield from self._flow_record_version(version, ctx)
             if lease.attempts > self.max_resume_attempts and lease.checkpoint_id is not None:
@@ -1545,8 +1782,10 @@ class _DurableBase(BasePostgresSaver):
                 saved = yield from self._flow_check_version(thread_id, saved, version, policy)
             return saved, lease
         except PoisonCheckpointError:
+            _RUN_LEASE.set(outer)
             raise
         except BaseException:
+            _RUN_LEASE.set(outer)
             # The run never started: hand the thread back as it was (status, version).
             self._leases.remove(lease)
             lease.released = True
@@ -1791,17 +2030,22 @@ class _DurableBase(BasePostgresSaver):
             return
         yield Tx(lambda: self._op_release(lease, status, reset=reset, undo=undo, error=error))
 
-    def _attach_exit(self, ctx: _RunContext, lease: Lease) -> None:
+    def _attach_exit(self, ctx: _RunContext, lease: Lease, outer: Lease | None = None) -> None:
         self._ensure_renewer()
         stack = ctx.loop.stack
+
+        def restore() -> None:
+            # A root run started inside another run's node (another thread) hands the
+            # context back to the outer run's lease: writes fence only with _RUN_LEASE.
+            if _RUN_LEASE.get() is lease:
+                _RUN_LEASE.set(outer if outer is not None and not outer.released else None)
 
         def sync_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
             try:
                 self._run_flow(self._release_flow(lease, ctx.loop, exc))
             except Exception:
                 logger.exception("could not release the lease on thread %s", lease.thread_id)
-            if _RUN_LEASE.get() is lease:
-                _RUN_LEASE.set(None)
+            restore()
             return False
 
         async def async_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -1809,6 +2053,7 @@ class _DurableBase(BasePostgresSaver):
                 await self._arun_flow(self._release_flow(lease, ctx.loop, exc))
             except Exception:
                 logger.exception("could not release the lease on thread %s", lease.thread_id)
+            restore()
             return False
 
         if isinstance(stack, AsyncExitStack):
@@ -1828,6 +2073,7 @@ class _DurableBase(BasePostgresSaver):
             try:
                 return first(*args, **kwargs)
             except BaseException:
+                restore()
                 self._abandon_now(lease)
                 raise
 
@@ -1981,14 +2227,32 @@ class _DurableBase(BasePostgresSaver):
             raise LeaseLostError(lease.thread_id, lease.token)
 
     # ------------------------------------------------------------------ public API (sync)
+    def _bind_run(self, config: RunnableConfig, lease: Lease | None) -> None:
+        """Tie this call's LangGraph Runtime to ``lease`` (a root run start) or, for a
+        subgraph's start inside a run, to the run lease of the calling context."""
+        runtime = (config.get("configurable") or {}).get(_RUNTIME_KEY)
+        if runtime is None:
+            return
+        if lease is None:
+            lease = _RUN_LEASE.get()
+            if lease is None or lease.released:
+                return
+            if lease.thread_id != str(config["configurable"].get("thread_id")):
+                return
+        self._leases.bind_runtime(runtime, lease)
+
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ctx = self._run_context(config)
         with _canceled_as_typed("get_tuple", config):
             if ctx is not None:
-                saved, lease = self._run_flow(self._flow_run_start(config, ctx))
-                self._attach_exit(ctx, lease)
+                outer = _RUN_LEASE.get()
+                saved, lease = self._run_flow(self._flow_run_start(config, ctx, _HANDOFF.get()))
+                self._attach_exit(ctx, lease, outer)
                 _RUN_LEASE.set(lease)
+                self._bind_run(config, lease)
                 return cast("CheckpointTuple | None", saved)
+            if config.get("configurable", {}).get("checkpoint_ns"):
+                self._bind_run(config, None)
             # Reads run without BEGIN/COMMIT: each statement has its own snapshot either
             # way (READ COMMITTED) and artifacts are immutable; two round trips less.
             return cast(
@@ -2061,10 +2325,14 @@ class _DurableBase(BasePostgresSaver):
         ctx = self._run_context(config)
         with _canceled_as_typed("get_tuple", config):
             if ctx is not None:
-                saved, lease = await self._arun_flow(self._flow_run_start(config, ctx))
-                self._attach_exit(ctx, lease)
+                outer = _RUN_LEASE.get()
+                saved, lease = await self._arun_flow(self._flow_run_start(config, ctx, _HANDOFF.get()))
+                self._attach_exit(ctx, lease, outer)
                 _RUN_LEASE.set(lease)
+                self._bind_run(config, lease)
                 return cast("CheckpointTuple | None", saved)
+            if config.get("configurable", {}).get("checkpoint_ns"):
+                self._bind_run(config, None)
             return cast(
                 "CheckpointTuple | None",
                 await self._arun_op(lambda: self._op_get_tuple(config), transaction=False),

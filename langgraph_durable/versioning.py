@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import orjson
 
-from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
+from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx, op_memo
 from langgraph_durable.errors import (
     ConfigurationError,
     DurableError,
@@ -1302,15 +1302,17 @@ def op_undo(
     ``MigrationBackupError`` and nothing is touched; the thread's reference rows are
     then re-added for them, so a later GC keeps what the restored rows use.
 
-    ``attempt``: a dict shared by the attempts of one call (the driver re-runs the op
-    after a lost connection). The first attempt records the migration it undoes; a
-    retry after a commit whose reply was lost then finds that one undone and reports
-    it, instead of undoing the migration before it too."""
+    ``attempt``: a dict shared by the attempts of one call; by default the driver's
+    op memo (``_io.op_memo``), which survives its retries after a lost connection."""
     from langgraph_durable import _sql
 
     tid = str(thread_id)
-    if attempt is not None and "id" in attempt:
-        migration_id = int(attempt["id"])
+    # The memo survives the driver's retries of this op (_io.op_memo): the first attempt
+    # records the migration it undoes, so a retry after a lost COMMIT reply finds that
+    # one (undone) instead of undoing the migration before it too.
+    memo = attempt if attempt is not None else op_memo()
+    if "id" in memo:
+        migration_id = int(memo["id"])
     rows = yield Batch(
         [
             # The thread's artifact lock (shared, as a put takes it), before the row lock
@@ -1323,7 +1325,7 @@ def op_undo(
                 "FROM durable_migration_log WHERE thread_id = %s "
                 "AND (undone_at IS NULL OR %s) "
                 "AND (%s::bigint IS NULL OR id = %s) ORDER BY id DESC LIMIT 1 FOR UPDATE",
-                (tid, attempt is not None and "id" in attempt, migration_id, migration_id),
+                (tid, "id" in memo, migration_id, migration_id),
                 fetch=True,
             ),
         ]
@@ -1350,8 +1352,7 @@ def op_undo(
     }
     if log["undone"]:  # this call's own earlier attempt committed
         return result
-    if attempt is not None:
-        attempt["id"] = log["id"]
+    memo["id"] = log["id"]
     head = yield Batch(
         [
             Stmt(
@@ -1421,9 +1422,8 @@ def op_undo(
 def undo_migration(saver: Any, thread_id: str, migration_id: int | None = None) -> dict[str, Any]:
     """Put back the checkpoint a migration rewrote (latest migration of the thread, or
     ``migration_id``), byte for byte, provided the thread has not run since."""
-    attempt: dict[str, Any] = {}
     return dict(
-        saver.run_op(lambda: op_undo(thread_id, migration_id, saver=saver, attempt=attempt))
+        saver.run_op(lambda: op_undo(thread_id, migration_id, saver=saver))
     )
 
 

@@ -69,10 +69,10 @@ def test_lease_row_lifecycle_and_release_statuses(db: str) -> None:
         graph = cr.make_builder(3, 0).compile(checkpointer=saver)
         graph.invoke(INPUT, cfg("life-done"))
         held = inside["life-done"]
-        # host:pid:incarnation(boot.start):random
-        host, pid, incarnation, rand = held["lease_owner"].split(":")
+        # host:pid:incarnation(boot.start):namespace(ns<pid-ns inode>.<boot id>):random
+        host, pid, incarnation, namespace, rand = held["lease_owner"].split(":")
         assert (host, int(pid), len(rand)) == (socket.gethostname(), os.getpid(), 12)
-        assert "." in incarnation
+        assert "." in incarnation and namespace.startswith("ns") and "." in namespace
         assert held["status"] == "running" and 0 < held["expires_in"] <= 7
         after = thread_row(db, "life-done")
         assert after["status"] == "done" and after["lease_owner"] is None
@@ -244,7 +244,7 @@ def test_takeover_waits_for_an_in_flight_fenced_write(db: str) -> None:
         got = saver.run_op(lambda: saver._op_acquire("inflight-1", "owner-a", None, None))
     token = got["lease_token"]
     q(db, "UPDATE durable_threads SET lease_expires_at = now() - interval '1 second' WHERE thread_id = %s", ("inflight-1",))
-    params = {"thread_id": "inflight-1", "owner": "owner-b", "version": None, "ttl": 30.0, "checkpoint_id": None, "dead_owner": None}
+    params = {"thread_id": "inflight-1", "owner": "owner-b", "version": None, "ttl": 30.0, "checkpoint_id": None, "dead_owner": None, "claim_owner": None, "claim_token": None}
     with psycopg.connect(db) as writer, psycopg.connect(db, autocommit=True) as taker:
         # The fence of a write in flight: the row lock is held until the write commits.
         assert writer.execute(_sql.FENCE_SQL, ("inflight-1", token, "owner-a")).fetchall()
