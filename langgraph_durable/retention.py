@@ -522,6 +522,10 @@ class RetentionReport:
     skipped: dict[str, int] = field(default_factory=dict)
     deleted_thread_ids: list[str] = field(default_factory=list)
     dry_run: bool = False
+    # With archive=URL: threads written and verified before their delete, and the files.
+    threads_archived: int = 0
+    archive_bytes: int = 0
+    archive_files: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -577,8 +581,12 @@ def _flow_retain(
     dry_run: bool,
     batch_size: int,
     progress: Progress | None,
+    archive: Any = None,
+    aio: bool = False,
 ) -> Flow[RetentionReport]:
     report = RetentionReport(dry_run=dry_run)
+    if archive is not None:
+        from langgraph_durable import archive as _archive
 
     def survey() -> Op[list[dict[str, Any]]]:
         rows = yield Batch([Stmt(_THREADS_SQL, fetch=True, prepare=False)])
@@ -607,7 +615,16 @@ def _flow_retain(
     for start in range(0, len(doomed), batch_size):
         part = doomed[start : start + batch_size]
 
-        def delete(part: list[str] = part) -> Op[tuple[list[str], list[str], list[Any]]]:
+        # archive=URL: every thread of the batch is written, read back and verified
+        # first (archive.py); the delete below then skips a thread whose rows changed.
+        expect: dict[str, str] | None = None
+        if archive is not None and not dry_run:
+            manifests = yield from _archive.op_archive_batch(saver, archive, part, aio)
+            expect = {t: m["fingerprint"] for t, m in manifests.items()}
+
+        def delete(
+            part: list[str] = part, expect: dict[str, str] | None = expect
+        ) -> Op[tuple[list[str], list[str], list[Any]]]:
             if dry_run:
                 out = yield Batch(
                     [Stmt(_STAT.format(table=t, size=s), (part,), fetch=True) for t, s in _TABLES]
@@ -644,6 +661,13 @@ def _flow_retain(
                     skipped.append("changed")
                 else:
                     ids.append(r["thread_id"])
+            if expect is not None and ids:
+                # Delete only what the archive holds: the same rows, under the locks.
+                fp = yield Batch([_archive.fingerprint_stmt(ids, created)])
+                now = {f["thread_id"]: f["fp"] for f in fp[0]}
+                same = [t for t in ids if t in expect and now.get(t) == expect[t]]
+                skipped += ["changed_since_archive"] * (len(ids) - len(same))
+                ids = same
             # Rows created above for threads now kept go again: no row is not 'done'.
             kept_created = sorted(set(created) - set(ids))
             out = yield Batch(
@@ -667,6 +691,11 @@ def _flow_retain(
         report.artifact_bytes += int(stats[3]["bytes"])
         report.threads_deleted += len(ids)
         report.deleted_thread_ids.extend(ids)
+        if expect is not None:
+            for t in ids:
+                report.threads_archived += 1
+                report.archive_bytes += int(manifests[t]["payload_bytes"])
+                report.archive_files.append(manifests[t]["url"])
         done += len(part)
         if progress is not None:
             yield Hook(progress, (done, total))
@@ -802,6 +831,7 @@ def retain(
     dry_run: bool = False,
     batch_size: int = 100,
     progress: Progress | None = None,
+    archive: str | None = None,
 ) -> RetentionReport:
     """Apply the retention policy (see the module docstring).
 
@@ -811,9 +841,17 @@ def retain(
     per namespace (DeltaChannel threads are skipped). ``statuses``: the
     ``durable_threads`` statuses that count as completed (threads without a row are
     judged from their head checkpoint); 'running' and 'quarantined' are refused.
-    Artifacts are freed by :func:`gc`."""
+    Artifacts are freed by :func:`gc`.
+
+    ``archive``: a directory or fsspec URL (``s3://bucket/prefix``); each thread is
+    written there (one verified file, see :mod:`langgraph_durable.archive`) before it
+    is deleted, and :func:`langgraph_durable.archive.restore` loads it back. Threads
+    trimmed by ``keep_last`` are not archived."""
     args = _retain_args(older_than_days, keep_last, statuses, batch_size)
-    return saver.run_flow(_flow_retain(saver, *args[:3], dry_run, args[3], progress))
+    store = _store(archive)
+    return saver.run_flow(
+        _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, False)
+    )
 
 
 async def aretain(
@@ -825,11 +863,21 @@ async def aretain(
     dry_run: bool = False,
     batch_size: int = 100,
     progress: Progress | None = None,
+    archive: str | None = None,
 ) -> RetentionReport:
     args = _retain_args(older_than_days, keep_last, statuses, batch_size)
+    store = _store(archive)
     return await saver.arun_flow(
-        _flow_retain(saver, *args[:3], dry_run, args[3], progress)
+        _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, True)
     )
+
+
+def _store(archive: str | None) -> Any:
+    if archive is None:
+        return None
+    from langgraph_durable.archive import Store
+
+    return Store(archive)
 
 
 __all__ = [
