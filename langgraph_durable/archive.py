@@ -139,9 +139,59 @@ def fingerprint_stmt(ids: list[str], created: Sequence[str] = ()) -> Stmt:
             ).format(name=sql.Literal(t), tbl=sql.Identifier(t), extra=extra)
         )
     query = sql.SQL(
-        "SELECT thread_id, md5(string_agg(h, '' ORDER BY h)) AS fp FROM ({}) x GROUP BY thread_id"
+        "SELECT thread_id, md5(string_agg(h, '' ORDER BY h COLLATE \"C\")) AS fp "
+        "FROM ({}) x GROUP BY thread_id"
     ).format(sql.SQL(" UNION ALL ").join(parts))
     return Stmt(query, {"ids": ids, "created": list(created)}, fetch=True, prepare=False)
+
+
+class ChangedSinceArchive(Exception):
+    """Internal (retention catches it): a thread's deleted rows are not the archived
+    ones; the delete's transaction is rolled back and retried without them."""
+
+    def __init__(self, threads: list[str]) -> None:
+        super().__init__(threads)
+        self.threads = threads
+
+
+def delete_checked_stmts(ids: list[str], created: Sequence[str], sizes: dict[str, str]) -> list[Stmt]:
+    """Retention's deletes when archiving: each returns a hash of every row it deleted
+    (as :func:`fingerprint_stmt` computes them) and its size (``sizes[table]``, an SQL
+    expression over the table's columns), so :func:`check_deleted` proves that what
+    was deleted is exactly what the archive holds. The fingerprint checked before the
+    deletes cannot: a write committed between that check and a DELETE (a put outside
+    any lease takes no row lock) would be deleted without being archived."""
+    out = []
+    for t in TABLES:
+        h = sql.SQL("md5({name} || to_jsonb(d)::text)").format(name=sql.Literal(t))
+        if t == "durable_threads":
+            h = sql.SQL("CASE WHEN d.thread_id = ANY(%(created)s) THEN NULL ELSE {} END").format(h)
+        query = sql.SQL(
+            "WITH d AS (DELETE FROM {tbl} WHERE thread_id = ANY(%(ids)s) RETURNING *) "
+            "SELECT d.thread_id, {h} AS h, ({size})::bigint AS size FROM d"
+        ).format(tbl=sql.Identifier(t), h=h, size=sql.SQL(sizes.get(t, "0")))
+        out.append(Stmt(query, {"ids": ids, "created": list(created)}, fetch=True, prepare=False))
+    return out
+
+
+def check_deleted(
+    results: list[list[Any]], ids: list[str], expect: dict[str, str]
+) -> dict[str, dict[str, int]]:
+    """Rows and bytes deleted per table; raises ``ChangedSinceArchive`` naming the
+    threads whose deleted rows hash otherwise than their archive."""
+    hashes: dict[str, list[str]] = {t: [] for t in ids}
+    stats: dict[str, dict[str, int]] = {}
+    for table, rows in zip(TABLES, results, strict=True):
+        stats[table] = {"n": len(rows), "bytes": sum(int(r["size"]) for r in rows)}
+        for r in rows:
+            if r["h"] is not None:
+                hashes.setdefault(r["thread_id"], []).append(r["h"])
+    changed = [
+        t for t in ids if hashlib.md5("".join(sorted(hashes[t])).encode()).hexdigest() != expect.get(t)
+    ]
+    if changed:
+        raise ChangedSinceArchive(changed)
+    return stats
 
 
 _ARTIFACT_ROWS_SQL = "SELECT to_jsonb(a) AS r FROM durable_artifacts a WHERE digest = ANY(%b) ORDER BY digest"

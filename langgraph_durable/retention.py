@@ -623,7 +623,7 @@ def _flow_retain(
             expect = {t: m["fingerprint"] for t, m in manifests.items()}
 
         def delete(
-            part: list[str] = part, expect: dict[str, str] | None = expect
+            part: list[str], expect: dict[str, str] | None
         ) -> Op[tuple[list[str], list[str], list[Any]]]:
             if dry_run:
                 out = yield Batch(
@@ -670,6 +670,17 @@ def _flow_retain(
                 ids = same
             # Rows created above for threads now kept go again: no row is not 'done'.
             kept_created = sorted(set(created) - set(ids))
+            if expect is not None:
+                # Deletes that prove they removed exactly the archived rows.
+                out = yield Batch(
+                    [Stmt(_FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
+                    + _archive.delete_checked_stmts(ids, created, dict(_TABLES))
+                    + [Stmt("DELETE FROM durable_threads WHERE thread_id = ANY(%s)", (kept_created,))]
+                )
+                got = _archive.check_deleted(out[1:-1], ids, expect)  # or roll back
+                for t in ids:
+                    yield AfterCommit(partial(saver._known_refs.forget_thread, t))
+                return ids, skipped, [got[t] for t, _ in _TABLES] + [out[0][0]]
             out = yield Batch(
                 [Stmt(_FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
                 + [Stmt(_DEL.format(table=t, size=s), (ids,), fetch=True) for t, s in _TABLES]
@@ -682,21 +693,37 @@ def _flow_retain(
                 yield AfterCommit(partial(saver._known_refs.forget_thread, t))
             return ids, skipped, [r[0] for r in out[1:4] + out[:1]]
 
-        ids, skipped, stats = yield Tx(delete)
+        changed: list[str] = []
+        ids: list[str] = []
+        skipped: list[str] = []
+        deleted: list[Any] | None = None
+        while part:
+            try:
+                ids, skipped, deleted = yield Tx(partial(delete, part, expect))
+                break
+            except Exception as exc:
+                if expect is None or not isinstance(exc, _archive.ChangedSinceArchive):
+                    raise
+                # Rolled back: a write landed between the check and the deletes. The
+                # rest of the batch goes again; these stay (their archive is stale).
+                changed += exc.threads
+                part = [t for t in part if t not in exc.threads]
+        skipped += ["changed_since_archive"] * len(changed)
         for reason in skipped:
             report._skip(reason)
-        for (table, _), row in zip(_TABLES, stats[:3], strict=True):
+        for (table, _), row in zip(_TABLES, (deleted or [])[:3], strict=False):
             _add_stats(report, table, int(row["n"]), int(row["bytes"]))
-        report.artifacts += int(stats[3]["n"])
-        report.artifact_bytes += int(stats[3]["bytes"])
+        if deleted is not None:
+            report.artifacts += int(deleted[3]["n"])
+            report.artifact_bytes += int(deleted[3]["bytes"])
         report.threads_deleted += len(ids)
         report.deleted_thread_ids.extend(ids)
         if expect is not None:
-            for t in ids:
+            for archived in ids:
                 report.threads_archived += 1
-                report.archive_bytes += int(manifests[t]["payload_bytes"])
-                report.archive_files.append(manifests[t]["url"])
-        done += len(part)
+                report.archive_bytes += int(manifests[archived]["payload_bytes"])
+                report.archive_files.append(manifests[archived]["url"])
+        done += len(part) + len(changed)
         if progress is not None:
             yield Hook(progress, (done, total))
 

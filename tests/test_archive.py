@@ -33,6 +33,7 @@ from typer.testing import CliRunner
 
 from langgraph_durable import AsyncDurablePostgresSaver, DurablePostgresSaver, idempotent
 from langgraph_durable import archive as A
+from langgraph_durable._io import Stmt
 from langgraph_durable.cli import app
 from langgraph_durable.errors import (
     ArchiveConflictError,
@@ -464,3 +465,46 @@ def test_kill_during_archive_never_loses_a_thread(dsn: str, schema: str, saver: 
           f"(neither: 0), {len(threads)} threads "
           f"restored, mismatches {mismatches}")
     assert mismatches == 0
+
+
+def test_write_between_check_and_delete_rolls_back(
+    dsn: str, schema: str, saver: DurablePostgresSaver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fingerprint checked under the locks cannot see a write committed after it
+    (a put outside any lease takes no row lock): the deletes hash what they removed,
+    and a difference rolls the batch back; the rest of the batch is deleted again."""
+    graph = _graph(saver)
+    for t in ("r1", "r2"):
+        graph.invoke({"subject": t}, _cfg(t))
+    _backdate(dsn, schema)
+    url = str(tmp_path / "arch")
+    real_store = A._store_verified
+    archived: dict[str, str] = {}
+
+    def store(target: Any, dump: Any) -> dict[str, Any]:
+        manifest = real_store(target, dump)
+        archived[dump.thread_id] = manifest["fingerprint"]
+        if dump.thread_id == "r1":
+            _q(dsn, schema, "UPDATE durable_ledger SET args_preview = 'late write' WHERE thread_id = 'r1'")
+
+            # Blind the check under the locks: it reports the archived fingerprints, as
+            # it would had the write come right after it.
+            def blind(ids: list[str], created: Any = ()) -> Stmt:
+                return Stmt(
+                    "SELECT t AS thread_id, (%s::jsonb ->> t) AS fp FROM unnest(%s::text[]) AS t",
+                    (json.dumps(archived), ids),
+                    fetch=True,
+                    prepare=False,
+                )
+
+            monkeypatch.setattr(A, "fingerprint_stmt", blind)
+        return manifest
+
+    monkeypatch.setattr(A, "_store_verified", store)
+    report = retain(saver, older_than_days=30, archive=url)
+    assert report.skipped == {"changed_since_archive": 1}
+    assert report.deleted_thread_ids == ["r2"] and report.threads_archived == 1
+    late = _q(dsn, schema, "SELECT args_preview FROM durable_ledger WHERE thread_id = 'r1'")
+    assert late and all(r[0] == "late write" for r in late)
+    assert _q(dsn, schema, "SELECT count(*) FROM checkpoints WHERE thread_id = 'r1'")[0][0] > 0
+    assert _q(dsn, schema, "SELECT count(*) FROM checkpoints WHERE thread_id = 'r2'")[0][0] == 0
