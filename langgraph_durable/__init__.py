@@ -1,9 +1,14 @@
 """langgraph-durable: a drop-in durable checkpointer for LangGraph on Postgres."""
 
 from langgraph_durable import poison
+from langgraph_durable.archive import RestoreReport, arestore, restore
 from langgraph_durable.artifacts import ArtifactConfig
 from langgraph_durable.embedded import embedded_dsn, resolve_dsn, stop_embedded
 from langgraph_durable.errors import (
+    ArchiveConflictError,
+    ArchiveError,
+    ArchiveIntegrityError,
+    ArchiveVersionError,
     ArtifactError,
     ArtifactIntegrityError,
     ArtifactNotFoundError,
@@ -74,6 +79,13 @@ from langgraph_durable.versioning import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArchiveConflictError",
+    "ArchiveError",
+    "ArchiveIntegrityError",
+    "ArchiveVersionError",
+    "RestoreReport",
+    "arestore",
+    "restore",
     "ArtifactConfig",
     "ArtifactError",
     "ArtifactIntegrityError",

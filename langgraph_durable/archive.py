@@ -197,10 +197,16 @@ def check_deleted(
 _ARTIFACT_ROWS_SQL = "SELECT to_jsonb(a) AS r FROM durable_artifacts a WHERE digest = ANY(%b) ORDER BY digest"
 
 
+# Tables whose rows alone do not make a thread "exist": reference rows outlive a thread
+# deleted by the stock saver until gc's orphan sweep; restore adds to them.
+_ADDITIVE = frozenset({"durable_artifact_refs"})
+
+
 def _exists_sql() -> sql.Composed:
     return sql.SQL(" UNION ").join(
         sql.SQL("SELECT thread_id FROM {} WHERE thread_id = ANY(%(ids)s)").format(sql.Identifier(t))
         for t in TABLES
+        if t not in _ADDITIVE
     )
 
 
@@ -586,6 +592,10 @@ def _load(url: str, thread_ids: Sequence[str] | None) -> tuple[list[tuple[str, T
     else:
         store = Store(url)
         names = store.names()
+        if thread_ids is not None:
+            # Only the files named after the requested threads are read.
+            prefixes = tuple(file_name(t, None).rsplit("--", 1)[0] + "--" for t in thread_ids)
+            names = [n for n in names if n.startswith(prefixes)]
     newest: dict[str, tuple[tuple[str, str], str, ThreadDump]] = {}
     superseded: list[str] = []
     for name in names:
@@ -677,7 +687,7 @@ def _op_restore(saver: Any, items: list[tuple[str, ThreadDump]]) -> Op[RestoreRe
             # Columns this database has and fills itself (a sequence) are left to it.
             keep = [c[0] for c in part["columns"] if c[0] in have and not have[c[0]][2]]
             rows = _json_rows(part["columns"], part["rows"], keep)
-            ignore = table == _ARTIFACTS
+            ignore = table == _ARTIFACTS or table in _ADDITIVE
             stmts.append(
                 Stmt(
                     sql.Composed([_insert_sql(table, keep, ignore=ignore), sql.SQL(" RETURNING 1")]),

@@ -508,3 +508,23 @@ def test_write_between_check_and_delete_rolls_back(
     assert late and all(r[0] == "late write" for r in late)
     assert _q(dsn, schema, "SELECT count(*) FROM checkpoints WHERE thread_id = 'r1'")[0][0] > 0
     assert _q(dsn, schema, "SELECT count(*) FROM checkpoints WHERE thread_id = 'r2'")[0][0] == 0
+
+
+def test_thread_without_status_row(dsn: str, schema: str, saver: DurablePostgresSaver, tmp_path: Path) -> None:
+    """A thread with no durable_threads row (leases=False, or the stock saver's): the row
+    retention creates to lock it is neither archived, nor compared, nor restored."""
+    with DurablePostgresSaver.from_conn_string(
+        dsn, schema=schema, artifact_threshold=256, leases=False
+    ) as plain:
+        _graph(plain).invoke({"subject": "nr"}, _cfg("nr"))
+    assert not _q(dsn, schema, "SELECT 1 FROM durable_threads WHERE thread_id = 'nr'")
+    _backdate(dsn, schema)
+    before = raw_rows(dsn, schema, "nr")
+    history = snapshot(saver, "nr")
+    url = str(tmp_path / "arch")
+    report = retain(saver, older_than_days=30, archive=url)
+    assert report.threads_archived == 1 and report.deleted_thread_ids == ["nr"]
+    assert not any(raw_rows(dsn, schema, "nr").values())
+    assert A.restore(saver, url, thread_ids=["nr"]).thread_ids == ["nr"]
+    assert raw_rows(dsn, schema, "nr") == before and before["durable_threads"] == []
+    assert snapshot(saver, "nr") == history
