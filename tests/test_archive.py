@@ -479,6 +479,7 @@ def test_write_between_check_and_delete_rolls_back(
     _backdate(dsn, schema)
     url = str(tmp_path / "arch")
     real_store = A._store_verified
+    real_fp = A.fingerprint_stmt
     archived: dict[str, str] = {}
 
     def store(target: Any, dump: Any) -> dict[str, Any]:
@@ -490,9 +491,13 @@ def test_write_between_check_and_delete_rolls_back(
             # Blind the check under the locks: it reports the archived fingerprints, as
             # it would had the write come right after it.
             def blind(ids: list[str], created: Any = ()) -> Stmt:
+                stmt = real_fp(ids, created)
                 return Stmt(
-                    "SELECT t AS thread_id, (%s::jsonb ->> t) AS fp FROM unnest(%s::text[]) AS t",
-                    (json.dumps(archived), ids),
+                    psycopg.sql.SQL(
+                        "SELECT thread_id, CASE WHEN thread_id = 'r1' THEN %(blind)s ELSE fp END AS fp "
+                        "FROM ({}) x"
+                    ).format(stmt.sql),
+                    {**stmt.params, "blind": archived["r1"]},
                     fetch=True,
                     prepare=False,
                 )
@@ -528,3 +533,24 @@ def test_thread_without_status_row(dsn: str, schema: str, saver: DurablePostgres
     assert A.restore(saver, url, thread_ids=["nr"]).thread_ids == ["nr"]
     assert raw_rows(dsn, schema, "nr") == before and before["durable_threads"] == []
     assert snapshot(saver, "nr") == history
+
+
+def test_restore_conflicting_ledger_key_restores_nothing(
+    dsn: str, schema: str, saver: DurablePostgresSaver, tmp_path: Path
+) -> None:
+    """A row of another thread holding one of the archive's unique keys: the insert's
+    unique violation becomes ArchiveConflictError and the transaction rolls back."""
+    _graph(saver).invoke({"subject": "lk"}, _cfg("lk"))
+    _backdate(dsn, schema)
+    url = str(tmp_path / "arch")
+    assert retain(saver, older_than_days=30, archive=url).threads_archived == 1
+    (key,) = [m for m in A.verify(url)]
+    _, dump = A.decode(Path(key["url"]).read_bytes())
+    cols = [c[0] for c in dump.tables["durable_ledger"]["columns"]]
+    ledger_key = dump.tables["durable_ledger"]["rows"][0][cols.index("key")]
+    _q(dsn, schema, "INSERT INTO durable_ledger (key, thread_id, fingerprint, status) VALUES (%s, 'other', 'f', 'done')", ledger_key)
+    with pytest.raises(ArchiveConflictError) as err:
+        A.restore(saver, url)
+    assert err.value.thread_id == "lk" and isinstance(err.value.__cause__, psycopg.errors.UniqueViolation)
+    assert _q(dsn, schema, "SELECT count(*) FROM checkpoints")[0][0] == 0
+    assert _q(dsn, schema, "SELECT count(*) FROM durable_threads WHERE thread_id = 'lk'")[0][0] == 0
