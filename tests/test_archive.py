@@ -277,6 +277,10 @@ def test_restore_one_thread_and_cli(dsn: str, schema: str, saver: DurablePostgre
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["threads_archived"] == 2 and out["threads_deleted"] == 2
+    res = runner.invoke(app, ["restore", url, "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    assert sorted(m["thread_id"] for m in json.loads(res.output)["files"]) == ["c1", "c2"]
+    assert _q(dsn, schema, "SELECT count(*) FROM checkpoints")[0][0] == 0
     res = runner.invoke(app, ["restore", url, "--thread", "c2", "--dsn", dsn, "--schema", schema, "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["thread_ids"] == ["c2"]

@@ -224,6 +224,10 @@ def restore_command(
     ] = None,
     dsn: DsnOption = None,
     schema: SchemaOption = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Only verify the files and list what they hold."),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Load archived threads back (written by `retain --archive`), in one transaction.
@@ -232,6 +236,30 @@ def restore_command(
     thread that already exists in the database, restores nothing."""
     from langgraph_durable import archive as _archive
 
+    if dry_run:
+        try:
+            manifests = _archive.verify(url)
+        except DurableError as exc:
+            _fail(exc)
+            return
+        if thread:
+            manifests = [m for m in manifests if m["thread_id"] in thread]
+        if as_json:
+            print_json({"files": manifests})
+            return
+        listing = Table(title=f"{url} (verified)", header_style="bold")
+        for col in ("thread", "head checkpoint", "created", "checkpoints", "bytes"):
+            listing.add_column(col)
+        for m in manifests:
+            listing.add_row(
+                m["thread_id"],
+                str(m["head_checkpoint_id"]),
+                m["created_at"],
+                str(m["counts"].get("checkpoints", 0)),
+                fmt_bytes(int(m["payload_bytes"])),
+            )
+        console.print(listing)
+        return
     try:
         with open_saver(dsn, schema) as saver:
             report = _archive.restore(saver, url, thread_ids=thread or None)
