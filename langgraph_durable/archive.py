@@ -28,7 +28,8 @@ File format (version 1; never pickle), one file per thread, named
   thread_id, head_checkpoint_id, fingerprint, tables: {name: {columns: [[name, type,
   generated], ...], rows: [[value, ...], ...]}}, artifacts: {columns, rows}}``.
   Values are what Postgres' ``to_jsonb`` gives for the column (text, numbers, JSON,
-  ISO timestamps), except ``bytea``, stored as msgpack bin.
+  ISO timestamps), except ``bytea``, stored as msgpack bin. (JSON numbers come back as
+  Python floats: a ``numeric`` column, which no per-thread table has, would need care.)
 
 A skippable frame is ignored by zstd decoders: ``zstd -dc file | msgpack`` reads the
 payload with standard tools. Every table of ``_sql.STOCK_THREAD_TABLES`` and
@@ -237,7 +238,7 @@ class ThreadDump:
 
 
 def _columns(rows: list[dict[str, Any]]) -> dict[str, list[list[Any]]]:
-    """table -> [[column, type, generated], ...] plus ``("__pk__", table)`` order."""
+    """table -> [[column, pg type, filled by the database, position in the primary key]]."""
     out: dict[str, list[list[Any]]] = {}
     for r in rows:
         out.setdefault(r["tbl"], []).append([r["col"], r["type"], bool(r["generated"]), r["pk"]])
@@ -271,7 +272,12 @@ def _op_dump(saver: Any, ids: list[str]) -> Op[list[ThreadDump]]:
     missing = [t for t in (*TABLES, _ARTIFACTS) if t not in cols]
     if missing:
         raise ConfigurationError(f"tables {missing} do not exist: run setup() first", tables=missing)
-    order = {t: [c[0] for c in sorted((c for c in cs if c[3] is not None), key=lambda c: c[3])] for t, cs in cols.items()}
+    # Rows in primary-key order: deterministic files, and rows whose key a sequence
+    # fills (durable_migration_log.id) are restored in their original order.
+    order = {
+        t: [c[0] for c in sorted((c for c in cs if c[3] is not None), key=lambda c: c[3])]
+        for t, cs in cols.items()
+    }
     out = yield Batch(
         [fingerprint_stmt(ids)]
         + [Stmt(_rows_sql(t, order[t]), (ids,), fetch=True, prepare=False) for t in TABLES]
