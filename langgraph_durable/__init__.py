@@ -7,9 +7,14 @@ from langgraph_durable import _compat
 _compat.check()
 
 from langgraph_durable import poison
+from langgraph_durable.archive import RestoreReport, arestore, restore
 from langgraph_durable.artifacts import ArtifactConfig
 from langgraph_durable.embedded import embedded_dsn, resolve_dsn, stop_embedded
 from langgraph_durable.errors import (
+    ArchiveConflictError,
+    ArchiveError,
+    ArchiveIntegrityError,
+    ArchiveVersionError,
     ArtifactError,
     ArtifactIntegrityError,
     ArtifactNotFoundError,
@@ -89,6 +94,13 @@ from langgraph_durable.versioning import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArchiveConflictError",
+    "ArchiveError",
+    "ArchiveIntegrityError",
+    "ArchiveVersionError",
+    "RestoreReport",
+    "arestore",
+    "restore",
     "ArtifactConfig",
     "ArtifactError",
     "ArtifactIntegrityError",

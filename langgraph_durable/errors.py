@@ -259,6 +259,30 @@ class ArtifactIntegrityError(ArtifactError, CheckpointLoadError):
         )
 
 
+# --- archive -----------------------------------------------------------------------
+
+
+class ArchiveError(DurableError):
+    """Base class of archive errors (archive.py): ``url`` names the file or directory,
+    ``thread_id`` the thread when one is concerned."""
+
+    def __init__(self, message: str, *, url: str, thread_id: str | None = None, **fields: Any) -> None:
+        super().__init__(message, url=url, thread_id=thread_id, **fields)
+
+
+class ArchiveIntegrityError(ArchiveError):
+    """An archive file is damaged (flipped byte, truncated, manifest and payload
+    disagree) or not an archive: nothing was restored from it."""
+
+
+class ArchiveVersionError(ArchiveIntegrityError):
+    """An archive file has a format version this package cannot read."""
+
+
+class ArchiveConflictError(ArchiveError):
+    """Restore refused: the thread already exists in the database. Nothing was restored."""
+
+
 # --- versioning --------------------------------------------------------------------
 
 
@@ -562,6 +586,10 @@ class UnstableKeyError(IdempotencyError):
 
 
 __all__ = [
+    "ArchiveConflictError",
+    "ArchiveError",
+    "ArchiveIntegrityError",
+    "ArchiveVersionError",
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactNotFoundError",

@@ -604,6 +604,10 @@ class RetentionReport:
     # them): thread_id, checkpoint_id and the error, for the operator to inspect.
     damaged: list[dict[str, Any]] = field(default_factory=list)
     dry_run: bool = False
+    # With archive=URL: threads written and verified before their delete, and the files.
+    threads_archived: int = 0
+    archive_bytes: int = 0
+    archive_files: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -659,8 +663,12 @@ def _flow_retain(
     dry_run: bool,
     batch_size: int,
     progress: Progress | None,
+    archive: Any = None,
+    aio: bool = False,
 ) -> Flow[RetentionReport]:
     report = RetentionReport(dry_run=dry_run)
+    if archive is not None:
+        from langgraph_durable import archive as _archive
 
     def survey() -> Op[list[dict[str, Any]]]:
         rows = yield Batch([Stmt(_THREADS_SQL, fetch=True, prepare=False)])
@@ -689,7 +697,16 @@ def _flow_retain(
     for start in range(0, len(doomed), batch_size):
         part = doomed[start : start + batch_size]
 
-        def delete(part: list[str] = part) -> Op[tuple[list[str], list[str], list[Any]]]:
+        # archive=URL: every thread of the batch is written, read back and verified
+        # first (archive.py); the delete below then skips a thread whose rows changed.
+        expect: dict[str, str] | None = None
+        if archive is not None and not dry_run:
+            manifests = yield from _archive.op_archive_batch(saver, archive, part, aio)
+            expect = {t: m["fingerprint"] for t, m in manifests.items()}
+
+        def delete(
+            part: list[str], expect: dict[str, str] | None
+        ) -> Op[tuple[list[str], list[str], list[Any]]]:
             if dry_run:
                 out = yield Batch(
                     [Stmt(_STAT.format(table=t, size=s), (part,), fetch=True) for t, s in _TABLES]
@@ -726,8 +743,26 @@ def _flow_retain(
                     skipped.append("changed")
                 else:
                     ids.append(r["thread_id"])
+            if expect is not None and ids:
+                # Delete only what the archive holds: the same rows, under the locks.
+                fp = yield Batch([_archive.fingerprint_stmt(ids, created)])
+                now = {f["thread_id"]: f["fp"] for f in fp[0]}
+                same = [t for t in ids if t in expect and now.get(t) == expect[t]]
+                skipped += ["changed_since_archive"] * (len(ids) - len(same))
+                ids = same
             # Rows created above for threads now kept go again: no row is not 'done'.
             kept_created = sorted(set(created) - set(ids))
+            if expect is not None:
+                # Deletes that prove they removed exactly the archived rows.
+                out = yield Batch(
+                    [Stmt(_FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
+                    + _archive.delete_checked_stmts(ids, created, dict(_TABLES))
+                    + [Stmt("DELETE FROM durable_threads WHERE thread_id = ANY(%s)", (kept_created,))]
+                )
+                got = _archive.check_deleted(out[1:-1], ids, expect)  # or roll back
+                for t in ids:
+                    yield AfterCommit(partial(saver._known_refs.forget_thread, t))
+                return ids, skipped, [got[t] for t, _ in _TABLES] + [out[0][0]]
             out = yield Batch(
                 [Stmt(_FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
                 + [Stmt(_DEL.format(table=t, size=s), (ids,), fetch=True) for t, s in _TABLES]
@@ -740,16 +775,37 @@ def _flow_retain(
                 yield AfterCommit(partial(saver._known_refs.forget_thread, t))
             return ids, skipped, [r[0] for r in out[1:4] + out[:1]]
 
-        ids, skipped, stats = yield Tx(delete)
+        changed: list[str] = []
+        ids: list[str] = []
+        skipped: list[str] = []
+        deleted: list[Any] | None = None
+        while part:
+            try:
+                ids, skipped, deleted = yield Tx(partial(delete, part, expect))
+                break
+            except Exception as exc:
+                if expect is None or not isinstance(exc, _archive.ChangedSinceArchive):
+                    raise
+                # Rolled back: a write landed between the check and the deletes. The
+                # rest of the batch goes again; these stay (their archive is stale).
+                changed += exc.threads
+                part = [t for t in part if t not in exc.threads]
+        skipped += ["changed_since_archive"] * len(changed)
         for reason in skipped:
             report._skip(reason)
-        for (table, _), row in zip(_TABLES, stats[:3], strict=True):
+        for (table, _), row in zip(_TABLES, (deleted or [])[:3], strict=False):
             _add_stats(report, table, int(row["n"]), int(row["bytes"]))
-        report.artifacts += int(stats[3]["n"])
-        report.artifact_bytes += int(stats[3]["bytes"])
+        if deleted is not None:
+            report.artifacts += int(deleted[3]["n"])
+            report.artifact_bytes += int(deleted[3]["bytes"])
         report.threads_deleted += len(ids)
         report.deleted_thread_ids.extend(ids)
-        done += len(part)
+        if expect is not None:
+            for archived in ids:
+                report.threads_archived += 1
+                report.archive_bytes += int(manifests[archived]["payload_bytes"])
+                report.archive_files.append(manifests[archived]["url"])
+        done += len(part) + len(changed)
         if progress is not None:
             yield Hook(progress, (done, total))
 
@@ -892,6 +948,7 @@ def retain(
     dry_run: bool = False,
     batch_size: int = 100,
     progress: Progress | None = None,
+    archive: str | None = None,
 ) -> RetentionReport:
     """Apply the retention policy (see the module docstring).
 
@@ -901,9 +958,17 @@ def retain(
     per namespace (DeltaChannel threads are skipped). ``statuses``: the
     ``durable_threads`` statuses that count as completed (threads without a row are
     judged from their head checkpoint); 'running' and 'quarantined' are refused.
-    Artifacts are freed by :func:`gc`."""
+    Artifacts are freed by :func:`gc`.
+
+    ``archive``: a directory or fsspec URL (``s3://bucket/prefix``); each thread is
+    written there (one verified file, see :mod:`langgraph_durable.archive`) before it
+    is deleted, and :func:`langgraph_durable.archive.restore` loads it back. Threads
+    trimmed by ``keep_last`` are not archived."""
     args = _retain_args(older_than_days, keep_last, statuses, batch_size)
-    return saver.run_flow(_flow_retain(saver, *args[:3], dry_run, args[3], progress))
+    store = _store(archive)
+    return saver.run_flow(
+        _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, False)
+    )
 
 
 async def aretain(
@@ -915,11 +980,21 @@ async def aretain(
     dry_run: bool = False,
     batch_size: int = 100,
     progress: Progress | None = None,
+    archive: str | None = None,
 ) -> RetentionReport:
     args = _retain_args(older_than_days, keep_last, statuses, batch_size)
+    store = _store(archive)
     return await saver.arun_flow(
-        _flow_retain(saver, *args[:3], dry_run, args[3], progress)
+        _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, True)
     )
+
+
+def _store(archive: str | None) -> Any:
+    if archive is None:
+        return None
+    from langgraph_durable.archive import Store
+
+    return Store(archive)
 
 
 __all__ = [

@@ -1,0 +1,795 @@
+"""Archive before delete, and restore (issue 16).
+
+``retain(saver, ..., archive=URL)`` writes each thread it is about to delete to one
+file under ``URL`` (a directory, or any ``fsspec`` URL such as ``s3://bucket/prefix``),
+reads the file back and verifies it, and only then deletes the thread, in a
+transaction that re-checks the thread did not change since it was read.
+:func:`restore` loads archived threads back, in one transaction.
+
+Why a kill at any moment leaves a thread in the database, or in both places, never in
+neither: the file is written under a temporary name and renamed (local: fsync'd, then
+``os.replace``; fsspec: ``mv``, and an object store's PUT is atomic anyway), so the
+final name only ever holds a whole file; the rows are deleted only after that final
+file was read back and verified (sha256, decoded, row counts); and the delete re-reads
+the thread's fingerprint (an md5 over every row of every per-thread table) under the
+thread's locks and skips the thread when it differs (``changed_since_archive``: the
+archive is then a stale copy of a thread that is still in the database; the next run
+archives it again).
+
+File format (version 1; never pickle), one file per thread, named
+``<slug>-<sha256(thread_id)[:12]>--<head checkpoint id>.lgda.zst``:
+
+* a zstd *skippable frame* (magic ``0x184D2A5E``, little-endian u32 size) holding the
+  manifest, UTF-8 JSON: ``format`` ("langgraph-durable-archive"), ``version``,
+  ``package_version``, ``created_at``, ``thread_id``, ``head_checkpoint_id``,
+  ``fingerprint``, ``tables`` (names), ``counts`` (rows per table, and
+  ``durable_artifacts``), ``payload_sha256`` and ``payload_bytes`` (of the frame below);
+* one zstd frame: msgpack of ``{format, version, package_version, created_at,
+  thread_id, head_checkpoint_id, fingerprint, tables: {name: {columns: [[name, type,
+  generated], ...], rows: [[value, ...], ...]}}, artifacts: {columns, rows}}``.
+  Values are what Postgres' ``to_jsonb`` gives for the column (text, numbers, JSON,
+  ISO timestamps), except ``bytea``, stored as msgpack bin. (JSON numbers come back as
+  Python floats: a ``numeric`` column, which no per-thread table has, would need care.)
+
+A skippable frame is ignored by zstd decoders: ``zstd -dc file | msgpack`` reads the
+payload with standard tools. Every table of ``_sql.STOCK_THREAD_TABLES`` and
+``_sql.THREAD_TABLES`` is read generically (``SELECT to_jsonb(t)``), so a per-thread
+table added there is archived and restored without code here; ``durable_artifacts``
+rows are the artifacts the thread's reference rows, blobs, writes and migration
+backups name (chunk children included), so a file restores on its own into an empty
+database. Restore re-inserts artifacts with ``ON CONFLICT DO NOTHING`` (one row per
+digest, shared with whatever already uses it) and columns filled by a sequence
+(``durable_migration_log.id``) are left to the target database's sequence, in the
+original order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import struct
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+import ormsgpack
+import psycopg
+import zstandard
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from langgraph_durable import _sql
+from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
+from langgraph_durable.artifacts import REF_TYPE
+from langgraph_durable.errors import (
+    ArchiveConflictError,
+    ArchiveError,
+    ArchiveIntegrityError,
+    ArchiveVersionError,
+    ArtifactError,
+    ConfigurationError,
+)
+
+FORMAT = "langgraph-durable-archive"
+VERSION = 1
+SUFFIX = ".lgda.zst"
+_SKIPPABLE_MAGIC = 0x184D2A5E
+# Upper bound of a payload's decompressed size (a damaged size field must not make
+# restore allocate without limit).
+_MAX_PAYLOAD = 4 * 1024**3
+
+# Every per-thread table, the stock ones first (the order restore inserts them in is
+# _restore_order's).
+TABLES: tuple[str, ...] = _sql.STOCK_THREAD_TABLES + _sql.THREAD_TABLES
+_ARTIFACTS = "durable_artifacts"
+
+
+def _package_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("langgraph-durable")
+    except Exception:
+        return "unknown"
+
+
+# --------------------------------------------------------------------------- SQL
+
+_COLUMNS_SQL = """
+SELECT c.relname AS tbl, a.attname AS col, format_type(a.atttypid, a.atttypmod) AS type,
+       (a.attidentity <> '' OR a.attgenerated <> ''
+        OR COALESCE(pg_get_expr(d.adbin, d.adrelid), '') LIKE 'nextval(%%') AS generated,
+       array_position(i.indkey::int2[], a.attnum) AS pk
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+WHERE a.attrelid = ANY(%s::text[]::regclass[]) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY c.relname, a.attnum
+"""
+
+
+def _rows_sql(table: str, order: list[str]) -> sql.Composed:
+    return sql.SQL("SELECT to_jsonb(t) AS r FROM {} t WHERE thread_id = ANY(%s) ORDER BY {}").format(
+        sql.Identifier(table),
+        sql.SQL(", ").join(sql.Identifier(c) for c in order) if order else sql.SQL("1"),
+    )
+
+
+def fingerprint_stmt(ids: list[str], created: Sequence[str] = ()) -> Stmt:
+    """Per thread, an md5 over every row of every per-thread table (order-free).
+    ``created``: threads whose ``durable_threads`` row the caller just created to lock
+    it (retention does for threads without one); that row is left out."""
+    parts = []
+    for t in TABLES:
+        extra = (
+            sql.SQL(" AND NOT (thread_id = ANY(%(created)s))")
+            if t == "durable_threads"
+            else sql.SQL("")
+        )
+        parts.append(
+            sql.SQL(
+                "SELECT thread_id, md5({name} || to_jsonb(t)::text) AS h FROM {tbl} t "
+                "WHERE thread_id = ANY(%(ids)s){extra}"
+            ).format(name=sql.Literal(t), tbl=sql.Identifier(t), extra=extra)
+        )
+    query = sql.SQL(
+        "SELECT thread_id, md5(string_agg(h, '' ORDER BY h COLLATE \"C\")) AS fp "
+        "FROM ({}) x GROUP BY thread_id"
+    ).format(sql.SQL(" UNION ALL ").join(parts))
+    return Stmt(query, {"ids": ids, "created": list(created)}, fetch=True, prepare=False)
+
+
+class ChangedSinceArchive(Exception):
+    """Internal (retention catches it): a thread's deleted rows are not the archived
+    ones; the delete's transaction is rolled back and retried without them."""
+
+    def __init__(self, threads: list[str]) -> None:
+        super().__init__(threads)
+        self.threads = threads
+
+
+def delete_checked_stmts(ids: list[str], created: Sequence[str], sizes: dict[str, str]) -> list[Stmt]:
+    """Retention's deletes when archiving: each returns a hash of every row it deleted
+    (as :func:`fingerprint_stmt` computes them) and its size (``sizes[table]``, an SQL
+    expression over the table's columns), so :func:`check_deleted` proves that what
+    was deleted is exactly what the archive holds. The fingerprint checked before the
+    deletes cannot: a write committed between that check and a DELETE (a put outside
+    any lease takes no row lock) would be deleted without being archived."""
+    out = []
+    for t in TABLES:
+        h = sql.SQL("md5({name} || to_jsonb(d)::text)").format(name=sql.Literal(t))
+        if t == "durable_threads":
+            h = sql.SQL("CASE WHEN d.thread_id = ANY(%(created)s) THEN NULL ELSE {} END").format(h)
+        query = sql.SQL(
+            "WITH d AS (DELETE FROM {tbl} WHERE thread_id = ANY(%(ids)s) RETURNING *) "
+            "SELECT d.thread_id, {h} AS h, ({size})::bigint AS size FROM d"
+        ).format(tbl=sql.Identifier(t), h=h, size=sql.SQL(sizes.get(t, "0")))
+        out.append(Stmt(query, {"ids": ids, "created": list(created)}, fetch=True, prepare=False))
+    return out
+
+
+def check_deleted(
+    results: list[list[Any]], ids: list[str], expect: dict[str, str]
+) -> dict[str, dict[str, int]]:
+    """Rows and bytes deleted per table; raises ``ChangedSinceArchive`` naming the
+    threads whose deleted rows hash otherwise than their archive."""
+    hashes: dict[str, list[str]] = {t: [] for t in ids}
+    stats: dict[str, dict[str, int]] = {}
+    for table, rows in zip(TABLES, results, strict=True):
+        stats[table] = {"n": len(rows), "bytes": sum(int(r["size"]) for r in rows)}
+        for r in rows:
+            if r["h"] is not None:
+                hashes.setdefault(r["thread_id"], []).append(r["h"])
+    changed = [
+        t for t in ids if hashlib.md5("".join(sorted(hashes[t])).encode()).hexdigest() != expect.get(t)
+    ]
+    if changed:
+        raise ChangedSinceArchive(changed)
+    return stats
+
+
+_ARTIFACT_ROWS_SQL = "SELECT to_jsonb(a) AS r FROM durable_artifacts a WHERE digest = ANY(%b) ORDER BY digest"
+
+
+# Tables whose rows alone do not make a thread "exist": reference rows outlive a thread
+# deleted by the stock saver until gc's orphan sweep; restore adds to them.
+_ADDITIVE = frozenset({"durable_artifact_refs"})
+
+
+def _exists_sql() -> sql.Composed:
+    return sql.SQL(" UNION ").join(
+        sql.SQL("SELECT thread_id FROM {} WHERE thread_id = ANY(%(ids)s)").format(sql.Identifier(t))
+        for t in TABLES
+        if t not in _ADDITIVE
+    )
+
+
+def _insert_sql(table: str, cols: list[str], *, ignore: bool = False) -> sql.Composed:
+    names = sql.SQL(", ").join(sql.Identifier(c) for c in cols)
+    return sql.SQL(
+        "INSERT INTO {t} ({c}) SELECT {c} FROM jsonb_populate_recordset(NULL::{t}, %s){tail}"
+    ).format(t=sql.Identifier(table), c=names, tail=sql.SQL(" ON CONFLICT DO NOTHING" if ignore else ""))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass
+class ThreadDump:
+    """Every row of one thread, as the archive stores them."""
+
+    thread_id: str
+    head_checkpoint_id: str | None
+    fingerprint: str
+    tables: dict[str, dict[str, Any]]
+    artifacts: dict[str, Any]
+
+    def counts(self) -> dict[str, int]:
+        out = {t: len(v["rows"]) for t, v in self.tables.items()}
+        out[_ARTIFACTS] = len(self.artifacts["rows"])
+        return out
+
+
+def _columns(rows: list[dict[str, Any]]) -> dict[str, list[list[Any]]]:
+    """table -> [[column, pg type, filled by the database, position in the primary key]]."""
+    out: dict[str, list[list[Any]]] = {}
+    for r in rows:
+        out.setdefault(r["tbl"], []).append([r["col"], r["type"], bool(r["generated"]), r["pk"]])
+    return out
+
+
+def _encode_rows(cols: list[list[Any]], records: list[dict[str, Any]]) -> list[list[Any]]:
+    """to_jsonb records -> value lists in column order, bytea as bytes."""
+    out = []
+    for rec in records:
+        row = []
+        for name, typ, *_ in cols:
+            v = rec.get(name)
+            if typ == "bytea" and isinstance(v, str):
+                v = bytes.fromhex(v[2:])  # to_jsonb renders bytea as "\\x<hex>"
+            row.append(v)
+        out.append(row)
+    return out
+
+
+def _op_dump(saver: Any, ids: list[str]) -> Op[list[ThreadDump]]:
+    """Read the threads, one consistent snapshot (REPEATABLE READ: the fingerprint and
+    the rows are the same state)."""
+    from langgraph_durable.retention import _ENVELOPES_SQL, _op_closure
+
+    yield Batch([Stmt("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")])
+    meta = yield Batch(
+        [Stmt(_COLUMNS_SQL, (list((*TABLES, _ARTIFACTS)),), fetch=True, prepare=False)]
+    )
+    cols = _columns(meta[0])
+    missing = [t for t in (*TABLES, _ARTIFACTS) if t not in cols]
+    if missing:
+        raise ConfigurationError(f"tables {missing} do not exist: run setup() first", tables=missing)
+    # Rows in primary-key order: deterministic files, and rows whose key a sequence
+    # fills (durable_migration_log.id) are restored in their original order.
+    order = {
+        t: [c[0] for c in sorted((c for c in cs if c[3] is not None), key=lambda c: c[3])]
+        for t, cs in cols.items()
+    }
+    out = yield Batch(
+        [fingerprint_stmt(ids)]
+        + [Stmt(_rows_sql(t, order[t]), (ids,), fetch=True, prepare=False) for t in TABLES]
+    )
+    fps = {r["thread_id"]: r["fp"] for r in out[0]}
+    per: dict[str, dict[str, list[dict[str, Any]]]] = {t: {} for t in ids}
+    for table, rows in zip(TABLES, out[1:], strict=True):
+        for r in rows:
+            rec = r["r"]
+            per.setdefault(rec["thread_id"], {}).setdefault(table, []).append(rec)
+    dumps = []
+    for tid in ids:
+        if tid not in fps:
+            continue  # gone meanwhile
+        recs = per.get(tid, {})
+        # Artifacts: what the reference rows name, plus the closure of the envelopes
+        # (a database written before reference rows were complete lacks some rows).
+        digests = {bytes.fromhex(r["digest"][2:]) for r in recs.get("durable_artifact_refs", [])}
+        env = yield Batch([Stmt(_ENVELOPES_SQL, (tid, REF_TYPE) * 3, fetch=True, prepare=False)])
+        pairs = [(REF_TYPE, bytes(r["blob"])) for r in env[0]]
+        where = {"thread_id": tid, "checkpoint_ns": "", "checkpoint_id": None}
+        try:
+            digests |= yield from _op_closure(saver, pairs, where)
+        except ArtifactError:
+            # A damaged chunk: archive what the reference rows name; the thread was
+            # unloadable past that chunk before, and is the same after a restore.
+            pass
+        arts = yield Batch([Stmt(_ARTIFACT_ROWS_SQL, (sorted(digests),), fetch=True, prepare=False)])
+        tables = {
+            t: {"columns": [c[:3] for c in cols[t]], "rows": _encode_rows(cols[t], recs.get(t, []))}
+            for t in TABLES
+        }
+        cps = recs.get("checkpoints", [])
+        root = [c["checkpoint_id"] for c in cps if c["checkpoint_ns"] == ""] or [
+            c["checkpoint_id"] for c in cps
+        ]
+        dumps.append(
+            ThreadDump(
+                thread_id=tid,
+                head_checkpoint_id=max(root) if root else None,
+                fingerprint=fps[tid],
+                tables=tables,
+                artifacts={
+                    "columns": [c[:3] for c in cols[_ARTIFACTS]],
+                    "rows": _encode_rows(cols[_ARTIFACTS], [a["r"] for a in arts[0]]),
+                },
+            )
+        )
+    return dumps
+
+
+# --------------------------------------------------------------------------- file format
+
+
+def file_name(thread_id: str, head: str | None) -> str:
+    slug = re.sub(r"[^A-Za-z0-9_.-]", "_", thread_id)[:40].lstrip(".") or "thread"
+    h = hashlib.sha256(thread_id.encode()).hexdigest()[:12]
+    return f"{slug}-{h}--{head or 'none'}{SUFFIX}"
+
+
+def encode(dump: ThreadDump, *, created_at: str | None = None) -> bytes:
+    """The archive file of one thread (see the module docstring)."""
+    created = created_at or datetime.now(UTC).isoformat()
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "package_version": _package_version(),
+        "created_at": created,
+        "thread_id": dump.thread_id,
+        "head_checkpoint_id": dump.head_checkpoint_id,
+        "fingerprint": dump.fingerprint,
+    }
+    try:
+        packed = ormsgpack.packb({**header, "tables": dump.tables, "artifacts": dump.artifacts})
+    except (TypeError, ormsgpack.MsgpackEncodeError) as exc:
+        raise ArchiveError(
+            f"thread {dump.thread_id!r} cannot be archived: {exc}", url="", thread_id=dump.thread_id
+        ) from exc
+    payload = zstandard.ZstdCompressor(level=9, write_content_size=True).compress(packed)
+    manifest = {
+        **header,
+        "tables": list(dump.tables),
+        "counts": dump.counts(),
+        "compression": "zstd",
+        "payload_sha256": hashlib.sha256(payload).hexdigest(),
+        "payload_bytes": len(payload),
+    }
+    m = json.dumps(manifest, sort_keys=True).encode()
+    return struct.pack("<II", _SKIPPABLE_MAGIC, len(m)) + m + payload
+
+
+def read_manifest(data: bytes, url: str = "") -> dict[str, Any]:
+    """The manifest of an archive file (checks its frame and format/version only)."""
+    if len(data) < 8 or struct.unpack_from("<I", data)[0] != _SKIPPABLE_MAGIC:
+        raise ArchiveIntegrityError(f"{url or 'data'} is not a langgraph-durable archive", url=url)
+    (size,) = struct.unpack_from("<I", data, 4)
+    try:
+        manifest = json.loads(data[8 : 8 + size])
+        assert isinstance(manifest, dict)
+    except (ValueError, AssertionError) as exc:
+        raise ArchiveIntegrityError(f"archive {url}: unreadable manifest ({exc})", url=url) from exc
+    if manifest.get("format") != FORMAT:
+        raise ArchiveIntegrityError(
+            f"archive {url}: format {manifest.get('format')!r} is not {FORMAT!r}", url=url
+        )
+    if manifest.get("version") != VERSION:
+        raise ArchiveVersionError(
+            f"archive {url}: format version {manifest.get('version')!r}, this package reads "
+            f"version {VERSION}",
+            url=url,
+            thread_id=manifest.get("thread_id"),
+            version=manifest.get("version"),
+        )
+    manifest["_offset"] = 8 + size
+    return manifest
+
+
+def decode(data: bytes, url: str = "") -> tuple[dict[str, Any], ThreadDump]:
+    """Verify and decode an archive file: manifest, sha256 of the payload, payload
+    decodes, header equals manifest, row counts match, every row is the thread's.
+    Raises ``ArchiveIntegrityError`` (``ArchiveVersionError``) otherwise."""
+    manifest = read_manifest(data, url)
+    tid = manifest.get("thread_id")
+
+    def bad(why: str, exc: BaseException | None = None) -> ArchiveIntegrityError:
+        err = ArchiveIntegrityError(f"archive {url} (thread {tid!r}) is damaged: {why}", url=url, thread_id=tid)
+        err.__cause__ = exc
+        return err
+
+    payload = data[manifest.pop("_offset") :]
+    if len(payload) != manifest.get("payload_bytes"):
+        raise bad(f"payload is {len(payload)} bytes, the manifest says {manifest.get('payload_bytes')}")
+    if hashlib.sha256(payload).hexdigest() != manifest.get("payload_sha256"):
+        raise bad("payload sha256 does not match the manifest")
+    try:
+        body = ormsgpack.unpackb(
+            zstandard.ZstdDecompressor().decompress(payload, max_output_size=_MAX_PAYLOAD)
+        )
+    except (zstandard.ZstdError, ormsgpack.MsgpackDecodeError, ValueError) as exc:
+        raise bad(f"payload does not decode ({exc})", exc) from exc
+    try:
+        for key in ("format", "version", "thread_id", "head_checkpoint_id", "fingerprint", "created_at"):
+            if body.get(key) != manifest.get(key):
+                raise bad(f"payload {key} {body.get(key)!r} != manifest {manifest.get(key)!r}")
+        dump = ThreadDump(
+            thread_id=body["thread_id"],
+            head_checkpoint_id=body["head_checkpoint_id"],
+            fingerprint=body["fingerprint"],
+            tables=body["tables"],
+            artifacts=body["artifacts"],
+        )
+        if dump.counts() != manifest.get("counts") or list(dump.tables) != manifest.get("tables"):
+            raise bad(f"row counts {dump.counts()} != manifest {manifest.get('counts')}")
+        for t, v in dump.tables.items():
+            names = [c[0] for c in v["columns"]]
+            at = names.index("thread_id")
+            if any(len(r) != len(names) or r[at] != tid for r in v["rows"]):
+                raise bad(f"table {t}: a row of another thread or of the wrong width")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise bad(f"payload structure ({exc!r})", exc) from exc
+    return manifest, dump
+
+
+# --------------------------------------------------------------------------- storage
+
+
+class Store:
+    """A directory: local (``/path``, ``file://``) or any fsspec URL."""
+
+    def __init__(self, url: str) -> None:
+        if not isinstance(url, str) or not url:
+            raise ConfigurationError(f"archive URL must be a non-empty string, not {url!r}", url=url)
+        self.url = url.rstrip("/") if len(url) > 1 else url
+        self.local: str | None = None
+        self.fs: Any = None
+        if "://" not in url or url.startswith("file://"):
+            self.local = url[len("file://") :] if url.startswith("file://") else url
+            self.root = self.local.rstrip("/") or "/"
+        else:
+            try:
+                from fsspec.core import url_to_fs
+            except ImportError as exc:
+                raise ConfigurationError(
+                    f"archive URL {url!r} needs fsspec: pip install 'langgraph-durable[archive]'",
+                    url=url,
+                ) from exc
+            self.fs, self.root = url_to_fs(url)
+            self.root = self.root.rstrip("/")
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def url_of(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    def write(self, name: str, data: bytes) -> None:
+        """Write ``name`` whole or not at all: a temporary name, then a rename."""
+        tmp = self._path(f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+        final = self._path(name)
+        if self.local is not None:
+            os.makedirs(self.root, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            _pause("written")
+            os.replace(tmp, final)
+            # The rename itself must survive a power loss before the rows are deleted.
+            fd = os.open(self.root, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        else:
+            self.fs.makedirs(self.root, exist_ok=True)
+            self.fs.pipe_file(tmp, data)
+            _pause("written")
+            self.fs.mv(tmp, final)
+
+    def read(self, name: str) -> bytes:
+        if self.local is not None:
+            with open(self._path(name), "rb") as f:
+                return f.read()
+        return bytes(self.fs.cat_file(self._path(name)))
+
+    def names(self) -> list[str]:
+        if self.local is not None:
+            try:
+                found = os.listdir(self.root)
+            except FileNotFoundError:
+                return []
+        else:
+            if not self.fs.exists(self.root):
+                return []
+            found = [p.rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
+        return sorted(n for n in found if n.endswith(SUFFIX) and not n.startswith("."))
+
+
+def _pause(point: str) -> None:
+    """Test seam: the crash test replaces this to widen the windows it kills in."""
+
+
+def _store_verified(store: Store, dump: ThreadDump) -> dict[str, Any]:
+    """Write the thread's file, read it back and verify it; the manifest."""
+    name = file_name(dump.thread_id, dump.head_checkpoint_id)
+    try:
+        data = encode(dump)
+    except ArchiveError as exc:
+        exc.fields["url"] = exc.url = store.url_of(name)  # type: ignore[attr-defined]
+        raise
+    try:
+        store.write(name, data)
+        back = store.read(name)
+    except OSError as exc:
+        raise ArchiveError(
+            f"cannot write archive {store.url_of(name)} of thread {dump.thread_id!r}: {exc}",
+            url=store.url_of(name),
+            thread_id=dump.thread_id,
+        ) from exc
+    manifest, check = decode(back, store.url_of(name))
+    # Not a byte comparison: two retention runs archiving the same thread write the same
+    # rows under the same name (only created_at differs), and either file is good.
+    if (
+        check.thread_id != dump.thread_id
+        or check.fingerprint != dump.fingerprint
+        or check.counts() != dump.counts()
+    ):
+        raise ArchiveIntegrityError(
+            f"archive {store.url_of(name)} read back differs from what was written",
+            url=store.url_of(name),
+            thread_id=dump.thread_id,
+        )
+    _pause("verified")
+    manifest["url"] = store.url_of(name)
+    return manifest
+
+
+def _call(aio: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """File I/O from a flow's Hook: in a thread for the async saver (the event loop
+    keeps serving other runs), inline for the sync one."""
+    if aio:
+        return asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
+def op_archive_batch(
+    saver: Any, store: Store, ids: list[str], aio: bool
+) -> Flow[dict[str, dict[str, Any]]]:
+    """Flow fragment of retention: archive ``ids``; thread id -> verified manifest.
+    Raises (and so deletes nothing) if any file cannot be written or verified."""
+    out: dict[str, dict[str, Any]] = {}
+    # One thread at a time: a batch of large threads is never all in memory at once.
+    for tid in ids:
+        dumps: list[ThreadDump] = yield Tx(partial(_op_dump, saver, [tid]))
+        for d in dumps:
+            out[d.thread_id] = yield Hook(_call, (aio, _store_verified, store, d))
+    return out
+
+
+# --------------------------------------------------------------------------- restore
+
+
+@dataclass
+class RestoreReport:
+    """What :func:`restore` loaded: threads, rows per table, artifacts inserted (new
+    rows) and artifacts already present (shared with what the database held)."""
+
+    threads_restored: int = 0
+    thread_ids: list[str] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)
+    artifacts_inserted: int = 0
+    artifacts_present: int = 0
+    files: list[str] = field(default_factory=list)
+    superseded: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _load(url: str, thread_ids: Sequence[str] | None) -> tuple[list[tuple[str, ThreadDump]], list[str]]:
+    """Read and verify the files to restore: a single file, or the newest archive of
+    each thread under a directory. (url, dump) pairs, and the older files skipped."""
+    if url.endswith(SUFFIX):
+        parent, _, name = url.rpartition("/")
+        store, names = Store(parent or "."), [name]
+    else:
+        store = Store(url)
+        names = store.names()
+        if thread_ids is not None:
+            # Only the files named after the requested threads are read.
+            prefixes = tuple(file_name(t, None).rsplit("--", 1)[0] + "--" for t in thread_ids)
+            names = [n for n in names if n.startswith(prefixes)]
+    newest: dict[str, tuple[tuple[str, str], str, ThreadDump]] = {}
+    superseded: list[str] = []
+    for name in names:
+        try:
+            data = store.read(name)
+        except OSError as exc:
+            raise ArchiveError(f"cannot read archive {store.url_of(name)}: {exc}", url=store.url_of(name)) from exc
+        manifest, dump = decode(data, store.url_of(name))
+        if thread_ids is not None and dump.thread_id not in thread_ids:
+            continue
+        rank = (dump.head_checkpoint_id or "", str(manifest.get("created_at")))
+        prev = newest.get(dump.thread_id)
+        if prev is None or rank > prev[0]:
+            if prev is not None:
+                superseded.append(prev[1])
+            newest[dump.thread_id] = (rank, store.url_of(name), dump)
+        else:
+            superseded.append(store.url_of(name))
+    if thread_ids is not None:
+        absent = [t for t in thread_ids if t not in newest]
+        if absent:
+            raise ArchiveError(
+                f"thread(s) {absent} not found in archive {url}", url=url, thread_id=absent[0]
+            )
+    return [(u, d) for _, u, d in sorted(newest.values(), key=lambda x: x[2].thread_id)], superseded
+
+
+def _restore_order(tables: Sequence[str]) -> list[str]:
+    # Thread rows first (what a run's lease locks), checkpoints before their blobs and
+    # writes, then the package's tables (reference rows after their artifacts).
+    head = ["durable_threads", *reversed(_sql.STOCK_THREAD_TABLES)]
+    return [t for t in head if t in tables] + [t for t in tables if t not in head]
+
+
+def _json_rows(cols: list[list[Any]], rows: list[list[Any]], keep: list[str]) -> list[dict[str, Any]]:
+    names = [c[0] for c in cols]
+    out = []
+    for row in rows:
+        rec = {}
+        for name, v in zip(names, row, strict=True):
+            if name in keep:
+                rec[name] = "\\x" + v.hex() if isinstance(v, bytes) else v
+        out.append(rec)
+    return out
+
+
+def _op_restore(saver: Any, items: list[tuple[str, ThreadDump]]) -> Op[RestoreReport]:
+    from langgraph_durable.retention import _lock
+
+    ids = [d.thread_id for _, d in items]
+    # Each thread's exclusive artifact lock (what deletes take), so a concurrent delete
+    # or restore of the same thread waits; then refuse threads that exist.
+    yield Batch([_lock(t) for t in ids])
+    meta, exists = yield Batch(
+        [
+            Stmt(_COLUMNS_SQL, (list((*TABLES, _ARTIFACTS)),), fetch=True, prepare=False),
+            Stmt(_exists_sql(), {"ids": ids}, fetch=True, prepare=False),
+        ]
+    )
+    if exists:
+        found = sorted({r["thread_id"] for r in exists})
+        url = next(u for u, d in items if d.thread_id == found[0])
+        raise ArchiveConflictError(
+            f"thread {found[0]!r} already exists in the database (restoring {url}); delete "
+            "it first or restore other threads with --thread. Nothing was restored.",
+            url=url,
+            thread_id=found[0],
+            existing=found,
+        )
+    current = _columns(meta)
+    report = RestoreReport()
+    for url, dump in items:
+        unknown = [t for t in dump.tables if t not in current]
+        if unknown:
+            raise ArchiveVersionError(
+                f"archive {url} holds table(s) {unknown} this database lacks: upgrade the "
+                "package and run setup()",
+                url=url,
+                thread_id=dump.thread_id,
+            )
+        stmts = []
+        plan: list[str] = []
+        for table, part in [(_ARTIFACTS, dump.artifacts)] + [
+            (t, dump.tables[t]) for t in _restore_order(list(dump.tables))
+        ]:
+            if not part["rows"]:
+                continue
+            have = {c[0]: c for c in current[table]}
+            # Columns this database has and fills itself (a sequence) are left to it.
+            keep = [c[0] for c in part["columns"] if c[0] in have and not have[c[0]][2]]
+            rows = _json_rows(part["columns"], part["rows"], keep)
+            ignore = table == _ARTIFACTS or table in _ADDITIVE
+            stmts.append(
+                Stmt(
+                    sql.Composed([_insert_sql(table, keep, ignore=ignore), sql.SQL(" RETURNING 1")]),
+                    (Jsonb(rows),),
+                    fetch=True,
+                    prepare=False,
+                )
+            )
+            plan.append(table)
+        try:
+            out = yield Batch(stmts)
+        except psycopg.errors.UniqueViolation as exc:
+            raise ArchiveConflictError(
+                f"thread {dump.thread_id!r} conflicts with rows in the database ({exc}); "
+                "nothing was restored",
+                url=url,
+                thread_id=dump.thread_id,
+            ) from exc
+        for table, rows in zip(plan, out, strict=True):
+            if table == _ARTIFACTS:
+                report.artifacts_inserted += len(rows)
+                report.artifacts_present += len(dump.artifacts["rows"]) - len(rows)
+            else:
+                report.rows[table] = report.rows.get(table, 0) + len(rows)
+        report.threads_restored += 1
+        report.thread_ids.append(dump.thread_id)
+        report.files.append(url)
+        yield AfterCommit(partial(saver._known_refs.forget_thread, dump.thread_id))
+    return report
+
+
+def _flow_restore(saver: Any, url: str, thread_ids: Sequence[str] | None, aio: bool) -> Flow[RestoreReport]:
+    items, superseded = yield Hook(_call, (aio, _load, url, thread_ids))
+    if not items:
+        return RestoreReport(superseded=superseded)
+    report: RestoreReport = yield Tx(partial(_op_restore, saver, items))
+    report.superseded = superseded
+    return report
+
+
+def _check(url: str, thread_ids: Sequence[str] | None) -> list[str] | None:
+    Store(url.rpartition("/")[0] or "." if url.endswith(SUFFIX) else url)
+    if isinstance(thread_ids, str):
+        return [thread_ids]
+    return None if thread_ids is None else list(thread_ids)
+
+
+def restore(saver: Any, url: str, thread_ids: Sequence[str] | None = None) -> RestoreReport:
+    """Load archived threads back (all under ``url``, or ``thread_ids``), in one
+    transaction: every file is verified first, and a thread that already exists
+    refuses the whole restore (``ArchiveConflictError``). ``url``: a directory or
+    fsspec URL (the newest archive of each thread), or one ``.lgda.zst`` file."""
+    ids = _check(url, thread_ids)
+    return saver.run_flow(_flow_restore(saver, url, ids, False))
+
+
+async def arestore(saver: Any, url: str, thread_ids: Sequence[str] | None = None) -> RestoreReport:
+    ids = _check(url, thread_ids)
+    return await saver.arun_flow(_flow_restore(saver, url, ids, True))
+
+
+def verify(url: str) -> list[dict[str, Any]]:
+    """Verify every archive file under ``url`` (or one file); their manifests."""
+    if url.endswith(SUFFIX):
+        parent, _, name = url.rpartition("/")
+        store, names = Store(parent or "."), [name]
+    else:
+        store = Store(url)
+        names = store.names()
+    out = []
+    for name in names:
+        manifest, _ = decode(store.read(name), store.url_of(name))
+        manifest["url"] = store.url_of(name)
+        out.append(manifest)
+    return out
+
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "RestoreReport",
+    "ThreadDump",
+    "arestore",
+    "decode",
+    "encode",
+    "file_name",
+    "fingerprint_stmt",
+    "read_manifest",
+    "restore",
+    "verify",
+]
