@@ -194,3 +194,167 @@ def test_sync_failover_loses_nothing(sync_pair: _cluster.Pair, tmp_path: Path) -
     )
     for e in errors:
         print("  run error:", e["type"], e["error"][:160], e.get("tb", "") if os.environ.get("LGD_FAILOVER_TB") else "")
+
+
+# --- what asynchronous replication can lose ---------------------------------------------
+
+
+def _ack_saver(acked: list[str]) -> Any:
+    from langgraph_durable import DurablePostgresSaver
+
+    class AckSaver(DurablePostgresSaver):
+        def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            out = super().put(config, checkpoint, metadata, new_versions)
+            acked.append(out["configurable"]["checkpoint_id"])
+            return out
+
+    return AckSaver
+
+
+def _notify_graph(counter: Path) -> Any:
+    """a -> b -> c; b sends a notification: one line appended to ``counter``, a file
+    outside the database (an email, a webhook: nothing a rollback can undo)."""
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.graph import END, START, StateGraph
+
+    from langgraph_durable import idempotent
+
+    @idempotent
+    def notify(thread_id: str) -> str:
+        with open(counter, "a") as f:
+            f.write(thread_id + "\n")
+        return "sent"
+
+    def a(state: child.State) -> dict[str, Any]:
+        return {"steps": [0]}
+
+    def b(state: child.State, config: RunnableConfig) -> dict[str, Any]:
+        notify(config["configurable"]["thread_id"])
+        return {"steps": [1]}
+
+    def c(state: child.State) -> dict[str, Any]:
+        return {"steps": [2]}
+
+    builder = StateGraph(child.State)
+    for name, fn in (("a", a), ("b", b), ("c", c)):
+        builder.add_node(name, fn)
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    builder.add_edge("b", "c")
+    builder.add_edge("c", END)
+    return builder
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _cut_standby(pair: _cluster.Pair) -> None:
+    """Let the standby replay everything so far, then stop it receiving any more WAL:
+    its ``primary_conninfo`` emptied and reloaded ends the WAL receiver (no signal race,
+    no bytes left in a socket buffer to arrive later)."""
+    with psycopg.connect(pair.primary.dsn, autocommit=True) as conn:
+        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+    deadline = time.monotonic() + 20
+    with psycopg.connect(pair.standby.dsn, autocommit=True) as conn:
+        while not conn.execute(
+            "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)
+        ).fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, "standby did not catch up"
+            time.sleep(0.05)
+        conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
+        conn.execute("SELECT pg_reload_conf()")
+    with psycopg.connect(pair.primary.dsn, autocommit=True) as conn:
+        while conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, "standby still connected"
+            time.sleep(0.05)
+
+
+def _checkpoint_ids(dsn: str, thread_id: str) -> set[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s", (thread_id,)
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
+def _cut_scenario(pair: _cluster.Pair, tmp_path: Path) -> dict[str, Any]:
+    """Up to b with the standby in sync, cut the standby, run b (the notification),
+    SIGKILL the primary, promote, resume to the end. Returns the figures."""
+    dsn = pair.multi_dsn()
+    _setup(dsn)
+    counter = tmp_path / "notifications.txt"
+    acked: list[str] = []
+    thread_id = "ha-notify"
+    config: Any = {"configurable": {"thread_id": thread_id}}
+    builder = _notify_graph(counter)
+    figures: dict[str, Any] = {}
+    with _ack_saver(acked).from_conn_string(dsn, lease_ttl=3.0, on_busy="wait") as saver:
+        builder.compile(checkpointer=saver, interrupt_before=["b"]).invoke({"steps": []}, config)
+        _cut_standby(pair)
+        phase2: dict[str, Any] = {}
+
+        def run_b() -> None:
+            try:
+                graph = builder.compile(checkpointer=saver, interrupt_before=["c"])
+                phase2["out"] = graph.invoke(None, config)
+            except Exception as exc:  # reported in the figures, the resume below retries
+                phase2["error"] = exc
+
+        t = threading.Thread(target=run_b)
+        t.start()
+        t.join(timeout=3.0)
+        figures["blocked"] = t.is_alive()  # the commits wait for a standby that is gone
+        figures["acked_before_kill"] = list(acked)
+        figures["notified_before_kill"] = _lines(counter)
+        with psycopg.connect(pair.primary.dsn, autocommit=True) as conn:
+            figures["ledger_on_old_primary"] = conn.execute(
+                "SELECT count(*) FROM durable_ledger WHERE status = 'completed'"
+            ).fetchone()[0]  # type: ignore[index]
+        pair.kill_primary()
+        pair.promote()
+        t.join(timeout=40)
+        assert not t.is_alive(), "the run in flight did not come back after the promotion"
+        figures["phase2_error"] = repr(phase2.get("error"))
+    new_primary = pair.standby.dsn
+    present = _checkpoint_ids(new_primary, thread_id)
+    figures["lost_acked"] = [c for c in figures["acked_before_kill"] if c not in present]
+    with _ack_saver(acked).from_conn_string(dsn, lease_ttl=3.0, on_busy="wait") as saver:
+        out = builder.compile(checkpointer=saver).invoke(None, config)
+    figures["final"] = out["steps"]
+    figures["notified"] = _lines(counter)
+    present = _checkpoint_ids(new_primary, thread_id)
+    figures["lost_acked_after_kill"] = [
+        c for c in acked[len(figures["acked_before_kill"]):] if c not in present
+    ]
+    print(f"\nCUT-STANDBY {'sync' if pair.synchronous else 'async'}: {figures}")
+    return figures
+
+
+def test_async_replication_can_lose_acknowledged_work(
+    async_pair: _cluster.Pair, tmp_path: Path
+) -> None:
+    f = _cut_scenario(async_pair, tmp_path)
+    # The primary acknowledged b's checkpoint and the notification's ledger record
+    # without the standby: nothing waited for it.
+    assert not f["blocked"]
+    assert f["notified_before_kill"] == 1 and f["ledger_on_old_primary"] == 1
+    # Promoted, the standby has neither: an acknowledged checkpoint is gone, b re-ran
+    # from its first line and the notification went out a second time.
+    assert f["lost_acked"], f
+    assert f["notified"] == 2, f
+    assert f["final"] == [0, 1, 2]
+
+
+def test_sync_replication_same_scenario_loses_nothing(
+    sync_pair: _cluster.Pair, tmp_path: Path
+) -> None:
+    f = _cut_scenario(sync_pair, tmp_path)
+    # With the standby gone, the first commit of b's run waits: nothing acknowledged,
+    # the notification's claim never committed, so the notification did not go out.
+    assert f["blocked"]
+    assert f["notified_before_kill"] == 0 and f["ledger_on_old_primary"] == 0
+    # After the promotion the run in flight carries on; nothing acknowledged is lost.
+    assert f["lost_acked"] == [] and f["lost_acked_after_kill"] == [], f
+    assert f["notified"] == 1, f
+    assert f["final"] == [0, 1, 2]
