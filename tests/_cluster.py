@@ -116,6 +116,10 @@ class Node:
         wall time of the first SIGKILL."""
         procs = self.processes()
         at = time.time()
+        # pg_ctl makes the postmaster a process group leader (setsid): one killpg
+        # stops them all in the same instant, no backend finishes a COMMIT meanwhile.
+        if procs and os.getpgid(procs[0].pid) == procs[0].pid:
+            os.killpg(procs[0].pid, signal.SIGKILL)
         for p in procs:
             try:
                 p.send_signal(signal.SIGKILL)

@@ -179,6 +179,8 @@ def test_sync_failover_loses_nothing(sync_pair: _cluster.Pair, tmp_path: Path) -
     acked_before_kill = [a for a in acks if a["t"] < killed_at]
     assert acked_before_kill, "the kill landed before any checkpoint was acknowledged"
     assert lost == [], lost
+    # No run failed: every op and every transactional effect rode through on its retry.
+    assert errors == [], [(e["type"], e["error"]) for e in errors]
     first_worker_ack = min(a["t"] for a in acks if a["t"] > killed_at)
     # The workers resume within about a second of the promotion (_pool.py caps the
     # pool's reconnect backoff at 1 s). psycopg_pool's own schedule (1, 2, 4 s...) had
