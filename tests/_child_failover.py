@@ -17,6 +17,7 @@ retry does); each such error is printed. Prints ``READY``, then one JSON line pe
 
 from __future__ import annotations
 
+import asyncio
 import json
 import operator
 import os
@@ -29,7 +30,7 @@ from typing import Annotated, Any, TypedDict
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
-from langgraph_durable import DurablePostgresSaver, idempotent
+from langgraph_durable import AsyncDurablePostgresSaver, DurablePostgresSaver, idempotent
 
 N_STEPS = 12
 EFFECTS_DDL = """CREATE TABLE IF NOT EXISTS effects (
@@ -54,7 +55,16 @@ def record_effect(conn: Any, thread_id: str, step: int) -> int:
     return step
 
 
-def build_graph(node_sleep: float) -> StateGraph:
+@idempotent(transactional=True)
+async def arecord_effect(conn: Any, thread_id: str, step: int) -> int:
+    await conn.execute(
+        "INSERT INTO effects (thread_id, step, pid) VALUES (%s, %s, %s)",
+        (thread_id, step, os.getpid()),
+    )
+    return step
+
+
+def build_graph(node_sleep: float, asynchronous: bool = False) -> StateGraph:
     builder = StateGraph(State)
 
     def make(i: int) -> Any:
@@ -63,7 +73,12 @@ def build_graph(node_sleep: float) -> StateGraph:
             time.sleep(node_sleep)
             return {"steps": [i]}
 
-        return node
+        async def anode(state: State, config: RunnableConfig) -> dict[str, Any]:
+            await arecord_effect(config["configurable"]["thread_id"], i)
+            await asyncio.sleep(node_sleep)
+            return {"steps": [i]}
+
+        return anode if asynchronous else node
 
     for i in range(N_STEPS):
         builder.add_node(f"s{i}", make(i))
@@ -84,7 +99,7 @@ def emit(**event: Any) -> None:
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
+    spec = json.loads(sys.argv[1])  # the sync saver; amain for the async one
     ack = open(spec["ack_log"], "a", buffering=1)
     ack_lock = threading.Lock()
 
@@ -136,5 +151,55 @@ def main() -> None:
     emit(event="exit")
 
 
+async def amain(spec: dict[str, Any]) -> None:
+    """``main`` with ``AsyncDurablePostgresSaver``: the threads are ``ainvoke`` tasks."""
+    ack = open(spec["ack_log"], "a", buffering=1)
+
+    class AckSaver(AsyncDurablePostgresSaver):
+        async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            out = await super().aput(config, checkpoint, metadata, new_versions)
+            ack.write(json.dumps({
+                "t": time.time(),
+                "thread": out["configurable"]["thread_id"],
+                "checkpoint_id": out["configurable"]["checkpoint_id"],
+            }) + "\n")
+            return out
+
+    async with AckSaver.from_conn_string(
+        spec["dsn"], lease_ttl=spec.get("lease_ttl", 4.0), on_busy="wait", busy_timeout=40.0,
+    ) as saver:
+        graph = build_graph(spec.get("node_sleep", 0.1), asynchronous=True).compile(checkpointer=saver)
+        sys.stdout.write("READY\n")
+        sys.stdout.flush()
+
+        async def run(thread_id: str) -> None:
+            config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+            deadline = time.monotonic() + spec.get("deadline", 50.0)
+            first = await saver.aget_tuple(config) is None
+            while True:
+                try:
+                    out = await graph.ainvoke({"steps": []} if first else None, config)
+                    emit(event="done", thread=thread_id, steps=out["steps"])
+                    return
+                except Exception as exc:
+                    emit(event="error", thread=thread_id, type=type(exc).__name__, error=str(exc)[:300],
+                         tb=traceback.format_exc()[-2500:])
+                    if time.monotonic() > deadline:
+                        emit(event="gave_up", thread=thread_id)
+                        return
+                    await asyncio.sleep(0.3)
+                    try:
+                        first = await saver.aget_tuple(config) is None
+                    except Exception:
+                        pass
+
+        await asyncio.gather(*(run(t) for t in spec["threads"]))
+    emit(event="exit")
+
+
 if __name__ == "__main__":
-    main()
+    _spec = json.loads(sys.argv[1])
+    if _spec.get("asynchronous"):
+        asyncio.run(amain(_spec))
+    else:
+        main()

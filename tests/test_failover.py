@@ -106,7 +106,10 @@ def _count(dsn: str, sql: str, params: Any = None) -> int:
     return int(row[0])
 
 
-def test_sync_failover_loses_nothing(sync_pair: _cluster.Pair, tmp_path: Path) -> None:
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync-saver", "async-saver"])
+def test_sync_failover_loses_nothing(
+    sync_pair: _cluster.Pair, tmp_path: Path, asynchronous: bool
+) -> None:
     dsn = sync_pair.multi_dsn()
     _setup(dsn)
     ack_log = tmp_path / "acks.jsonl"
@@ -115,7 +118,8 @@ def test_sync_failover_loses_nothing(sync_pair: _cluster.Pair, tmp_path: Path) -
     total = n_procs * per_proc * child.N_STEPS
     procs = []
     for names in threads:
-        spec = {"dsn": dsn, "threads": names, "ack_log": str(ack_log), "node_sleep": 0.1}
+        spec = {"dsn": dsn, "threads": names, "ack_log": str(ack_log), "node_sleep": 0.1,
+                "asynchronous": asynchronous}
         procs.append(subprocess.Popen(
             [sys.executable, os.path.join(HERE, "_child_failover.py"), json.dumps(spec)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -190,7 +194,7 @@ def test_sync_failover_loses_nothing(sync_pair: _cluster.Pair, tmp_path: Path) -
     # them wait for its attempt at ~7 s after the kill: 3.5 s after the promotion.
     assert first_worker_ack - promoted_at < 2.5, (first_worker_ack - promoted_at)
     print(
-        f"\nFAILOVER sync: threads={len(done)} steps={child.N_STEPS} effects={len(rows)}/{total} "
+        f"\nFAILOVER sync replication, {'async' if asynchronous else 'sync'} saver: threads={len(done)} steps={child.N_STEPS} effects={len(rows)}/{total} "
         f"(in before the kill: {before}) duplicated={len(dup)} missing={len(missing)} "
         f"acked checkpoints={len(acks)} (before the kill: {len(acked_before_kill)}) lost={len(lost)} "
         f"run errors resumed={len(errors)}; kill->promoted {promoted_at - killed_at:.3f}s, "
