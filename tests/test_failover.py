@@ -4,7 +4,7 @@ A real primary and standby (tests/_cluster.py: the local PostgreSQL binaries,
 ``pg_basebackup -R``) and workers in child processes (tests/_child_failover.py) that
 reach them through one multi-host DSN (``host=a,b ... target_session_attrs=read-write``).
 
-* ``test_sync_failover_loses_nothing``: synchronous replication. While several threads
+* ``test_sync_failover_loses_nothing`` (sync and async saver): synchronous replication. While several threads
   of a 12-step graph run (one ``@idempotent(transactional=True)`` effect per step), the
   primary's postmaster and all its processes are SIGKILLed and the standby promoted.
   Every thread finishes with all 12 steps, every step's effect exists exactly once,
