@@ -68,7 +68,15 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pydantic import ConfigDict, PrivateAttr
 
 from langgraph_durable import _sql
-from langgraph_durable._io import AsyncDriver, Batch, Stmt, SyncDriver, op_memo
+from langgraph_durable._io import (
+    CONNECTION_RETRIES,
+    AsyncDriver,
+    Batch,
+    Stmt,
+    SyncDriver,
+    _is_connection_failure,
+    op_memo,
+)
 from langgraph_durable.errors import (
     CallInFlightError,
     ConfigurationError,
@@ -1300,9 +1308,46 @@ async def _async_connection(ledger: _DurableBase) -> AsyncIterator[psycopg.Async
 
 
 def _run_tx(call: _Call) -> Any:
+    """``_run_tx_once``, again on a fresh connection when the connection itself failed
+    (a failover, a restart, an idle kill). Always safe: the claim, the function's writes
+    and the record are one transaction, so a failure before COMMIT left nothing, and a
+    COMMIT whose reply was lost left a completed claim that the retry replays."""
+    for attempt in range(CONNECTION_RETRIES + 1):
+        used: list[Any] = []
+        try:
+            return _run_tx_once(call, used)
+        except Exception as exc:
+            if attempt < CONNECTION_RETRIES and _is_connection_failure(exc, used[-1] if used else None):
+                logger.warning("idempotent call %s: connection lost (%s); retrying", call.key, exc)
+                pool = getattr(call.ledger, "conn", None)
+                if isinstance(pool, ConnectionPool):
+                    with contextlib.suppress(Exception):
+                        pool.check()
+                time.sleep(min(0.2 * 2**attempt, 2.0))
+                continue
+            raise
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def _tracked(cm: Any, used: list[Any]) -> Iterator[Any]:
+    """``cm``'s connection, remembered in ``used`` (is it broken, after an error?)."""
+    with cm as conn:
+        used.append(conn)
+        yield conn
+
+
+@contextlib.asynccontextmanager
+async def _atracked(cm: Any, used: list[Any]) -> AsyncIterator[Any]:
+    async with cm as conn:
+        used.append(conn)
+        yield conn
+
+
+def _run_tx_once(call: _Call, used: list[Any]) -> Any:
     started = time.monotonic()
     try:
-        with _sync_connection(call.ledger) as conn, conn.transaction():
+        with _tracked(_sync_connection(call.ledger), used) as conn, conn.transaction():
             gen = _tx_protocol(call)
             send: Any = None
             throw: BaseException | None = None
@@ -1331,9 +1376,28 @@ def _run_tx(call: _Call) -> Any:
 
 
 async def _arun_tx(call: _Call) -> Any:
+    """``_run_tx`` for async functions."""
+    for attempt in range(CONNECTION_RETRIES + 1):
+        used: list[Any] = []
+        try:
+            return await _arun_tx_once(call, used)
+        except Exception as exc:
+            if attempt < CONNECTION_RETRIES and _is_connection_failure(exc, used[-1] if used else None):
+                logger.warning("idempotent call %s: connection lost (%s); retrying", call.key, exc)
+                pool = getattr(call.ledger, "conn", None)
+                if isinstance(pool, AsyncConnectionPool):
+                    with contextlib.suppress(Exception):
+                        await pool.check()
+                await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
+                continue
+            raise
+    raise AssertionError("unreachable")
+
+
+async def _arun_tx_once(call: _Call, used: list[Any]) -> Any:
     started = time.monotonic()
     try:
-        async with _async_connection(call.ledger) as conn, conn.transaction():
+        async with _atracked(_async_connection(call.ledger), used) as conn, conn.transaction():
             gen = _tx_protocol(call)
             send: Any = None
             throw: BaseException | None = None

@@ -96,6 +96,7 @@ from langgraph_durable._io import (
     Tx,
     op_memo,
 )
+from langgraph_durable._pool import AsyncDurableConnectionPool, DurableConnectionPool
 from langgraph_durable.artifacts import ArtifactCodec, ArtifactConfig, KnownRefs
 from langgraph_durable.compat import (
     classify_saved,
@@ -2703,7 +2704,8 @@ class DurablePostgresSaver(_DurableBase):
             raise ConfigurationError(f"pipeline must be a bool, not {pipeline!r}", pipeline=pipeline)
         dsn = resolve_dsn(conn_string)
         schema = _sql.validate_schema(schema)
-        with ConnectionPool(
+        # A pool that reconnects within a second of a failover (_pool.py).
+        with DurableConnectionPool(
             dsn,
             min_size=1,
             max_size=pool_size,
@@ -2858,7 +2860,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         if not dsn:
             dsn = await asyncio.to_thread(resolve_dsn, None)
         schema = _sql.validate_schema(schema)
-        async with AsyncConnectionPool(
+        async with AsyncDurableConnectionPool(
             dsn,
             min_size=1,
             max_size=pool_size,
