@@ -69,6 +69,7 @@ from pydantic import ConfigDict, PrivateAttr
 
 from langgraph_durable import _sql
 from langgraph_durable._io import AsyncDriver, Batch, Stmt, SyncDriver
+from langgraph_durable.pooler import session_schema
 from langgraph_durable.errors import (
     CallInFlightError,
     ConfigurationError,
@@ -1263,7 +1264,7 @@ def _sync_connection(ledger: _DurableBase) -> Iterator[psycopg.Connection[Any]]:
         row_factory=dict_row,
     )
     try:
-        if ledger.schema:
+        if session_schema(ledger):
             conn.execute(_sql.set_search_path(ledger.schema))
         yield conn
     finally:
@@ -1283,7 +1284,7 @@ async def _async_connection(ledger: _DurableBase) -> AsyncIterator[psycopg.Async
         row_factory=dict_row,
     )
     try:
-        if ledger.schema:
+        if session_schema(ledger):
             await conn.execute(_sql.set_search_path(ledger.schema))
         yield conn
     finally:
@@ -1420,7 +1421,7 @@ class _ClaimRenewer:
             return entry[1]
         conn = ledger._renew_connect()
         conn.autocommit = True
-        if ledger.schema:
+        if session_schema(ledger):
             conn.execute(_sql.set_search_path(ledger.schema))
         self.conns[id(ledger)] = (weakref.ref(ledger), conn)
         return conn
