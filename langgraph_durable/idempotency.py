@@ -69,7 +69,6 @@ from pydantic import ConfigDict, PrivateAttr
 
 from langgraph_durable import _sql
 from langgraph_durable._io import AsyncDriver, Batch, Stmt, SyncDriver
-from langgraph_durable.pooler import session_schema
 from langgraph_durable.errors import (
     CallInFlightError,
     ConfigurationError,
@@ -82,6 +81,7 @@ from langgraph_durable.errors import (
     SerializationError,
     UnstableKeyError,
 )
+from langgraph_durable.pooler import session_schema
 from langgraph_durable.saver import (
     AsyncDurablePostgresSaver,
     DurablePostgresSaver,
