@@ -1,0 +1,175 @@
+"""Everything through a real PgBouncer 1.18 in transaction pooling mode (no prepared
+statement support, search_path not carried between server connections): LangGraph's
+conformance suite, the SIGKILL crash-resume test, the multi-worker SIGKILL chaos test,
+a workload with @idempotent (plain and transactional), a worker, retention and GC, and
+the CLI's read commands. The savers run with ``LANGGRAPH_DURABLE_POOLER=transaction``
+(the documented switch; children inherit it). Skipped where pgbouncer is not installed,
+a failure with CI=true."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import test_crash_resume
+from _pgbouncer import pgbouncer, require_pgbouncer
+from _workload import EFFECTS_DDL, check_workload, run_workload
+from conftest import drop_database, make_database
+from psycopg import sql
+
+# Reused as they are, with this module's ``dsn`` (through the pooler).
+from test_conformance import test_conformance_async  # noqa: F401
+from test_crash_resume import crash_db, reference, test_sigkill_at_random_moments_then_resume  # noqa: F401
+from test_recovery import _clear_hooks, db, test_three_workers_recover_30_threads_under_sigkill  # noqa: F401
+from typer.testing import CliRunner
+
+from langgraph_durable import ConfigurationError, DurablePostgresSaver
+from langgraph_durable.cli import app
+
+SITE = str(Path(__file__).parent / "_pgbouncer_site")
+
+
+@pytest.fixture(scope="module")
+def direct_dsn(admin_dsn: str) -> Iterator[str]:
+    require_pgbouncer()
+    url = make_database(admin_dsn, "pgbouncer")
+    yield url
+    drop_database(admin_dsn, url)
+
+
+def _wait_backends_idle(conn: psycopg.Connection[Any], run_no: int) -> None:
+    """test_crash_resume.wait_backends_gone behind a pooler: the server connections
+    outlive the killed client (they return to the pool); wait until none of them is
+    still in the killed child's transaction (pgbouncer closes such a one)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = %s AND state <> 'idle'",
+            (f"crash_child_{run_no}",),
+        ).fetchone()
+        if row is not None and row[0] == 0:
+            return
+        time.sleep(0.02)
+    pytest.fail(f"backends of crash child {run_no} still busy after 30 s")
+
+
+@pytest.fixture(scope="module")
+def dsn(direct_dsn: str) -> Iterator[str]:
+    """The module's database through pgbouncer, set up through it (pooled setup)."""
+    import psycopg._preparing as prep
+
+    saved_env = {k: os.environ.get(k) for k in ("LANGGRAPH_DURABLE_POOLER", "PYTHONPATH")}
+    saved_threshold = prep.PrepareManager.prepare_threshold
+    saved_wait = test_crash_resume.wait_backends_gone
+    with pgbouncer(direct_dsn, pool_size=40) as through:
+        os.environ["LANGGRAPH_DURABLE_POOLER"] = "transaction"
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, saved_env["PYTHONPATH"]) if p)
+        # This process's own raw connections (the tests' checks), as the children's.
+        prep.PrepareManager.prepare_threshold = None
+        test_crash_resume.wait_backends_gone = _wait_backends_idle
+        try:
+            with DurablePostgresSaver.from_conn_string(through) as saver:
+                saver.setup()
+            with psycopg.connect(through, autocommit=True) as conn:
+                conn.execute(EFFECTS_DDL)
+            yield through
+        finally:
+            test_crash_resume.wait_backends_gone = saved_wait
+            prep.PrepareManager.prepare_threshold = saved_threshold
+            for k, v in saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def test_package_connections_never_prepare(dsn: str) -> None:
+    """Every connection the package opens pooled has prepare_threshold None, set by the
+    package itself (not by this module's class-level default)."""
+    import psycopg._preparing as prep
+
+    prep.PrepareManager.prepare_threshold = 5
+    try:
+        with DurablePostgresSaver.from_conn_string(dsn) as saver:
+            assert saver.pooler == "transaction"
+            with saver.connection() as conn:
+                assert conn.prepare_threshold is None
+            with saver._renew_connect() as conn:
+                assert conn.prepare_threshold is None
+            from langgraph_durable.idempotency import _prepare_threshold
+
+            assert _prepare_threshold(saver) is None
+        with psycopg.connect(dsn, autocommit=True) as own:
+            DurablePostgresSaver(own, pooler="transaction")
+            assert own.prepare_threshold is None
+        from psycopg_pool import ConnectionPool
+
+        with ConnectionPool(dsn, kwargs={"autocommit": True}, min_size=1, open=True) as pool:
+            with pytest.raises(ConfigurationError, match="prepare_threshold"):
+                DurablePostgresSaver(pool, pooler="transaction")
+    finally:
+        prep.PrepareManager.prepare_threshold = None
+
+
+def test_workload_through_pgbouncer(dsn: str) -> None:
+    out = run_workload(dsn)
+    check_workload(out)
+    print("pgbouncer workload:", out["worker"], "retained", out["retained"].threads_deleted)
+
+
+def test_cli_read_commands_through_pgbouncer(dsn: str) -> None:
+    run_workload(dsn)
+    runner = CliRunner()
+    for args in (["threads", "list"], ["stats"], ["ledger", "list"], ["quarantine", "list"],
+                 ["versions", "list"], ["threads", "status"]):
+        res = runner.invoke(app, [*args, "--dsn", dsn])
+        assert res.exit_code == 0, (args, res.output)
+    res = runner.invoke(app, ["ledger", "list", "--dsn", dsn, "--json"])
+    assert res.exit_code == 0 and '"key"' in res.output, res.output
+
+
+def test_without_pooler_mode_pgbouncer_breaks(dsn: str) -> None:
+    """The regression: the saver as it was (prepare_threshold=0, no pooler option)
+    fails through a transaction pooler once a statement is prepared."""
+    with DurablePostgresSaver.from_conn_string(dsn, pooler="none") as saver:
+        assert saver.pooler is None
+        with pytest.raises((psycopg.errors.DuplicatePreparedStatement, psycopg.errors.InvalidSqlStatementName)):
+            for i in range(50):
+                saver.get_tuple({"configurable": {"thread_id": f"nope-{i}"}})
+
+
+def test_schema_behind_pooler_needs_the_roles_search_path(dsn: str, direct_dsn: str) -> None:
+    """schema= behind a pooler: a session SET search_path would leak; the saver refuses
+    with the ALTER ROLE to run, and works once the role's default names the schema."""
+    with DurablePostgresSaver.from_conn_string(dsn, schema="bouncer_s") as saver:
+        with pytest.raises(ConfigurationError, match="ALTER ROLE"):
+            saver.setup()
+    dbname = psycopg.conninfo.conninfo_to_dict(direct_dsn)["dbname"]
+    with psycopg.connect(direct_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER ROLE postgres IN DATABASE {} SET search_path = bouncer_s, public").format(
+                sql.Identifier(dbname)
+            )
+        )
+        conn.execute("CREATE SCHEMA IF NOT EXISTS bouncer_s")
+        conn.execute("CREATE TABLE bouncer_s.wl_effects (k TEXT PRIMARY KEY, n INT NOT NULL)")
+    try:
+        # Fresh server connections get the role's setting: a new pgbouncer pool.
+        with pgbouncer(direct_dsn) as through:
+            out = run_workload(through, schema="bouncer_s")
+            check_workload(out)
+            with psycopg.connect(direct_dsn) as conn:
+                n = conn.execute("SELECT count(*) FROM bouncer_s.checkpoints").fetchone()
+                assert n is not None and n[0] >= 0
+                assert conn.execute("SELECT to_regclass('bouncer_s.durable_threads')").fetchone() != (None,)
+    finally:
+        with psycopg.connect(direct_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("ALTER ROLE postgres IN DATABASE {} RESET search_path").format(sql.Identifier(dbname))
+            )
