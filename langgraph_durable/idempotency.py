@@ -1264,8 +1264,8 @@ def _sync_connection(ledger: _DurableBase) -> Iterator[psycopg.Connection[Any]]:
         row_factory=dict_row,
     )
     try:
-        if session_schema(ledger):
-            conn.execute(_sql.set_search_path(ledger.schema))
+        if schema := session_schema(ledger):
+            conn.execute(_sql.set_search_path(schema))
         yield conn
     finally:
         conn.close()
@@ -1284,8 +1284,8 @@ async def _async_connection(ledger: _DurableBase) -> AsyncIterator[psycopg.Async
         row_factory=dict_row,
     )
     try:
-        if session_schema(ledger):
-            await conn.execute(_sql.set_search_path(ledger.schema))
+        if schema := session_schema(ledger):
+            await conn.execute(_sql.set_search_path(schema))
         yield conn
     finally:
         await conn.close()
@@ -1421,8 +1421,8 @@ class _ClaimRenewer:
             return entry[1]
         conn = ledger._renew_connect()
         conn.autocommit = True
-        if session_schema(ledger):
-            conn.execute(_sql.set_search_path(ledger.schema))
+        if schema := session_schema(ledger):
+            conn.execute(_sql.set_search_path(schema))
         self.conns[id(ledger)] = (weakref.ref(ledger), conn)
         return conn
 

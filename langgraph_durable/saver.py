@@ -2251,8 +2251,8 @@ class _Renewer(threading.Thread):
         if self._conn is None or self._conn.closed:
             self._conn = self.saver._renew_connect()
             self._conn.autocommit = True
-            if session_schema(self.saver):
-                self._conn.execute(_sql.set_search_path(self.saver.schema))
+            if schema := session_schema(self.saver):
+                self._conn.execute(_sql.set_search_path(schema))
         rows = self._conn.execute(
             _sql.RENEW_SQL,
             (

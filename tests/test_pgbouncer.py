@@ -32,6 +32,8 @@ from langgraph_durable import ConfigurationError, DurablePostgresSaver
 from langgraph_durable.cli import app
 
 SITE = str(Path(__file__).parent / "_pgbouncer_site")
+# psycopg's own connect(), whatever this module patches later.
+_ORIGINAL_CONNECT = {cls: cls.__dict__["connect"] for cls in (psycopg.Connection, psycopg.AsyncConnection)}
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +46,15 @@ def direct_dsn(admin_dsn: str) -> Iterator[str]:
 
 def _wait_backends_idle(conn: psycopg.Connection[Any], run_no: int) -> None:
     """test_crash_resume.wait_backends_gone behind a pooler: the server connections
-    outlive the killed client (they return to the pool); wait until none of them is
-    still in the killed child's transaction (pgbouncer closes such a one)."""
+    outlive the killed client (they return to the pool, keeping its application_name,
+    which the next client of the pool may inherit: this very query's backend, for
+    one); wait until none of them is still in the killed child's transaction
+    (pgbouncer closes such a one)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = %s AND state <> 'idle'",
+            "AND application_name = %s AND state <> 'idle' AND pid <> pg_backend_pid()",
             (f"crash_child_{run_no}",),
         ).fetchone()
         if row is not None and row[0] == 0:
@@ -59,19 +63,39 @@ def _wait_backends_idle(conn: psycopg.Connection[Any], run_no: int) -> None:
     pytest.fail(f"backends of crash child {run_no} still busy after 30 s")
 
 
+def _no_prepare_by_default() -> Any:
+    """This process's own raw connections (the tests' checks), as the children's (see
+    _pgbouncer_site/sitecustomize.py): ``prepare_threshold=None`` unless given.
+    Returns the undo."""
+    saved = {cls: cls.__dict__["connect"] for cls in _ORIGINAL_CONNECT}
+    for cls, orig in _ORIGINAL_CONNECT.items():
+        func = orig.__func__
+
+        def connect(klass: Any, *args: Any, __f: Any = func, **kwargs: Any) -> Any:
+            kwargs.setdefault("prepare_threshold", None)
+            return __f(klass, *args, **kwargs)
+
+        cls.connect = classmethod(connect)  # type: ignore[method-assign,assignment]
+    saved_alias = psycopg.connect  # psycopg.connect is Connection.connect, bound at import
+    psycopg.connect = psycopg.Connection.connect  # type: ignore[assignment]
+
+    def undo() -> None:
+        for cls, orig in saved.items():
+            cls.connect = orig  # type: ignore[method-assign]
+        psycopg.connect = saved_alias  # type: ignore[assignment]
+
+    return undo
+
+
 @pytest.fixture(scope="module")
 def dsn(direct_dsn: str) -> Iterator[str]:
     """The module's database through pgbouncer, set up through it (pooled setup)."""
-    import psycopg._preparing as prep
-
     saved_env = {k: os.environ.get(k) for k in ("LANGGRAPH_DURABLE_POOLER", "PYTHONPATH")}
-    saved_threshold = prep.PrepareManager.prepare_threshold
     saved_wait = test_crash_resume.wait_backends_gone
     with pgbouncer(direct_dsn, pool_size=40) as through:
         os.environ["LANGGRAPH_DURABLE_POOLER"] = "transaction"
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, saved_env["PYTHONPATH"]) if p)
-        # This process's own raw connections (the tests' checks), as the children's.
-        prep.PrepareManager.prepare_threshold = None
+        undo = _no_prepare_by_default()
         test_crash_resume.wait_backends_gone = _wait_backends_idle
         try:
             with DurablePostgresSaver.from_conn_string(through) as saver:
@@ -81,7 +105,7 @@ def dsn(direct_dsn: str) -> Iterator[str]:
             yield through
         finally:
             test_crash_resume.wait_backends_gone = saved_wait
-            prep.PrepareManager.prepare_threshold = saved_threshold
+            undo()
             for k, v in saved_env.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -90,12 +114,14 @@ def dsn(direct_dsn: str) -> Iterator[str]:
 
 
 def test_package_connections_never_prepare(dsn: str) -> None:
-    """Every connection the package opens pooled has prepare_threshold None, set by the
-    package itself (not by this module's class-level default)."""
-    import psycopg._preparing as prep
-
-    prep.PrepareManager.prepare_threshold = 5
+    """Every connection the package opens pooled has prepare_threshold None, passed by
+    the package itself: checked with psycopg's own default (5) restored."""
+    wrapped = {cls: cls.__dict__["connect"] for cls in _ORIGINAL_CONNECT}
+    for cls, orig in _ORIGINAL_CONNECT.items():
+        cls.connect = orig  # type: ignore[method-assign]
     try:
+        with psycopg.Connection.connect(dsn, autocommit=True) as plain:
+            assert plain.prepare_threshold == 5  # psycopg's default is really back
         with DurablePostgresSaver.from_conn_string(dsn) as saver:
             assert saver.pooler == "transaction"
             with saver.connection() as conn:
@@ -105,7 +131,7 @@ def test_package_connections_never_prepare(dsn: str) -> None:
             from langgraph_durable.idempotency import _prepare_threshold
 
             assert _prepare_threshold(saver) is None
-        with psycopg.connect(dsn, autocommit=True) as own:
+        with psycopg.Connection.connect(dsn, autocommit=True) as own:
             DurablePostgresSaver(own, pooler="transaction")
             assert own.prepare_threshold is None
         from psycopg_pool import ConnectionPool
@@ -114,7 +140,8 @@ def test_package_connections_never_prepare(dsn: str) -> None:
             with pytest.raises(ConfigurationError, match="prepare_threshold"):
                 DurablePostgresSaver(pool, pooler="transaction")
     finally:
-        prep.PrepareManager.prepare_threshold = None
+        for cls, orig in wrapped.items():
+            cls.connect = orig  # type: ignore[method-assign]
 
 
 def test_workload_through_pgbouncer(dsn: str) -> None:
