@@ -200,3 +200,18 @@ def test_schema_behind_pooler_needs_the_roles_search_path(dsn: str, direct_dsn: 
             conn.execute(
                 sql.SQL("ALTER ROLE postgres IN DATABASE {} RESET search_path").format(sql.Identifier(dbname))
             )
+
+
+def test_pooler_option_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One switch: the option, else $LANGGRAPH_DURABLE_POOLER; anything else is refused."""
+    from langgraph_durable.pooler import POOLER_ENV, resolve_pooler
+
+    monkeypatch.delenv(POOLER_ENV, raising=False)
+    assert resolve_pooler(None) is None
+    assert resolve_pooler("transaction") == "transaction"
+    monkeypatch.setenv(POOLER_ENV, "Transaction")
+    assert resolve_pooler(None) == "transaction"
+    assert resolve_pooler("none") is None  # the option wins over the environment
+    with pytest.raises(ConfigurationError) as info:
+        resolve_pooler("session-ish")
+    assert info.value.pooler == "session-ish"
