@@ -215,3 +215,45 @@ def test_pooler_option_values(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigurationError) as info:
         resolve_pooler("session-ish")
     assert info.value.pooler == "session-ish"
+
+
+def test_concurrent_setup_through_pgbouncer_and_direct(admin_dsn: str, dsn: str) -> None:
+    """Fresh database, six setup() calls at once: four through the pooler (transaction
+    lock, one transaction each), two direct (session lock, CONCURRENTLY). The two locks
+    share one key, so exactly one runs each migration; everyone returns."""
+    import threading
+
+    url = make_database(admin_dsn, "pgb_setup_race")
+    try:
+        with pgbouncer(url) as through:
+            errors: list[BaseException] = []
+            barrier = threading.Barrier(6)
+
+            def run(target: str, pooler: str) -> None:
+                try:
+                    with DurablePostgresSaver.from_conn_string(target, pooler=pooler) as saver:
+                        barrier.wait()
+                        saver.setup()
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+
+            workers = [threading.Thread(target=run, args=(through, "transaction")) for _ in range(4)]
+            workers += [threading.Thread(target=run, args=(url, "none")) for _ in range(2)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join(120)
+            assert errors == [] and not any(w.is_alive() for w in workers)
+        from langgraph_durable import _sql
+
+        with psycopg.connect(url) as conn:
+            rows = conn.execute("SELECT v FROM durable_migrations ORDER BY v").fetchall()
+            assert [r[0] for r in rows] == list(range(len(_sql.MIGRATIONS)))
+            # No session lock left behind by anyone (pg_locks is cluster-wide: this database).
+            held = conn.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+                "WHERE l.locktype = 'advisory' AND d.datname = current_database()"
+            ).fetchone()
+            assert held == (0,)
+    finally:
+        drop_database(admin_dsn, url)

@@ -93,3 +93,15 @@ def test_roles_end_to_end(roles: dict[str, str]) -> None:
     )
     assert res.exit_code == 1 and "InsufficientPrivilegeError" in res.output, res.output
     assert roles["ro_role"] in res.output
+
+
+async def test_async_saver_as_app_role_runs_no_ddl(roles: dict[str, str]) -> None:
+    """After test_roles_end_to_end: the async saver with run_migrations=False verifies
+    the schema and serves reads as the application role."""
+    from langgraph_durable import AsyncDurablePostgresSaver
+
+    async with AsyncDurablePostgresSaver.from_conn_string(
+        roles["app"], schema=SCHEMA, run_migrations=False
+    ) as saver:
+        await saver.setup()
+        assert await saver.aget_tuple({"configurable": {"thread_id": "nope"}}) is None
