@@ -122,6 +122,18 @@ def op_memo() -> dict[str, Any]:
     return memo if memo is not None else {}
 
 
+def _privilege_error(exc: psycopg.Error, conn: Any) -> Exception:
+    """A missing GRANT as a typed error naming the role (a read-only role ran a write,
+    an application role ran DDL); the psycopg error stays as ``__cause__``."""
+    from langgraph_durable.errors import InsufficientPrivilegeError
+
+    try:
+        role = conn.info.user if conn is not None else None
+    except Exception:
+        role = None
+    return InsufficientPrivilegeError(role, str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__)
+
+
 def _is_connection_failure(exc: BaseException, conn: Any) -> bool:
     if isinstance(exc, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow):
         return True
@@ -224,6 +236,8 @@ class SyncDriver:
                 for fn in pending.after:
                     fn()
                 return result
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise _privilege_error(exc, conn) from exc
             except Exception as exc:
                 if attempt < CONNECTION_RETRIES and _is_connection_failure(exc, conn):
                     logger.warning("connection lost (%s); retrying on a fresh connection", exc)
@@ -409,6 +423,8 @@ class AsyncDriver:
                 for fn in pending.after:
                     fn()
                 return result
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise _privilege_error(exc, conn) from exc
             except Exception as exc:
                 if attempt < CONNECTION_RETRIES and _is_connection_failure(exc, conn):
                     logger.warning("connection lost (%s); retrying on a fresh connection", exc)

@@ -326,6 +326,35 @@ class MigrationError(DurableError):
         )
 
 
+class SchemaNotReadyError(DurableError):
+    """The saver was told not to run migrations (``run_migrations=False``, the CLI's
+    read-only commands) and the database's schema is missing or older than this
+    release expects: run ``setup()`` (``langgraph-durable setup``) as the owner role."""
+
+    def __init__(
+        self, schema: str | None, component: str, found: int | None, expected: int
+    ) -> None:
+        where = f"schema {schema!r}" if schema else "the connection's search_path"
+        state = "missing" if found is None else f"at version {found}"
+        super().__init__(
+            f"the {component} tables in {where} are {state}, this release needs version "
+            f"{expected}: run setup() as the schema's owner (langgraph-durable setup)",
+            schema=schema, component=component, found=found, expected=expected,
+        )
+
+
+class InsufficientPrivilegeError(DurableError):
+    """The database role lacks a privilege the operation needs (a read-only role ran a
+    write, an application role ran DDL). ``langgraph-durable grants`` prints the GRANTs."""
+
+    def __init__(self, role: str | None, detail: str) -> None:
+        super().__init__(
+            f"role {role!r} lacks a privilege this operation needs ({detail}); "
+            "see `langgraph-durable grants --role ROLE` for the GRANTs each role needs",
+            role=role, detail=detail,
+        )
+
+
 class OrphanedWorkError(MigrationError):
     """After migrating, pending work still targets nodes the running graph lacks.
 
@@ -603,6 +632,7 @@ __all__ = [
     "IdempotencyConflictError",
     "IdempotencyError",
     "IdempotentCallFailedError",
+    "InsufficientPrivilegeError",
     "InvalidIdempotencyKeyError",
     "InvalidThreadIdError",
     "UnstableKeyError",
@@ -616,6 +646,7 @@ __all__ = [
     "OrphanedWorkError",
     "OutcomeUnknownError",
     "PoisonCheckpointError",
+    "SchemaNotReadyError",
     "SerializationError",
     "StatementCanceledError",
     "ThreadBusyError",

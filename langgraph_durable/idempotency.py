@@ -89,6 +89,7 @@ from langgraph_durable.errors import (
     SerializationError,
     UnstableKeyError,
 )
+from langgraph_durable.pooler import session_schema
 from langgraph_durable.saver import (
     AsyncDurablePostgresSaver,
     DurablePostgresSaver,
@@ -1280,8 +1281,8 @@ def _sync_connection(ledger: _DurableBase) -> Iterator[psycopg.Connection[Any]]:
         row_factory=dict_row,
     )
     try:
-        if ledger.schema:
-            conn.execute(_sql.set_search_path(ledger.schema))
+        if schema := session_schema(ledger):
+            conn.execute(_sql.set_search_path(schema))
         yield conn
     finally:
         conn.close()
@@ -1300,8 +1301,8 @@ async def _async_connection(ledger: _DurableBase) -> AsyncIterator[psycopg.Async
         row_factory=dict_row,
     )
     try:
-        if ledger.schema:
-            await conn.execute(_sql.set_search_path(ledger.schema))
+        if schema := session_schema(ledger):
+            await conn.execute(_sql.set_search_path(schema))
         yield conn
     finally:
         await conn.close()
@@ -1493,8 +1494,8 @@ class _ClaimRenewer:
             return entry[1]
         conn = ledger._renew_connect()
         conn.autocommit = True
-        if ledger.schema:
-            conn.execute(_sql.set_search_path(ledger.schema))
+        if schema := session_schema(ledger):
+            conn.execute(_sql.set_search_path(schema))
         self.conns[id(ledger)] = (weakref.ref(ledger), conn)
         return conn
 

@@ -121,6 +121,15 @@ from langgraph_durable.errors import (
     UnsupportedConnectionError,
     UnsupportedLangGraphError,
 )
+from langgraph_durable.pooler import (
+    Pooler,
+    check_pooled_conn,
+    flow_pooled_setup,
+    op_check_schema,
+    prepare_threshold,
+    resolve_pooler,
+    session_schema,
+)
 from langgraph_durable.retention import op_recompute_refs
 from langgraph_durable.versioning import (
     INHERIT_VERSION_SQL,
@@ -573,6 +582,8 @@ class _DurableBase(BasePostgresSaver):
         leases: bool = True,
         takeover_dead_owners: bool = True,
         on_unrecognised_run: OnUnrecognisedRun = "raise",
+        pooler: str | None = None,
+        run_migrations: bool = True,
     ) -> None:
         super().__init__(serde=serde)
         self.schema = _sql.validate_schema(schema)
@@ -608,6 +619,10 @@ class _DurableBase(BasePostgresSaver):
         # start): "raise" refuses the run with UnsupportedLangGraphError before any node
         # runs; "log" logs an error and lets it run without a lease (unprotected).
         self.on_unrecognised_run: OnUnrecognisedRun = on_unrecognised_run
+        # Behind a transaction pooler (pooler.py): no session state across transactions.
+        self.pooler: Pooler = resolve_pooler(pooler)
+        # False: setup() only verifies the schema version (no DDL; SchemaNotReadyError).
+        self.run_migrations = bool(run_migrations)
         self.codec = ArtifactCodec(
             ArtifactConfig(
                 threshold=artifact_threshold,
@@ -731,6 +746,14 @@ class _DurableBase(BasePostgresSaver):
             yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (_sql.SETUP_LOCK_KEY,))])
             raise
         yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (_sql.SETUP_LOCK_KEY,))])
+
+    def _flow_setup_or_check(self) -> Flow[None]:
+        """setup() without DDL (``run_migrations=False``: verify the versions), or
+        behind a transaction pooler (one transaction per attempt; see pooler.py)."""
+        if not self.run_migrations:
+            yield Tx(lambda: op_check_schema(self, STOCK_MIGRATIONS))
+            return
+        yield from flow_pooled_setup(self, STOCK_MIGRATIONS)
 
     # setup() is defined by each saver: a plain method on the sync one, a coroutine on
     # the async one (as the stock savers do: ``await checkpointer.setup()``).
@@ -2092,7 +2115,7 @@ class _DurableBase(BasePostgresSaver):
                 # On the async saver's own event loop (inside __aenter__, where nothing
                 # can be awaited): one statement on a short-lived connection of its own.
                 with self._renew_connect() as conn:
-                    SyncDriver(conn, self.schema).run_op(lambda: self._op_abandon(lease))
+                    SyncDriver(conn, session_schema(self)).run_op(lambda: self._op_abandon(lease))
         except Exception:
             logger.exception("could not release the lease on thread %s", lease.thread_id)
 
@@ -2497,8 +2520,8 @@ class _Renewer(threading.Thread):
         if self._conn is None or self._conn.closed:
             self._conn = self.saver._renew_connect()
             self._conn.autocommit = True
-            if self.saver.schema:
-                self._conn.execute(_sql.set_search_path(self.saver.schema))
+            if schema := session_schema(self.saver):
+                self._conn.execute(_sql.set_search_path(schema))
         rows = self._conn.execute(
             _sql.RENEW_SQL,
             (
@@ -2543,6 +2566,12 @@ def _aconfigure_schema(schema: str | None) -> Callable[[AsyncConnection[Any]], A
 
 
 _CONN_KWARGS = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+
+
+def _conn_kwargs(pooler: Pooler) -> dict[str, Any]:
+    """The saver's connection options; behind a transaction pooler, no prepared
+    statements (see pooler.py)."""
+    return {**_CONN_KWARGS, "prepare_threshold": prepare_threshold(pooler)}
 
 
 def _conninfo_of(conn: Any) -> str:
@@ -2646,6 +2675,8 @@ class DurablePostgresSaver(_DurableBase):
         leases: bool = True,
         takeover_dead_owners: bool = True,
         on_unrecognised_run: OnUnrecognisedRun = "raise",
+        pooler: str | None = None,
+        run_migrations: bool = True,
     ) -> None:
         super().__init__(
             serde=serde, schema=schema, graph_version=graph_version,
@@ -2656,13 +2687,15 @@ class DurablePostgresSaver(_DurableBase):
             compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
+            pooler=pooler, run_migrations=run_migrations,
         )
         _check_conn("DurablePostgresSaver", conn, asynchronous=False)
         _check_pipe("DurablePostgresSaver", conn, pipe, ConnectionPool)
+        check_pooled_conn("DurablePostgresSaver", conn, self.pooler, (ConnectionPool,))
         self.conn = conn
         self.pipe = pipe
         self.supports_pipeline = Capabilities().has_pipeline()
-        self._driver = SyncDriver(conn, self.schema if not getattr(conn, "_durable_own", False) else None)
+        self._driver = SyncDriver(conn, session_schema(self) if not getattr(conn, "_durable_own", False) else None)
         self._conninfo = _conninfo_of(conn)
 
     @classmethod
@@ -2690,6 +2723,8 @@ class DurablePostgresSaver(_DurableBase):
         leases: bool = True,
         takeover_dead_owners: bool = True,
         on_unrecognised_run: OnUnrecognisedRun = "raise",
+        pooler: str | None = None,
+        run_migrations: bool = True,
     ) -> Iterator[DurablePostgresSaver]:
         """Open a connection pool on ``conn_string`` (else
         ``LANGGRAPH_DURABLE_DSN``, else the embedded PostgreSQL) and yield a saver.
@@ -2704,13 +2739,14 @@ class DurablePostgresSaver(_DurableBase):
             raise ConfigurationError(f"pipeline must be a bool, not {pipeline!r}", pipeline=pipeline)
         dsn = resolve_dsn(conn_string)
         schema = _sql.validate_schema(schema)
+        pooled = resolve_pooler(pooler)
         # A pool that reconnects within a second of a failover (_pool.py).
         with DurableConnectionPool(
             dsn,
             min_size=1,
             max_size=pool_size,
-            kwargs=dict(_CONN_KWARGS),
-            configure=_configure_schema(schema),
+            kwargs=_conn_kwargs(pooled),
+            configure=_configure_schema(None if pooled else schema),
             # No check= on checkout: when a restart or idle-timeout kill has broken
             # several idle connections, the pool's check loop backs off 1, 2, 4... s
             # per broken one (37 s measured with 10) before giving up. The driver
@@ -2729,6 +2765,7 @@ class DurablePostgresSaver(_DurableBase):
                 compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
                 on_unrecognised_run=on_unrecognised_run,
+                pooler=pooler, run_migrations=run_migrations,
             )
             try:
                 yield saver
@@ -2736,7 +2773,11 @@ class DurablePostgresSaver(_DurableBase):
                 saver._stop_renewer()
 
     def setup(self) -> None:
-        """Create or migrate the tables. Idempotent and safe to call concurrently."""
+        """Create or migrate the tables. Idempotent and safe to call concurrently.
+        With ``run_migrations=False``: only verify them (``SchemaNotReadyError``)."""
+        if not self.run_migrations or self.pooler:
+            self._run_flow(self._flow_setup_or_check())
+            return
         if self.pipe is not None:
             # CREATE INDEX CONCURRENTLY cannot run in pipeline mode (the stock saver's
             # setup fails there): migrate on a short-lived connection of our own.
@@ -2762,7 +2803,9 @@ class DurablePostgresSaver(_DurableBase):
         return await asyncio.to_thread(self._driver.run_flow, flow)
 
     def _renew_connect(self) -> Connection[Any]:
-        return Connection.connect(self._conninfo, autocommit=True)
+        return Connection.connect(
+            self._conninfo, autocommit=True, prepare_threshold=prepare_threshold(self.pooler)
+        )
 
     @contextmanager
     def connection(self) -> Iterator[Connection[Any]]:
@@ -2806,6 +2849,8 @@ class AsyncDurablePostgresSaver(_DurableBase):
         leases: bool = True,
         takeover_dead_owners: bool = True,
         on_unrecognised_run: OnUnrecognisedRun = "raise",
+        pooler: str | None = None,
+        run_migrations: bool = True,
     ) -> None:
         super().__init__(
             serde=serde, schema=schema, graph_version=graph_version,
@@ -2816,13 +2861,15 @@ class AsyncDurablePostgresSaver(_DurableBase):
             compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
+            pooler=pooler, run_migrations=run_migrations,
         )
         _check_conn("AsyncDurablePostgresSaver", conn, asynchronous=True)
         _check_pipe("AsyncDurablePostgresSaver", conn, pipe, AsyncConnectionPool)
+        check_pooled_conn("AsyncDurablePostgresSaver", conn, self.pooler, (AsyncConnectionPool,))
         self.conn = conn
         self.pipe = pipe
         self.supports_pipeline = Capabilities().has_pipeline()
-        self._driver = AsyncDriver(conn, self.schema if not getattr(conn, "_durable_own", False) else None)
+        self._driver = AsyncDriver(conn, session_schema(self) if not getattr(conn, "_durable_own", False) else None)
         self._conninfo = _conninfo_of(conn)
         self.loop = asyncio.get_running_loop()
 
@@ -2851,6 +2898,8 @@ class AsyncDurablePostgresSaver(_DurableBase):
         leases: bool = True,
         takeover_dead_owners: bool = True,
         on_unrecognised_run: OnUnrecognisedRun = "raise",
+        pooler: str | None = None,
+        run_migrations: bool = True,
     ) -> AsyncIterator[AsyncDurablePostgresSaver]:
         """Open an async pool and yield a saver (DSN resolved as the sync saver's).
         ``pipeline``: see ``DurablePostgresSaver.from_conn_string``."""
@@ -2860,12 +2909,13 @@ class AsyncDurablePostgresSaver(_DurableBase):
         if not dsn:
             dsn = await asyncio.to_thread(resolve_dsn, None)
         schema = _sql.validate_schema(schema)
+        pooled = resolve_pooler(pooler)
         async with AsyncDurableConnectionPool(
             dsn,
             min_size=1,
             max_size=pool_size,
-            kwargs=dict(_CONN_KWARGS),
-            configure=_aconfigure_schema(schema),
+            kwargs=_conn_kwargs(pooled),
+            configure=_aconfigure_schema(None if pooled else schema),
             # No check= on checkout: see DurablePostgresSaver.from_conn_string.
             open=False,
             name="langgraph-durable",
@@ -2880,6 +2930,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
                 compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
                 on_unrecognised_run=on_unrecognised_run,
+                pooler=pooler, run_migrations=run_migrations,
             )
             try:
                 yield saver
@@ -2889,7 +2940,11 @@ class AsyncDurablePostgresSaver(_DurableBase):
     async def setup(self) -> None:
         """Create or migrate the tables: ``await saver.setup()``, as with the stock
         ``AsyncPostgresSaver``. Idempotent and safe to call concurrently. From another
-        thread: ``asyncio.run_coroutine_threadsafe(saver.setup(), saver.loop).result()``."""
+        thread: ``asyncio.run_coroutine_threadsafe(saver.setup(), saver.loop).result()``.
+        With ``run_migrations=False``: only verify them (``SchemaNotReadyError``)."""
+        if not self.run_migrations or self.pooler:
+            await self._arun_flow(self._flow_setup_or_check())
+            return
         if self.pipe is not None:
             # Not in pipeline mode: see DurablePostgresSaver.setup.
             async with await AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
@@ -2929,7 +2984,9 @@ class AsyncDurablePostgresSaver(_DurableBase):
         return await self._driver.run_flow(flow)
 
     def _renew_connect(self) -> Connection[Any]:
-        return Connection.connect(self._conninfo, autocommit=True)
+        return Connection.connect(
+            self._conninfo, autocommit=True, prepare_threshold=prepare_threshold(self.pooler)
+        )
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:

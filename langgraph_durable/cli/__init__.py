@@ -13,6 +13,7 @@ from langgraph_durable.cli import (
     _export,
     _ledger,
     _quarantine,
+    _roles,
     _storage,
     _threads,
     _versions,
@@ -28,7 +29,8 @@ app = typer.Typer(
 )
 
 for module in (
-    _demo, _embedded, _threads, _versions, _storage, _quarantine, _ledger, _worker, _export
+    _demo, _embedded, _threads, _versions, _storage, _quarantine, _ledger, _worker, _export,
+    _roles,
 ):
     module.register(app)
 

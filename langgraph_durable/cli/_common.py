@@ -32,10 +32,16 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts
 
 
 @contextmanager
-def open_saver(dsn: str | None, schema: str | None = None, **options: Any) -> Iterator[Any]:
-    """A set-up sync saver on the resolved DSN."""
+def open_saver(
+    dsn: str | None, schema: str | None = None, *, readonly: bool = False, **options: Any
+) -> Iterator[Any]:
+    """A set-up sync saver on the resolved DSN. ``readonly``: the commands that only
+    read run no DDL (the schema version is verified, ``SchemaNotReadyError`` if it is
+    missing or old), so they work with a role that has SELECT only."""
     from langgraph_durable.saver import DurablePostgresSaver
 
+    if readonly:
+        options["run_migrations"] = False
     with DurablePostgresSaver.from_conn_string(resolve_dsn(dsn), schema=schema, **options) as saver:
         saver.setup()
         yield saver
@@ -51,12 +57,14 @@ def fail(json_out: bool, name: str, message: str, fields: dict[str, Any]) -> typ
 
 
 @contextmanager
-def saver_or_exit(dsn: str | None, schema: str | None, json_out: bool) -> Iterator[Any]:
+def saver_or_exit(
+    dsn: str | None, schema: str | None, json_out: bool, *, readonly: bool = False
+) -> Iterator[Any]:
     """``open_saver`` for operator commands: a typed error becomes a message and exit 1."""
     from langgraph_durable.errors import DurableError
 
     try:
-        with open_saver(dsn, schema) as saver:
+        with open_saver(dsn, schema, readonly=readonly) as saver:
             yield saver
     except DurableError as exc:
         raise fail(json_out, type(exc).__name__, exc.message, exc.fields) from None

@@ -34,9 +34,15 @@ def _stock_saver(dsn: str, schema: str | None) -> Any:
     from psycopg.rows import dict_row
 
     from langgraph_durable import _sql
+    from langgraph_durable.pooler import prepare_threshold, resolve_pooler
 
-    conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
-    if schema:
+    # Behind a transaction pooler ($LANGGRAPH_DURABLE_POOLER): no prepared statements,
+    # no session search_path (the role's default names the schema; see pooler.py).
+    pooled = resolve_pooler(None)
+    conn = psycopg.connect(
+        dsn, autocommit=True, prepare_threshold=prepare_threshold(pooled), row_factory=dict_row
+    )
+    if schema and not pooled:
         conn.execute(_sql.set_search_path(schema))
     return conn, PostgresSaver(conn)
 

@@ -52,13 +52,15 @@ class _CliError(Exception):
 
 
 @contextmanager
-def _ledger(dsn: str | None, schema: str | None, json_out: bool) -> Iterator[Any]:
+def _ledger(
+    dsn: str | None, schema: str | None, json_out: bool, *, readonly: bool = False
+) -> Iterator[Any]:
     """A ``Ledger`` on a set-up saver; a typed error becomes a message (JSON on stdout
     with --json) and exit code 1."""
     from langgraph_durable.idempotency import Ledger
 
     try:
-        with saver_or_exit(dsn, schema, json_out) as saver:
+        with saver_or_exit(dsn, schema, json_out, readonly=readonly) as saver:
             yield Ledger(saver)
     except _CliError as exc:
         raise fail(json_out, exc.name, exc.message, exc.fields) from None
@@ -122,7 +124,7 @@ def list_cmd(
 ) -> None:
     """Recorded calls, most recent first. UNKNOWN (unknown_outcome with --json): the
     process died mid-call; resolve or forget the key."""
-    with _ledger(dsn, schema, json_out) as ledger:
+    with _ledger(dsn, schema, json_out, readonly=True) as ledger:
         entries = ledger.entries(
             thread_id=thread, status=None if status is None else status.value, limit=limit
         )
@@ -172,7 +174,7 @@ def show_cmd(
     error."""
     result: Any = None
     result_error: str | None = None
-    with _ledger(dsn, schema, json_out) as ledger:
+    with _ledger(dsn, schema, json_out, readonly=True) as ledger:
         entry = ledger.get(key)
         if entry is None:
             raise _missing(key)

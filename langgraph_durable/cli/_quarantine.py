@@ -42,7 +42,7 @@ def list_cmd(
     json_out: JsonOption = False,
 ) -> None:
     """Quarantined threads, most recent first."""
-    with saver_or_exit(dsn, schema, json_out) as saver:
+    with saver_or_exit(dsn, schema, json_out, readonly=True) as saver:
         entries = poison.list_quarantined(saver, limit=limit)
     if json_out:
         print_json([e.to_dict() for e in entries])
@@ -72,7 +72,7 @@ def show_cmd(
 ) -> None:
     """A thread's quarantine record, attempt count and recent checkpoints (pick one to
     rewind to)."""
-    with saver_or_exit(dsn, schema, json_out) as saver:
+    with saver_or_exit(dsn, schema, json_out, readonly=True) as saver:
         report = poison.show(saver, thread_id, history=history)
     if json_out:
         print_json(report.to_dict())

@@ -55,7 +55,7 @@ def _saver(dsn: str | None, schema: str | None) -> Iterator[Any]:
     """A saver for reading; typed errors (a missing thread, a checkpoint that does not
     decode) become a message and exit code 1, never a traceback."""
     try:
-        with open_saver(dsn, schema) as saver:
+        with open_saver(dsn, schema, readonly=True) as saver:
             yield saver
     except DurableError as exc:
         # Text, not markup: a message may hold brackets (ids, reprs of values).

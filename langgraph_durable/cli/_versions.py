@@ -209,7 +209,7 @@ def list_cmd(
         raise _fail("--version and --unversioned exclude each other")
     per_thread = threads or version is not None or unversioned or status is not None
     g = _graph(graph)[0] if graph else None
-    with open_saver(dsn, schema) as saver:
+    with open_saver(dsn, schema, readonly=True) as saver:
         recorded = compat.recorded_versions(saver)
         if not per_thread:
             groups = v.version_summary(saver)
@@ -399,7 +399,7 @@ def log_cmd(
     """Migrations applied (newest first), each with a backup of the rows it replaced."""
     from langgraph_durable import versioning as v
 
-    with open_saver(dsn, schema) as saver:
+    with open_saver(dsn, schema, readonly=True) as saver:
         rows = v.migration_log(saver, thread_id=thread, limit=limit)
     if as_json:
         print_json(rows)

@@ -145,6 +145,14 @@ def register(app: typer.Typer) -> None:
             int, typer.Option("--pool-size", help="Connections (default max(10, concurrency + 2)).")
         ] = 0,
         log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "INFO",
+        no_migrate: Annotated[
+            bool,
+            typer.Option(
+                "--no-migrate",
+                help="Run no DDL: only verify the schema version (for an application role "
+                "without DDL rights; the owner runs `langgraph-durable setup`).",
+            ),
+        ] = False,
     ) -> None:
         """Resume crashed, handed-back and queued threads; many workers may share one DB."""
         from langgraph_durable.embedded import resolve_dsn
@@ -165,6 +173,7 @@ def register(app: typer.Typer) -> None:
         options: dict[str, Any] = {
             "lease_ttl": lease_ttl,
             "max_resume_attempts": max_resume_attempts,
+            "run_migrations": not no_migrate,
         }
         worker_options: dict[str, Any] = {
             "concurrency": concurrency,
