@@ -1,0 +1,790 @@
+"""Model-based chaos test: a hypothesis ``RuleBasedStateMachine`` against real Postgres.
+
+Rules are drawn at random from what users, operators and faults do to a saver at the
+same time: runs in child processes (SIGKILLed at random moments, some with a clock 5 s
+behind), an in-process run, in-process and cross-process ``update_state``,
+``delete_thread``, ``delete_for_runs``, ``copy_thread`` (into a new or an existing
+thread), ``prune``, ``retain``, ``gc``, migrate and undo, quarantine release and
+rewind, a recovery worker claiming in a child (also killable), backends terminated
+from an admin connection at random moments, and threads left waiting on a human by the
+stock saver and by a ``leases=False`` saver.
+
+A reference model (``Thread``) tracks what must be true; after every step:
+
+* no committed step lost: the head's ``log`` starts with every entry the model has
+  seen committed (operations that roll back on purpose reset the model);
+* every checkpoint that survives a step reads back exactly as before it;
+* the state is well formed (a turn's nodes appear in order, once; ``turn`` and ``log``
+  agree): a channel silently dropped shows here;
+* an accepted ``update_state`` is not silently overwritten;
+* no effect recorded twice (``chaos_effects``, written by
+  ``@idempotent(transactional=True)``, counted per thread, turn and node; a fork —
+  rewind, update of an unfinished thread, delete_for_runs — allows one re-execution),
+  and no node of a finished turn runs again;
+* no thread unloadable unless quarantined, with a typed error;
+* nothing deleted that a live, waiting or backed-up thread needs; a deleted thread
+  leaves no row in any table with a ``thread_id`` column;
+* every error a user sees is a ``DurableError`` (in the parent and in every child).
+
+Known defects of issue 11 make some of these fail; each invariant's message names
+the item it is most likely to be. ``LGD_CHAOS_COLLECT=1`` records every violation of a
+run to ``LGD_CHAOS_REPORT`` (JSON lines) and fails once at the end, so one long run
+surveys them all instead of stopping at the first.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import _child_chaos as cc
+import psycopg
+import pytest
+from _hypothesis_profiles import examples, is_long
+from hypothesis import Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from langgraph.checkpoint.postgres import PostgresSaver
+from psycopg.rows import dict_row
+
+from langgraph_durable import (
+    CheckpointLoadError,
+    DurableError,
+    DurablePostgresSaver,
+    MigrationError,
+    NotQuarantinedError,
+    ThreadBusyError,
+    gc,
+    migrate_threads,
+    poison,
+    retain,
+    undo_migration,
+)
+
+pytestmark = [pytest.mark.chaos, pytest.mark.hypothesis]
+
+COLLECT = os.environ.get("LGD_CHAOS_COLLECT") == "1"
+REPORT = os.environ.get("LGD_CHAOS_REPORT", "/tmp/lgd_chaos_report.jsonl")
+MAX_CHILDREN = 2
+MAX_THREADS = 4
+CHILD_WAIT = 15.0  # a child still running after this is killed (a hang is reported)
+PARENT_APP = "chaos_parent"
+
+STATS: Counter[str] = Counter()
+VIOLATIONS: list[dict[str, Any]] = []
+
+_CTX: Any = None
+
+
+def forkserver() -> Any:
+    """A forkserver with LangGraph and the package imported: a child costs a fork."""
+    global _CTX
+    if _CTX is None:
+        _CTX = multiprocessing.get_context("forkserver")
+        _CTX.set_forkserver_preload(["_child_chaos"])
+    return _CTX
+
+
+def q(dsn: str, sql: str, params: Any = None) -> list[dict[str, Any]]:
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+        cur = conn.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+
+def thread_tables(dsn: str) -> list[str]:
+    rows = q(
+        dsn,
+        "SELECT table_name FROM information_schema.columns WHERE column_name = 'thread_id' "
+        "AND table_schema = 'public' AND table_name NOT LIKE 'chaos\\_%%' ORDER BY 1",
+    )
+    return [r["table_name"] for r in rows]
+
+
+def well_formed(values: dict[str, Any]) -> str | None:
+    """Why the state is not one a run of the graph can produce, or None.
+
+    Turns are numbered 0, 1, 2...: the log holds turns 0..m in order, each one's nodes
+    in graph order and once, every turn but the last complete; ``turn`` is m, or m + 1
+    when turn m is complete (the new turn's input is in, no node ran yet), or 0 with an
+    empty log."""
+    log = values.get("log") or []
+    turn = values.get("turn")
+    if turn is None:
+        return f"log without turn: {log[:2]}" if log else None
+    turns: dict[int, list[str]] = {}
+    for e in log:
+        try:
+            t, node, _pad = e.split(":", 2)
+            parsed = (int(t[1:]), node)
+        except ValueError:
+            return f"malformed log entry {e[:40]!r}"
+        if e != cc.entry(*parsed):
+            return f"log entry {e[:40]!r} damaged"
+        if turns and parsed[0] not in turns and parsed[0] != max(turns) + 1:
+            return f"turn {parsed[0]} follows turn {max(turns)} in the log"
+        turns.setdefault(parsed[0], []).append(node)
+    if turns and min(turns) != 0:
+        return f"log starts at turn {min(turns)} (earlier turns' entries are gone)"
+    for t, nodes in turns.items():
+        if nodes != cc.NODES[: len(nodes)]:
+            return f"turn {t} has nodes {nodes} (a step lost or run twice)"
+        if t != max(turns) and len(nodes) != len(cc.NODES):
+            return f"turn {t} unfinished but turn {max(turns)} started"
+    last = max(turns) if turns else None
+    if last is None:
+        return None if turn == 0 else f"turn={turn} but channel 'log' is {'missing' if 'log' not in values else 'empty'}"
+    complete = len(turns[last]) == len(cc.NODES)
+    if turn == last or (complete and turn == last + 1):
+        return None
+    return f"turn={turn} but the log's last turn is {last} ({'complete' if complete else 'unfinished'})"
+
+
+def finished(values: dict[str, Any]) -> bool:
+    turn = values.get("turn")
+    return turn is not None and cc.entry(turn, "n4") in (values.get("log") or [])
+
+
+@dataclass
+class Thread:
+    tid: str
+    kind: str = "run"  # run | waiting (left at an interrupt, never resumed)
+    turn: int = 0  # the turn runs are asked to finish
+    min_log: list[str] = field(default_factory=list)
+    note: str | None = None
+    note_known: bool = True
+    epoch: int = 0
+    deleted: bool = False
+    version: str = "v1"
+    runs: list[str] = field(default_factory=list)
+    migrated: dict[str, Any] | None = None  # pre-migration values while undo is possible
+    frozen: dict[int, tuple[int, int]] = field(default_factory=dict)  # turn -> (node runs, epoch)
+    snapshot: dict[str, dict[str, Any]] = field(default_factory=dict)  # checkpoint id -> values
+    exempt: set[str] = field(default_factory=set)  # checkpoint ids rewritten on purpose
+    quarantined: bool = False
+
+
+@dataclass
+class Child:
+    cid: str
+    mode: str
+    tid: str | None
+    proc: Any
+    kill_at: float | None
+    note: str | None = None
+    skew: bool = False
+
+
+class ChaosMachine(RuleBasedStateMachine):
+    DSN = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dsn = self.DSN
+        self.threads: dict[str, Thread] = {}
+        self.children: dict[str, Child] = {}
+        self.inproc: tuple[str, threading.Thread, list[BaseException]] | None = None
+        self._stack: Any = None
+        parent_dsn = psycopg.conninfo.make_conninfo(self.dsn, application_name=PARENT_APP)
+        self._cm = DurablePostgresSaver.from_conn_string(parent_dsn, pool_size=4, **cc.saver_options())
+        self.saver = self._cm.__enter__()
+        self.graphs = {
+            v: cc.build(self.dsn).compile(checkpointer=self.saver.bind(graph_version=v, migrations=cc.registry()))
+            for v in ("v1", "v2")
+        }
+        self.steps = 0
+        STATS["examples"] += 1
+
+    # ------------------------------------------------------------------ helpers
+    def violation(self, item: str, what: str, **facts: Any) -> None:
+        rec = {"item": item, "what": what, "step": self.steps, **{k: (v if isinstance(v, str) else repr(v))[:3000] for k, v in facts.items()}}
+        STATS[f"violation:{item}"] += 1
+        if COLLECT:
+            VIOLATIONS.append(rec)
+            with open(REPORT, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            return
+        raise AssertionError(f"[{item}] {what}: {facts}")
+
+    def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, BaseException | None]:
+        """Run a saver operation; every error it raises must be a DurableError."""
+        STATS[f"op:{what}"] += 1
+        try:
+            return fn(*args, **kwargs), None
+        except DurableError as exc:
+            STATS[f"err:{what}:{type(exc).__name__}"] += 1
+            return None, exc
+        except Exception as exc:
+            self.violation("14/NEW", f"{what} raised a non-DurableError", error=f"{type(exc).__name__}: {exc}",
+                           where="".join(traceback.format_exception(exc))[-3000:])
+            return None, exc
+
+    def live(self, tid: str) -> bool:
+        if any(c.tid == tid or c.mode == "recover" for c in self.children.values()):
+            return True
+        return self.inproc is not None and self.inproc[0] == tid
+
+    def active(self, kind: str | None = None) -> list[str]:
+        return sorted(t.tid for t in self.threads.values() if not t.deleted and (kind is None or t.kind == kind))
+
+    def config(self, tid: str, checkpoint_id: str | None = None) -> dict[str, Any]:
+        conf: dict[str, Any] = {"thread_id": tid, "checkpoint_ns": ""}
+        if checkpoint_id:
+            conf["checkpoint_id"] = checkpoint_id
+        return {"configurable": conf}
+
+    def history(self, tid: str) -> dict[str, dict[str, Any]]:
+        """checkpoint id -> channel values of every root checkpoint (a fresh read)."""
+        out: dict[str, dict[str, Any]] = {}
+        for t in self.saver.list(self.config(tid)):
+            if t.config["configurable"].get("checkpoint_ns", "") == "":
+                out[t.config["configurable"]["checkpoint_id"]] = dict(t.checkpoint["channel_values"])
+        return out
+
+    def head(self, tid: str) -> dict[str, Any] | None:
+        tup = self.saver.get_tuple(self.config(tid))
+        return None if tup is None else dict(tup.checkpoint["channel_values"])
+
+    def db_status(self, tid: str) -> str | None:
+        rows = q(self.dsn, "SELECT status FROM durable_threads WHERE thread_id = %s", (tid,))
+        return rows[0]["status"] if rows else None
+
+    def spawn(self, mode: str, tid: str | None, kill_after: float | None, **extra: Any) -> Child:
+        cid = uuid.uuid4().hex[:12]
+        spec = {"dsn": self.dsn, "child_id": cid, "mode": mode, "thread_id": tid, **extra}
+        proc = forkserver().Process(target=cc.child_main, args=(spec,), daemon=True)
+        proc.start()
+        STATS[f"child:{mode}"] += 1
+        child = Child(cid, mode, tid, proc, None if kill_after is None else time.monotonic() + kill_after,
+                      note=extra.get("note"), skew=bool(extra.get("skew")))
+        self.children[cid] = child
+        return child
+
+    def wait_backends_gone(self, cid: str) -> None:
+        # A COMMIT already on the wire still lands after SIGKILL: wait for the backends.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if not q(self.dsn, "SELECT 1 FROM pg_stat_activity WHERE application_name = %s", (f"chaos_{cid}",)):
+                return
+            time.sleep(0.02)
+
+    def finish_child(self, child: Child, kill: bool) -> None:
+        if kill and child.proc.is_alive():
+            os.kill(child.proc.pid, signal.SIGKILL)
+            STATS["sigkill"] += 1
+        child.proc.join(CHILD_WAIT)
+        if child.proc.is_alive():
+            os.kill(child.proc.pid, signal.SIGKILL)
+            child.proc.join(5)
+            self.violation("NEW", f"child {child.mode} still running after {CHILD_WAIT} s (hang)", thread=child.tid)
+        self.wait_backends_gone(child.cid)
+        del self.children[child.cid]
+        rows = q(self.dsn, "SELECT * FROM chaos_outcomes WHERE child_id = %s", (child.cid,))
+        out = rows[0] if rows else None
+        t = self.threads.get(child.tid or "")
+        if out is not None and out["event"] == "error":
+            STATS[f"child_err:{child.mode}:{out['error_type'].rsplit('.', 1)[-1]}"] += 1
+            if not out["durable"]:
+                self.violation("14/NEW", f"child {child.mode} got a non-DurableError", error=out["message"])
+            if t is not None and out["error_type"].endswith("PoisonCheckpointError"):
+                t.quarantined = True
+        if child.mode == "update" and t is not None:
+            if out is not None and out["event"] == "done":
+                self.set_note(t, child.note)
+        if t is not None and t.deleted and out is not None and out["event"] == "done" and child.mode == "run":
+            if getattr(t, "retained_live", False):
+                pass  # deleted by retain after the run finished: allowed
+        if t is not None and getattr(t, "retained_live", False) and child.mode == "run":
+            t.retained_live = False  # type: ignore[attr-defined]
+            if out is None or out["event"] != "done":
+                self.violation("NEW", "retain deleted a thread whose run was live", thread=t.tid, outcome=out)
+        self.observe_all()
+
+    def set_note(self, t: Thread, note: str | None) -> None:
+        t.note, t.note_known = note, True
+
+    def reap(self, force: bool = False) -> None:
+        now = time.monotonic()
+        for child in list(self.children.values()):
+            if not child.proc.is_alive():
+                self.finish_child(child, kill=False)
+            elif child.kill_at is not None and now >= child.kill_at:
+                self.finish_child(child, kill=True)
+            elif force:
+                self.finish_child(child, kill=False)
+        if self.inproc is not None and (force or not self.inproc[1].is_alive()):
+            tid, th, errs = self.inproc
+            th.join(CHILD_WAIT)
+            if th.is_alive():
+                frames = sys._current_frames()
+                stack = "".join(traceback.format_stack(frames[th.ident])) if th.ident in frames else "?"
+                self.violation("11/NEW", "in-process run hangs", thread=tid, stack=stack[-3000:])
+                self.inproc = None  # abandoned (a daemon thread)
+                return
+            self.inproc = None
+            for exc in errs:
+                STATS[f"inproc_err:{type(exc).__name__}"] += 1
+                if not isinstance(exc, DurableError):
+                    self.violation("14/NEW", "in-process run raised a non-DurableError", error=repr(exc),
+                                   where=getattr(exc, "__notes__", [""])[-1])
+            self.observe_all()
+
+    def observe_all(self) -> None:
+        for tid in self.active():
+            self.observe(tid)
+
+    def observe(self, tid: str) -> None:
+        """Fold what is stored into the model (after checking it against the model)."""
+        t = self.threads[tid]
+        try:
+            hist = self.history(tid)
+            values = self.head(tid)
+        except Exception as exc:
+            status = self.db_status(tid)
+            if not isinstance(exc, DurableError):
+                self.violation("13/14", "loading a thread raised a non-DurableError", thread=tid, error=repr(exc))
+            elif status != "quarantined" or not isinstance(exc, CheckpointLoadError):
+                self.violation(
+                    "2/NEW", "thread unloadable and not quarantined", thread=tid, status=status,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            return
+        STATS["observations"] += 1
+        # Every surviving checkpoint reads back exactly as before.
+        for cid, old in t.snapshot.items():
+            if cid in hist and cid not in t.exempt and hist[cid] != old:
+                self.violation("NEW", "a stored checkpoint changed", thread=tid, checkpoint=cid,
+                               before=old, after=hist[cid])
+        t.snapshot, t.exempt = hist, set()
+        if values is None:
+            if t.min_log:
+                self.violation("1/5/NEW", "thread vanished", thread=tid, expected=t.min_log)
+            return
+        why = well_formed(values)
+        if why:
+            self.violation("1/NEW", f"state not well formed: {why}", thread=tid, values=values)
+        log = list(values.get("log") or [])
+        if log[: len(t.min_log)] != t.min_log:
+            self.violation("7/NEW", "committed step lost (head log does not extend the committed log)",
+                           thread=tid, committed=t.min_log, stored=log)
+        elif not why:
+            t.min_log = log
+        pending = any(c.mode == "update" and c.tid == tid for c in self.children.values())
+        if t.note_known and not pending and values.get("note") != t.note:
+            self.violation("3", "accepted update_state overwritten (note)", thread=tid,
+                           expected=t.note, stored=values.get("note"))
+        if pending:
+            t.note_known = False
+        if not t.note_known and not pending:
+            t.note, t.note_known = values.get("note"), True
+        st_quarantined = self.db_status(tid) == "quarantined"
+        t.quarantined = st_quarantined
+        if finished(values) and values.get("turn") is not None:
+            turn = int(values["turn"])
+            if turn not in t.frozen and not self.live(tid):
+                n = q(self.dsn, "SELECT count(*) AS n FROM chaos_node_runs WHERE thread_id = %s AND turn = %s",
+                      (tid, turn))[0]["n"]
+                t.frozen[turn] = (int(n), t.epoch)
+            if t.turn <= turn:
+                t.turn = turn
+
+    def rows_left(self, tid: str) -> dict[str, int]:
+        out = {}
+        for table in thread_tables(self.dsn):
+            n = q(self.dsn, f'SELECT count(*) AS n FROM "{table}" WHERE thread_id = %s', (tid,))[0]["n"]
+            if n:
+                out[table] = int(n)
+        return out
+
+    def mark_deleted(self, tid: str) -> None:
+        t = self.threads[tid]
+        t.deleted = True
+        if not self.live(tid):
+            left = self.rows_left(tid)
+            if left:
+                self.violation("5", "deleted thread left rows behind", thread=tid, rows=left)
+
+    # ------------------------------------------------------------------ rules
+    @initialize()
+    def setup(self) -> None:
+        self.new_thread()
+
+    @precondition(lambda self: len(self.active()) < MAX_THREADS)
+    @rule()
+    def new_thread(self) -> None:
+        tid = "chaos-" + uuid.uuid4().hex[:10]
+        self.threads[tid] = Thread(tid)
+
+    @precondition(lambda self: len(self.children) < MAX_CHILDREN and bool(self.active("run")))
+    @rule(data=st.data(), skew=st.booleans(), kill=st.one_of(st.none(), st.floats(0.0, 0.8)))
+    def run_in_child(self, data: st.DataObject, skew: bool, kill: float | None) -> None:
+        tid = data.draw(st.sampled_from(self.active("run")))
+        t = self.threads[tid]
+        if t.turn in t.frozen:
+            t.turn += 1  # the last turn is done: start the next one
+        run_id = str(uuid.uuid4())
+        t.runs.append(run_id)
+        self.spawn("run", tid, kill, turn=t.turn, version=t.version, run_id=run_id, skew=skew and random.random() < 0.5)
+
+    @precondition(lambda self: self.inproc is None and bool(self.active("run")))
+    @rule(data=st.data())
+    def run_in_process(self, data: st.DataObject) -> None:
+        tid = data.draw(st.sampled_from(self.active("run")))
+        t = self.threads[tid]
+        if t.turn in t.frozen:
+            t.turn += 1
+        run_id = str(uuid.uuid4())
+        t.runs.append(run_id)
+        graph = self.graphs[t.version]
+        errs: list[BaseException] = []
+        config = {"configurable": {"thread_id": tid, "run_id": run_id}}
+        turn = t.turn
+
+        def go() -> None:
+            try:
+                snap = graph.get_state(config)
+                inp = cc.plan(dict(snap.values), snap.created_at is not None, turn)
+                if inp != "noop":
+                    graph.invoke(inp, config)
+            except BaseException as exc:
+                exc.add_note("".join(traceback.format_exception(exc))[-3000:])
+                errs.append(exc)
+
+        th = threading.Thread(target=go, daemon=True)
+        th.start()
+        STATS["inproc_runs"] += 1
+        self.inproc = (tid, th, errs)
+
+    @rule(dt=st.floats(0.0, 0.5))
+    def tick(self, dt: float) -> None:
+        time.sleep(dt)
+        self.reap()
+
+    @precondition(lambda self: bool(self.children) or self.inproc is not None)
+    @rule()
+    def wait_all(self) -> None:
+        self.reap(force=True)
+
+    @precondition(lambda self: bool(self.active()))
+    @rule(data=st.data(), note=st.text("abc", min_size=1, max_size=4))
+    def update_state_in_process(self, data: st.DataObject, note: str) -> None:
+        tid = data.draw(st.sampled_from(self.active()))
+        t = self.threads[tid]
+        was_live = self.live(tid)
+        before = self.head(tid) if not was_live else None
+        graph = self.graphs[t.version]
+        _, err = self.call("update_state", graph.update_state, self.config(tid), {"note": note})
+        if err is None:
+            self.set_note(t, note)
+            if before is None or not finished(before):
+                t.epoch += 1
+            t.migrated = None
+        elif isinstance(err, ThreadBusyError) and not was_live:
+            self.violation("NEW", "update_state busy on an idle thread", thread=tid)
+
+    @precondition(lambda self: len(self.children) < MAX_CHILDREN and bool(self.active()))
+    @rule(data=st.data(), note=st.text("xyz", min_size=1, max_size=4))
+    def update_state_in_child(self, data: st.DataObject, note: str) -> None:
+        tid = data.draw(st.sampled_from(self.active()))
+        t = self.threads[tid]
+        t.epoch += 1
+        t.migrated = None
+        t.note_known = False
+        self.spawn("update", tid, None, version=t.version, note=note)
+
+    @precondition(lambda self: bool(self.active()))
+    @rule(data=st.data())
+    def delete_thread(self, data: st.DataObject) -> None:
+        tid = data.draw(st.sampled_from(self.active()))
+        _, err = self.call("delete_thread", self.saver.delete_thread, tid)
+        if err is None:
+            self.mark_deleted(tid)
+
+    @precondition(lambda self: any(self.threads[t].runs for t in self.active()))
+    @rule(data=st.data())
+    def delete_for_runs(self, data: st.DataObject) -> None:
+        tid = data.draw(st.sampled_from([t for t in self.active() if self.threads[t].runs]))
+        t = self.threads[tid]
+        run = data.draw(st.sampled_from(t.runs))
+        _, err = self.call("delete_for_runs", self.saver.delete_for_runs, [run])
+        if err is None:
+            # A rollback on purpose: what the run committed may go, and its steps rerun.
+            t.epoch += 1
+            t.min_log = []
+            t.migrated = None
+            t.frozen.clear()
+
+    @precondition(lambda self: bool(self.active()))
+    @rule(data=st.data(), existing=st.booleans())
+    def copy_thread(self, data: st.DataObject, existing: bool) -> None:
+        src = data.draw(st.sampled_from(self.active()))
+        others = [x for x in self.active() if x != src and not self.live(x)]
+        if existing and others:
+            dst = data.draw(st.sampled_from(others))
+            before_src = self.head(src)
+            _, err = self.call("copy_thread", self.saver.copy_thread, src, dst)
+            if err is None:
+                after = self.head(dst)
+                if not self.live(src) and after != before_src:
+                    self.violation("14", "copy_thread into an existing thread merged histories silently",
+                                   src=src, dst=dst, src_head=before_src, dst_head=after)
+                d = self.threads[dst]
+                d.min_log, d.snapshot, d.frozen = [], {}, {}
+                d.note_known, d.epoch, d.migrated = False, d.epoch + 1, None
+            return
+        if len(self.active()) >= MAX_THREADS:
+            return
+        dst = "chaos-" + uuid.uuid4().hex[:10]
+        s = self.threads[src]
+        _, err = self.call("copy_thread", self.saver.copy_thread, src, dst)
+        if err is None:
+            self.threads[dst] = Thread(dst, kind=s.kind, turn=s.turn, note_known=False, epoch=s.epoch + 1,
+                                       version=s.version)
+
+    @precondition(lambda self: bool(self.active()))
+    @rule(data=st.data())
+    def prune(self, data: st.DataObject) -> None:
+        tid = data.draw(st.sampled_from(self.active()))
+        self.call("prune", self.saver.prune, [tid])
+
+    @precondition(lambda self: not any(c.mode == "recover" for c in self.children.values()))
+    @rule()
+    def retain(self) -> None:
+        self.reap()
+        self.observe_all()
+        report, err = self.call("retain", retain, self.saver, older_than_days=0)
+        if err is not None or report is None:
+            return
+        for tid in report.deleted_thread_ids:
+            t = self.threads.get(tid)
+            if t is None or t.deleted:
+                continue
+            head_done = bool(t.min_log) and finished({"turn": t.turn, "log": t.min_log})
+            if t.kind == "waiting" or not head_done:
+                self.violation("4", "retain deleted a thread that is not done", thread=tid, kind=t.kind,
+                               committed=t.min_log, waiting=t.kind == "waiting")
+            if self.live(tid):
+                t.retained_live = True  # type: ignore[attr-defined]  # judged when the run ends
+            self.mark_deleted(tid)
+
+    @rule()
+    def gc(self) -> None:
+        self.call("gc", gc, self.saver, grace=0)
+
+    @precondition(lambda self: any(self.threads[t].version == "v1" for t in self.active("run")))
+    @rule(data=st.data())
+    def migrate(self, data: st.DataObject) -> None:
+        tid = data.draw(st.sampled_from([t for t in self.active("run") if self.threads[t].version == "v1"]))
+        t = self.threads[tid]
+        was_live = self.live(tid)
+        before = None if was_live else self.head(tid)
+        report, err = self.call(
+            "migrate", migrate_threads, self.saver, "v1", "v2", thread_ids=[tid], registry=cc.registry()
+        )
+        if err is not None or report is None:
+            return
+        if report.failed:
+            self.violation("NEW", "migration failed", thread=tid, failed=report.failed)
+        if tid in report.migrated:
+            hist = self.history(tid)
+            head_id = max(hist) if hist else None
+            if head_id:
+                t.exempt.add(head_id)
+            t.version = "v2"
+            t.migrated = {"values": before, "note": t.note, "head": head_id} if not was_live else None
+            self.set_note(t, cc.migrate_note({"note": t.note})["note"])
+            STATS["migrated"] += 1
+
+    @precondition(lambda self: any(self.threads[t].version == "v2" for t in self.active("run")))
+    @rule(data=st.data())
+    def undo(self, data: st.DataObject) -> None:
+        tid = data.draw(st.sampled_from([t for t in self.active("run") if self.threads[t].version == "v2"]))
+        t = self.threads[tid]
+        res, err = self.call("undo_migration", undo_migration, self.saver, tid)
+        if err is not None:
+            if not isinstance(err, MigrationError | ThreadBusyError):
+                self.violation("NEW", "undo_migration raised an unexpected error", error=repr(err))
+            return
+        STATS["undone"] += 1
+        t.version = "v1"
+        t.exempt.add(res["checkpoint_id"])
+        if t.migrated is not None:
+            self.set_note(t, t.migrated["note"])
+            try:
+                restored = self.head(tid)
+            except DurableError as exc:
+                self.violation("2", "undo_migration reported success but the thread does not load",
+                               thread=tid, error=f"{type(exc).__name__}: {exc}")
+                return
+            if restored != t.migrated["values"]:
+                self.violation("2", "undo_migration did not restore the pre-migration state",
+                               thread=tid, expected=t.migrated["values"], got=restored)
+        else:
+            t.note_known = False
+        t.migrated = None
+
+    @precondition(lambda self: bool(self.active()))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        q_threads = [x for x in self.active() if self.threads[x].quarantined]
+        tid = data.draw(st.sampled_from(q_threads or self.active()))
+        t = self.threads[tid]
+        _, err = self.call("release", poison.release, self.saver, tid)
+        if err is None:
+            t.quarantined = False
+        elif not isinstance(err, NotQuarantinedError):
+            self.violation("NEW", "release raised an unexpected error", error=repr(err))
+
+    @precondition(lambda self: bool(self.active()))
+    @rule(data=st.data())
+    def rewind(self, data: st.DataObject) -> None:
+        tid = data.draw(st.sampled_from(self.active()))
+        t = self.threads[tid]
+        hist = t.snapshot
+        if not hist:
+            return
+        to = data.draw(st.sampled_from(sorted(hist)))
+        res, err = self.call("rewind", poison.rewind, self.saver, tid, to)
+        if err is None:
+            STATS["rewound"] += 1
+            target = hist[to]
+            t.min_log = list(target.get("log") or [])
+            t.epoch += 1
+            t.frozen.clear()
+            t.quarantined = False
+            t.migrated = None
+            t.note_known = False
+            # rewinding to an older turn: runs finish the latest turn the log shows
+            t.turn = max(t.turn, int(target.get("turn") or 0))
+
+    @precondition(lambda self: len(self.children) < MAX_CHILDREN and not self.inproc)
+    @rule(kill=st.one_of(st.none(), st.floats(0.0, 1.5)))
+    def recovery_worker(self, kill: float | None) -> None:
+        # Claims need an expired lease: let the dead runs' leases run out first.
+        time.sleep(cc.LEASE_TTL * 0.5)
+        self.spawn("recover", None, kill)
+
+    @precondition(lambda self: bool(self.children))
+    @rule(data=st.data(), delay=st.floats(0.0, 0.4))
+    def terminate_backends(self, data: st.DataObject, delay: float) -> None:
+        targets = [f"chaos_{c}" for c in self.children] + [PARENT_APP]
+        app = data.draw(st.sampled_from(targets))
+        dsn = self.dsn
+
+        def fire() -> None:
+            try:
+                q(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (app,))
+            except psycopg.Error:
+                pass
+
+        STATS["terminate"] += 1
+        threading.Timer(delay, fire).start()
+
+    @precondition(lambda self: len(self.active()) < MAX_THREADS)
+    @rule(stock=st.booleans())
+    def waiting_thread(self, stock: bool) -> None:
+        """A thread left at an interrupt (waiting on a human): by the stock saver (no
+        durable_threads row) or by a durable saver with leases=False."""
+        tid = "chaos-w-" + uuid.uuid4().hex[:8]
+        builder = cc.build(self.dsn)
+        if stock:
+            with PostgresSaver.from_conn_string(self.dsn) as s:
+                g = builder.compile(checkpointer=s, interrupt_before=["n3"])
+                self._invoke_plain(g, tid)
+        else:
+            with DurablePostgresSaver.from_conn_string(self.dsn, leases=False, **cc.saver_options()) as s:
+                g = builder.compile(checkpointer=s.bind(graph_version="v1"), interrupt_before=["n3"])
+                self._invoke_plain(g, tid)
+        t = Thread(tid, kind="waiting")
+        self.threads[tid] = t
+        STATS[f"waiting:{'stock' if stock else 'leases=False'}"] += 1
+        self.observe(tid)
+
+    def _invoke_plain(self, g: Any, tid: str) -> None:
+        g.invoke({"turn": 0}, {"configurable": {"thread_id": tid}})
+
+    # ------------------------------------------------------------------ invariants
+    @invariant()
+    def model_holds(self) -> None:
+        self.steps += 1
+        STATS["steps"] += 1
+        self.observe_all()
+        rows = q(
+            self.dsn,
+            "SELECT thread_id, turn, node, count(*) AS n FROM chaos_effects WHERE thread_id = ANY(%s) "
+            "GROUP BY 1, 2, 3",
+            (list(self.threads),),
+        )
+        for r in rows:
+            t = self.threads[r["thread_id"]]
+            if r["n"] > 1 + t.epoch:
+                self.violation("7/8/NEW", "effect recorded twice", thread=t.tid, turn=r["turn"],
+                               node=r["node"], count=r["n"], forks=t.epoch)
+        for t in self.threads.values():
+            if t.deleted:
+                continue
+            for turn, (n, epoch) in list(t.frozen.items()):
+                if epoch != t.epoch:
+                    continue
+                now = q(self.dsn, "SELECT count(*) AS n FROM chaos_node_runs WHERE thread_id = %s AND turn = %s",
+                        (t.tid, turn))[0]["n"]
+                if now > n:
+                    self.violation("7/NEW", "a node of a finished turn ran again", thread=t.tid, turn=turn,
+                                   before=n, now=now)
+                    t.frozen[turn] = (int(now), epoch)
+
+    def teardown(self) -> None:
+        try:
+            for child in list(self.children.values()):
+                if child.proc.is_alive():
+                    os.kill(child.proc.pid, signal.SIGKILL)
+                child.proc.join(5)
+                self.wait_backends_gone(child.cid)
+            self.children.clear()
+            if self.inproc is not None:
+                self.inproc[1].join(CHILD_WAIT)
+        finally:
+            self._cm.__exit__(None, None, None)
+
+
+def test_model_chaos(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for ddl in cc.TABLES_DDL:
+            conn.execute(ddl)
+    ChaosMachine.DSN = dsn
+    STATS.clear()
+    VIOLATIONS.clear()
+    started = time.monotonic()
+    cfg = settings(
+        max_examples=examples(ci=25, long=400),
+        stateful_step_count=25 if is_long() else 14,
+        # Shrinking replays real processes: only in the long profile.
+        phases=list(Phase) if is_long() else [Phase.explicit, Phase.reuse, Phase.generate],
+    )
+    try:
+        run_state_machine_as_test(ChaosMachine, settings=cfg)
+    finally:
+        summary = {"seconds": round(time.monotonic() - started, 1), **dict(sorted(STATS.items()))}
+        print("\nmodel chaos:", json.dumps(summary, indent=1))
+        with open(REPORT + ".stats.json", "w") as f:
+            json.dump(summary, f, indent=1)
+    assert not VIOLATIONS, f"{len(VIOLATIONS)} violations, see {REPORT}: " + json.dumps(
+        Counter(v["what"] for v in VIOLATIONS).most_common()
+    )
