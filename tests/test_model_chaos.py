@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import random
 import signal
 import sys
 import threading
@@ -87,6 +86,14 @@ MAX_CHILDREN = 2
 MAX_THREADS = 4
 CHILD_WAIT = 15.0  # a child still running after this is killed (a hang is reported)
 PARENT_APP = "chaos_parent"
+
+# Short notes stay inline; long ones (above the artifact threshold) become artifacts,
+# so a migration (which rewrites the note) leaves a backup that alone references one.
+NOTES = st.builds(
+    lambda s, big: s + ("N" * 200 if big else ""), st.text("abc", min_size=1, max_size=4), st.booleans()
+)
+# Thread ids a user may pass that Postgres text cannot hold.
+BAD_THREAD_IDS = ["nul\x00id", "surrogate\ud800id"]
 
 STATS: Counter[str] = Counter()
 VIOLATIONS: list[dict[str, Any]] = []
@@ -179,6 +186,8 @@ class Thread:
     snapshot: dict[str, dict[str, Any]] = field(default_factory=dict)  # checkpoint id -> values
     exempt: set[str] = field(default_factory=set)  # checkpoint ids rewritten on purpose
     quarantined: bool = False
+    damaged: bool = False  # a row was damaged on purpose: load errors are expected
+    retained_live: bool = False  # deleted by retain while a run was live
 
 
 @dataclass
@@ -210,11 +219,12 @@ class ChaosMachine(RuleBasedStateMachine):
             for v in ("v1", "v2")
         }
         self.steps = 0
+        self.trace: list[str] = []  # the rules run so far, with what they drew (in reports)
         STATS["examples"] += 1
 
     # ------------------------------------------------------------------ helpers
     def violation(self, item: str, what: str, **facts: Any) -> None:
-        rec = {"item": item, "what": what, "step": self.steps, **{k: (v if isinstance(v, str) else repr(v))[:3000] for k, v in facts.items()}}
+        rec = {"item": item, "what": what, "step": self.steps, "trace": " | ".join(self.trace), **{k: (v if isinstance(v, str) else repr(v))[:3000] for k, v in facts.items()}}
         STATS[f"violation:{item}"] += 1
         if COLLECT:
             VIOLATIONS.append(rec)
@@ -235,6 +245,15 @@ class ChaosMachine(RuleBasedStateMachine):
             self.violation("14/NEW", f"{what} raised a non-DurableError", error=f"{type(exc).__name__}: {exc}",
                            where="".join(traceback.format_exception(exc))[-3000:])
             return None, exc
+
+    def pick(self, data: st.DataObject, options: Any) -> Any:
+        # An index with a fixed range, not sampled_from(options): the options depend on
+        # real timing (which run finished, what retain deleted), and hypothesis refuses
+        # a draw whose bounds change between replays of one choice sequence.
+        options = list(options)
+        choice = options[data.draw(st.integers(0, 63)) % len(options)]
+        self.trace[-1] += f" {str(choice)[-12:]}"
+        return choice
 
     def live(self, tid: str) -> bool:
         if any(c.tid == tid or c.mode == "recover" for c in self.children.values()):
@@ -261,6 +280,19 @@ class ChaosMachine(RuleBasedStateMachine):
     def head(self, tid: str) -> dict[str, Any] | None:
         tup = self.saver.get_tuple(self.config(tid))
         return None if tup is None else dict(tup.checkpoint["channel_values"])
+
+    def try_head(self, tid: str) -> dict[str, Any] | None:
+        """The head's values, or None when it does not load (observe judges that)."""
+        try:
+            return self.head(tid)
+        except Exception:
+            return None
+
+    def try_history(self, tid: str) -> dict[str, dict[str, Any]]:
+        try:
+            return self.history(tid)
+        except Exception:
+            return {}
 
     def db_status(self, tid: str) -> str | None:
         rows = q(self.dsn, "SELECT status FROM durable_threads WHERE thread_id = %s", (tid,))
@@ -305,14 +337,23 @@ class ChaosMachine(RuleBasedStateMachine):
                 self.violation("14/NEW", f"child {child.mode} got a non-DurableError", error=out["message"])
             if t is not None and out["error_type"].endswith("PoisonCheckpointError"):
                 t.quarantined = True
+        if child.mode == "run" and t is not None and t.damaged and out is not None and not t.deleted:
+            try:
+                self.head(t.tid)
+            except CheckpointLoadError:
+                status = self.db_status(t.tid)
+                if status != "quarantined":
+                    self.violation("13", "a run of a thread that does not load left it unquarantined",
+                                   thread=t.tid, status=status, outcome=out["error_type"] or out["event"])
+            except Exception:
+                pass  # reported by observe
         if child.mode == "update" and t is not None:
             if out is not None and out["event"] == "done":
                 self.set_note(t, child.note)
         if t is not None and t.deleted and out is not None and out["event"] == "done" and child.mode == "run":
-            if getattr(t, "retained_live", False):
-                pass  # deleted by retain after the run finished: allowed
-        if t is not None and getattr(t, "retained_live", False) and child.mode == "run":
-            t.retained_live = False  # type: ignore[attr-defined]
+            pass  # deleted by retain after the run finished: allowed
+        if t is not None and t.retained_live and child.mode == "run":
+            t.retained_live = False
             if out is None or out["event"] != "done":
                 self.violation("NEW", "retain deleted a thread whose run was live", thread=t.tid, outcome=out)
         self.observe_all()
@@ -360,7 +401,12 @@ class ChaosMachine(RuleBasedStateMachine):
             status = self.db_status(tid)
             if not isinstance(exc, DurableError):
                 self.violation("13/14", "loading a thread raised a non-DurableError", thread=tid, error=repr(exc))
-            elif status != "quarantined" or not isinstance(exc, CheckpointLoadError):
+            elif not isinstance(exc, CheckpointLoadError):
+                self.violation("13", "loading a thread raised a DurableError other than CheckpointLoadError",
+                               thread=tid, error=f"{type(exc).__name__}: {exc}")
+            elif t.damaged:
+                STATS["damaged_load_error"] += 1  # on purpose; runs must quarantine it (finish_child)
+            elif status != "quarantined":
                 self.violation(
                     "2/NEW", "thread unloadable and not quarantined", thread=tid, status=status,
                     error=f"{type(exc).__name__}: {exc}",
@@ -424,29 +470,34 @@ class ChaosMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ rules
     @initialize()
     def setup(self) -> None:
+        self.trace.append("setup")
         self.new_thread()
 
     @precondition(lambda self: len(self.active()) < MAX_THREADS)
     @rule()
     def new_thread(self) -> None:
+        self.trace.append("new_thread")
         tid = "chaos-" + uuid.uuid4().hex[:10]
         self.threads[tid] = Thread(tid)
 
     @precondition(lambda self: len(self.children) < MAX_CHILDREN and bool(self.active("run")))
-    @rule(data=st.data(), skew=st.booleans(), kill=st.one_of(st.none(), st.floats(0.0, 0.8)))
+    @rule(data=st.data(), skew=st.sampled_from([False, False, False, True]), kill=st.one_of(st.none(), st.floats(0.0, 0.8)))
     def run_in_child(self, data: st.DataObject, skew: bool, kill: float | None) -> None:
-        tid = data.draw(st.sampled_from(self.active("run")))
+        self.trace.append("run_in_child")
+        tid = self.pick(data, self.active("run"))
         t = self.threads[tid]
+        self.trace[-1] += f" kill={kill and round(kill, 2)} skew={skew}"
         if t.turn in t.frozen:
             t.turn += 1  # the last turn is done: start the next one
         run_id = str(uuid.uuid4())
         t.runs.append(run_id)
-        self.spawn("run", tid, kill, turn=t.turn, version=t.version, run_id=run_id, skew=skew and random.random() < 0.5)
+        self.spawn("run", tid, kill, turn=t.turn, version=t.version, run_id=run_id, skew=skew)
 
     @precondition(lambda self: self.inproc is None and bool(self.active("run")))
     @rule(data=st.data())
     def run_in_process(self, data: st.DataObject) -> None:
-        tid = data.draw(st.sampled_from(self.active("run")))
+        self.trace.append("run_in_process")
+        tid = self.pick(data, self.active("run"))
         t = self.threads[tid]
         if t.turn in t.frozen:
             t.turn += 1
@@ -474,21 +525,24 @@ class ChaosMachine(RuleBasedStateMachine):
 
     @rule(dt=st.floats(0.0, 0.5))
     def tick(self, dt: float) -> None:
+        self.trace.append("tick")
         time.sleep(dt)
         self.reap()
 
     @precondition(lambda self: bool(self.children) or self.inproc is not None)
     @rule()
     def wait_all(self) -> None:
+        self.trace.append("wait_all")
         self.reap(force=True)
 
     @precondition(lambda self: bool(self.active()))
-    @rule(data=st.data(), note=st.text("abc", min_size=1, max_size=4))
+    @rule(data=st.data(), note=NOTES)
     def update_state_in_process(self, data: st.DataObject, note: str) -> None:
-        tid = data.draw(st.sampled_from(self.active()))
+        self.trace.append("update_state_in_process")
+        tid = self.pick(data, self.active())
         t = self.threads[tid]
         was_live = self.live(tid)
-        before = self.head(tid) if not was_live else None
+        before = self.try_head(tid) if not was_live else None
         graph = self.graphs[t.version]
         _, err = self.call("update_state", graph.update_state, self.config(tid), {"note": note})
         if err is None:
@@ -500,9 +554,10 @@ class ChaosMachine(RuleBasedStateMachine):
             self.violation("NEW", "update_state busy on an idle thread", thread=tid)
 
     @precondition(lambda self: len(self.children) < MAX_CHILDREN and bool(self.active()))
-    @rule(data=st.data(), note=st.text("xyz", min_size=1, max_size=4))
+    @rule(data=st.data(), note=NOTES)
     def update_state_in_child(self, data: st.DataObject, note: str) -> None:
-        tid = data.draw(st.sampled_from(self.active()))
+        self.trace.append("update_state_in_child")
+        tid = self.pick(data, self.active())
         t = self.threads[tid]
         t.epoch += 1
         t.migrated = None
@@ -512,7 +567,8 @@ class ChaosMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.active()))
     @rule(data=st.data())
     def delete_thread(self, data: st.DataObject) -> None:
-        tid = data.draw(st.sampled_from(self.active()))
+        self.trace.append("delete_thread")
+        tid = self.pick(data, self.active())
         _, err = self.call("delete_thread", self.saver.delete_thread, tid)
         if err is None:
             self.mark_deleted(tid)
@@ -520,9 +576,10 @@ class ChaosMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(self.threads[t].runs for t in self.active()))
     @rule(data=st.data())
     def delete_for_runs(self, data: st.DataObject) -> None:
-        tid = data.draw(st.sampled_from([t for t in self.active() if self.threads[t].runs]))
+        self.trace.append("delete_for_runs")
+        tid = self.pick(data, [t for t in self.active() if self.threads[t].runs])
         t = self.threads[tid]
-        run = data.draw(st.sampled_from(t.runs))
+        run = self.pick(data, t.runs)
         _, err = self.call("delete_for_runs", self.saver.delete_for_runs, [run])
         if err is None:
             # A rollback on purpose: what the run committed may go, and its steps rerun.
@@ -534,14 +591,15 @@ class ChaosMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.active()))
     @rule(data=st.data(), existing=st.booleans())
     def copy_thread(self, data: st.DataObject, existing: bool) -> None:
-        src = data.draw(st.sampled_from(self.active()))
+        self.trace.append("copy_thread")
+        src = self.pick(data, self.active())
         others = [x for x in self.active() if x != src and not self.live(x)]
         if existing and others:
-            dst = data.draw(st.sampled_from(others))
-            before_src = self.head(src)
+            dst = self.pick(data, others)
+            before_src = self.try_head(src)
             _, err = self.call("copy_thread", self.saver.copy_thread, src, dst)
             if err is None:
-                after = self.head(dst)
+                after = self.try_head(dst)
                 if not self.live(src) and after != before_src:
                     self.violation("14", "copy_thread into an existing thread merged histories silently",
                                    src=src, dst=dst, src_head=before_src, dst_head=after)
@@ -561,40 +619,52 @@ class ChaosMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.active()))
     @rule(data=st.data())
     def prune(self, data: st.DataObject) -> None:
-        tid = data.draw(st.sampled_from(self.active()))
+        self.trace.append("prune")
+        tid = self.pick(data, self.active())
         self.call("prune", self.saver.prune, [tid])
 
     @precondition(lambda self: not any(c.mode == "recover" for c in self.children.values()))
     @rule()
     def retain(self) -> None:
+        self.trace.append("retain")
         self.reap()
         self.observe_all()
+        before: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
+        for tid in self.active():
+            try:
+                before[tid] = (self.try_head(tid), self.db_status(tid))
+            except Exception:
+                before[tid] = (None, self.db_status(tid))
         report, err = self.call("retain", retain, self.saver, older_than_days=0)
         if err is not None or report is None:
+            if any(self.threads[x].damaged for x in self.active()):
+                self.violation("13", "retain aborted at a damaged thread", error=repr(err))
             return
         for tid in report.deleted_thread_ids:
             t = self.threads.get(tid)
             if t is None or t.deleted:
                 continue
-            head_done = bool(t.min_log) and finished({"turn": t.turn, "log": t.min_log})
-            if t.kind == "waiting" or not head_done:
+            head, status = before.get(tid, (None, None))
+            if t.kind == "waiting" or head is None or not finished(head):
                 self.violation("4", "retain deleted a thread that is not done", thread=tid, kind=t.kind,
-                               committed=t.min_log, waiting=t.kind == "waiting")
+                               head=head, status=status)
             if self.live(tid):
-                t.retained_live = True  # type: ignore[attr-defined]  # judged when the run ends
+                t.retained_live = True  # judged when the run ends
             self.mark_deleted(tid)
 
     @rule()
     def gc(self) -> None:
+        self.trace.append("gc")
         self.call("gc", gc, self.saver, grace=0)
 
     @precondition(lambda self: any(self.threads[t].version == "v1" for t in self.active("run")))
     @rule(data=st.data())
     def migrate(self, data: st.DataObject) -> None:
-        tid = data.draw(st.sampled_from([t for t in self.active("run") if self.threads[t].version == "v1"]))
+        self.trace.append("migrate")
+        tid = self.pick(data, [t for t in self.active("run") if self.threads[t].version == "v1"])
         t = self.threads[tid]
         was_live = self.live(tid)
-        before = None if was_live else self.head(tid)
+        before = None if was_live else self.try_head(tid)
         report, err = self.call(
             "migrate", migrate_threads, self.saver, "v1", "v2", thread_ids=[tid], registry=cc.registry()
         )
@@ -603,7 +673,7 @@ class ChaosMachine(RuleBasedStateMachine):
         if report.failed:
             self.violation("NEW", "migration failed", thread=tid, failed=report.failed)
         if tid in report.migrated:
-            hist = self.history(tid)
+            hist = self.try_history(tid)
             head_id = max(hist) if hist else None
             if head_id:
                 t.exempt.add(head_id)
@@ -615,7 +685,8 @@ class ChaosMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(self.threads[t].version == "v2" for t in self.active("run")))
     @rule(data=st.data())
     def undo(self, data: st.DataObject) -> None:
-        tid = data.draw(st.sampled_from([t for t in self.active("run") if self.threads[t].version == "v2"]))
+        self.trace.append("undo")
+        tid = self.pick(data, [t for t in self.active("run") if self.threads[t].version == "v2"])
         t = self.threads[tid]
         res, err = self.call("undo_migration", undo_migration, self.saver, tid)
         if err is not None:
@@ -629,7 +700,7 @@ class ChaosMachine(RuleBasedStateMachine):
             self.set_note(t, t.migrated["note"])
             try:
                 restored = self.head(tid)
-            except DurableError as exc:
+            except Exception as exc:
                 self.violation("2", "undo_migration reported success but the thread does not load",
                                thread=tid, error=f"{type(exc).__name__}: {exc}")
                 return
@@ -643,8 +714,9 @@ class ChaosMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.active()))
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
+        self.trace.append("release")
         q_threads = [x for x in self.active() if self.threads[x].quarantined]
-        tid = data.draw(st.sampled_from(q_threads or self.active()))
+        tid = self.pick(data, q_threads or self.active())
         t = self.threads[tid]
         _, err = self.call("release", poison.release, self.saver, tid)
         if err is None:
@@ -655,12 +727,13 @@ class ChaosMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.active()))
     @rule(data=st.data())
     def rewind(self, data: st.DataObject) -> None:
-        tid = data.draw(st.sampled_from(self.active()))
+        self.trace.append("rewind")
+        tid = self.pick(data, self.active())
         t = self.threads[tid]
         hist = t.snapshot
         if not hist:
             return
-        to = data.draw(st.sampled_from(sorted(hist)))
+        to = self.pick(data, sorted(hist))
         res, err = self.call("rewind", poison.rewind, self.saver, tid, to)
         if err is None:
             STATS["rewound"] += 1
@@ -677,6 +750,7 @@ class ChaosMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.children) < MAX_CHILDREN and not self.inproc)
     @rule(kill=st.one_of(st.none(), st.floats(0.0, 1.5)))
     def recovery_worker(self, kill: float | None) -> None:
+        self.trace.append("recovery_worker")
         # Claims need an expired lease: let the dead runs' leases run out first.
         time.sleep(cc.LEASE_TTL * 0.5)
         self.spawn("recover", None, kill)
@@ -684,8 +758,9 @@ class ChaosMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.children))
     @rule(data=st.data(), delay=st.floats(0.0, 0.4))
     def terminate_backends(self, data: st.DataObject, delay: float) -> None:
+        self.trace.append("terminate_backends")
         targets = [f"chaos_{c}" for c in self.children] + [PARENT_APP]
-        app = data.draw(st.sampled_from(targets))
+        app = self.pick(data, targets)
         dsn = self.dsn
 
         def fire() -> None:
@@ -700,6 +775,7 @@ class ChaosMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.active()) < MAX_THREADS)
     @rule(stock=st.booleans())
     def waiting_thread(self, stock: bool) -> None:
+        self.trace.append("waiting_thread")
         """A thread left at an interrupt (waiting on a human): by the stock saver (no
         durable_threads row) or by a durable saver with leases=False."""
         tid = "chaos-w-" + uuid.uuid4().hex[:8]
@@ -716,6 +792,35 @@ class ChaosMachine(RuleBasedStateMachine):
         self.threads[tid] = t
         STATS[f"waiting:{'stock' if stock else 'leases=False'}"] += 1
         self.observe(tid)
+
+    @precondition(lambda self: bool(self.active("run")))
+    @rule(data=st.data())
+    def damage_row(self, data: st.DataObject) -> None:
+        self.trace.append("damage_row")
+        """Damage one envelope blob (msgpack 0xc1 is a reserved type byte): loading must
+        raise CheckpointLoadError, the next run quarantine, retention skip the thread."""
+        tid = self.pick(data, self.active("run"))
+        rows = q(self.dsn, "UPDATE checkpoint_blobs SET blob = '\\xc1c1c1'::bytea WHERE ctid = ("
+                 "SELECT ctid FROM checkpoint_blobs WHERE thread_id = %s AND type = 'durable+ref' LIMIT 1) "
+                 "RETURNING channel", (tid,))
+        if rows:
+            STATS["damaged"] += 1
+            self.threads[tid].damaged = True
+
+    @rule(bad=st.sampled_from(BAD_THREAD_IDS), op=st.sampled_from(["get_state", "update_state", "invoke"]))
+    def bad_thread_id(self, bad: str, op: str) -> None:
+        self.trace.append("bad_thread_id")
+        """A thread id Postgres cannot store: a typed error, nothing written."""
+        graph = self.graphs["v1"]
+        config = {"configurable": {"thread_id": bad}}
+        fn = {
+            "get_state": lambda: graph.get_state(config),
+            "update_state": lambda: graph.update_state(config, {"note": "x"}),
+            "invoke": lambda: graph.invoke({"turn": 0}, config),
+        }[op]
+        _, err = self.call(f"bad_thread_id:{op}", fn)
+        if err is None and op != "get_state":
+            self.violation("14", "a thread id Postgres cannot store was accepted", thread=repr(bad), op=op)
 
     def _invoke_plain(self, g: Any, tid: str) -> None:
         g.invoke({"turn": 0}, {"configurable": {"thread_id": tid}})
