@@ -34,6 +34,7 @@ surveys them all instead of stopping at the first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -57,7 +58,6 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
-    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -92,6 +92,10 @@ PARENT_APP = "chaos_parent"
 NOTES = st.builds(
     lambda s, big: s + ("N" * 200 if big else ""), st.text("abc", min_size=1, max_size=4), st.booleans()
 )
+INDEX = st.integers(0, 63)
+# When to SIGKILL a child after it starts (None: let it finish). A run takes ~0.3 s of
+# node time after ~0.1-0.3 s of saver start-up.
+KILL = st.one_of(st.none(), st.floats(0.05, 0.7))
 # Thread ids a user may pass that Postgres text cannot hold.
 BAD_THREAD_IDS = ["nul\x00id", "surrogate\ud800id"]
 
@@ -246,12 +250,13 @@ class ChaosMachine(RuleBasedStateMachine):
                            where="".join(traceback.format_exception(exc))[-3000:])
             return None, exc
 
-    def pick(self, data: st.DataObject, options: Any) -> Any:
-        # An index with a fixed range, not sampled_from(options): the options depend on
+    def pick(self, index: int, options: Any) -> Any:
+        # Rules take fixed-range indices, not sampled_from(options), and have no
+        # preconditions (a rule that does not apply is a no-op): what applies depends on
         # real timing (which run finished, what retain deleted), and hypothesis refuses
-        # a draw whose bounds change between replays of one choice sequence.
+        # a choice sequence whose draws change between replays.
         options = list(options)
-        choice = options[data.draw(st.integers(0, 63)) % len(options)]
+        choice = options[index % len(options)]
         self.trace[-1] += f" {str(choice)[-12:]}"
         return choice
 
@@ -307,6 +312,17 @@ class ChaosMachine(RuleBasedStateMachine):
         child = Child(cid, mode, tid, proc, None if kill_after is None else time.monotonic() + kill_after,
                       note=extra.get("note"), skew=bool(extra.get("skew")))
         self.children[cid] = child
+        if kill_after is not None:
+            # Kill at that moment whatever the rules do meanwhile (reap() only notices).
+            def kill() -> None:
+                if proc.is_alive():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGKILL)
+                    STATS["sigkill"] += 1
+
+            timer = threading.Timer(kill_after, kill)
+            timer.daemon = True
+            timer.start()
         return child
 
     def wait_backends_gone(self, cid: str) -> None:
@@ -471,20 +487,26 @@ class ChaosMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
         self.trace.append("setup")
-        self.new_thread()
+        self.new_thread(0)
 
-    @precondition(lambda self: len(self.active()) < MAX_THREADS)
-    @rule()
-    def new_thread(self) -> None:
+    @rule(i=INDEX)
+    def new_thread(self, i: int) -> None:
         self.trace.append("new_thread")
+        if not (len(self.active()) < MAX_THREADS):
+            self.trace[-1] += " (skipped)"
+            return
         tid = "chaos-" + uuid.uuid4().hex[:10]
         self.threads[tid] = Thread(tid)
 
-    @precondition(lambda self: len(self.children) < MAX_CHILDREN and bool(self.active("run")))
-    @rule(data=st.data(), skew=st.sampled_from([False, False, False, True]), kill=st.one_of(st.none(), st.floats(0.0, 0.8)))
-    def run_in_child(self, data: st.DataObject, skew: bool, kill: float | None) -> None:
+    @rule(spec=st.tuples(INDEX, st.sampled_from([False, False, False, True]), KILL))
+    def run_in_child(self, spec: tuple[int, bool, float | None]) -> None:
+        i, skew, kill = spec
         self.trace.append("run_in_child")
-        tid = self.pick(data, self.active("run"))
+        self.reap()  # frees the slots of children that ended
+        if not (len(self.children) < MAX_CHILDREN and bool(self.active("run"))):
+            self.trace[-1] += " (skipped)"
+            return
+        tid = self.pick(i, self.active("run"))
         t = self.threads[tid]
         self.trace[-1] += f" kill={kill and round(kill, 2)} skew={skew}"
         if t.turn in t.frozen:
@@ -493,11 +515,13 @@ class ChaosMachine(RuleBasedStateMachine):
         t.runs.append(run_id)
         self.spawn("run", tid, kill, turn=t.turn, version=t.version, run_id=run_id, skew=skew)
 
-    @precondition(lambda self: self.inproc is None and bool(self.active("run")))
-    @rule(data=st.data())
-    def run_in_process(self, data: st.DataObject) -> None:
+    @rule(i=INDEX, j=INDEX)
+    def run_in_process(self, i: int, j: int) -> None:
         self.trace.append("run_in_process")
-        tid = self.pick(data, self.active("run"))
+        if not (self.inproc is None and bool(self.active("run"))):
+            self.trace[-1] += " (skipped)"
+            return
+        tid = self.pick(i, self.active("run"))
         t = self.threads[tid]
         if t.turn in t.frozen:
             t.turn += 1
@@ -529,17 +553,21 @@ class ChaosMachine(RuleBasedStateMachine):
         time.sleep(dt)
         self.reap()
 
-    @precondition(lambda self: bool(self.children) or self.inproc is not None)
-    @rule()
-    def wait_all(self) -> None:
+    @rule(i=INDEX)
+    def wait_all(self, i: int) -> None:
         self.trace.append("wait_all")
+        if not (bool(self.children) or self.inproc is not None):
+            self.trace[-1] += " (skipped)"
+            return
         self.reap(force=True)
 
-    @precondition(lambda self: bool(self.active()))
-    @rule(data=st.data(), note=NOTES)
-    def update_state_in_process(self, data: st.DataObject, note: str) -> None:
+    @rule(i=INDEX, j=INDEX, note=NOTES)
+    def update_state_in_process(self, i: int, j: int, note: str) -> None:
         self.trace.append("update_state_in_process")
-        tid = self.pick(data, self.active())
+        if not (bool(self.active())):
+            self.trace[-1] += " (skipped)"
+            return
+        tid = self.pick(i, self.active())
         t = self.threads[tid]
         was_live = self.live(tid)
         before = self.try_head(tid) if not was_live else None
@@ -553,33 +581,39 @@ class ChaosMachine(RuleBasedStateMachine):
         elif isinstance(err, ThreadBusyError) and not was_live:
             self.violation("NEW", "update_state busy on an idle thread", thread=tid)
 
-    @precondition(lambda self: len(self.children) < MAX_CHILDREN and bool(self.active()))
-    @rule(data=st.data(), note=NOTES)
-    def update_state_in_child(self, data: st.DataObject, note: str) -> None:
+    @rule(i=INDEX, j=INDEX, note=NOTES)
+    def update_state_in_child(self, i: int, j: int, note: str) -> None:
         self.trace.append("update_state_in_child")
-        tid = self.pick(data, self.active())
+        if not (len(self.children) < MAX_CHILDREN and bool(self.active())):
+            self.trace[-1] += " (skipped)"
+            return
+        tid = self.pick(i, self.active())
         t = self.threads[tid]
         t.epoch += 1
         t.migrated = None
         t.note_known = False
         self.spawn("update", tid, None, version=t.version, note=note)
 
-    @precondition(lambda self: bool(self.active()))
-    @rule(data=st.data())
-    def delete_thread(self, data: st.DataObject) -> None:
+    @rule(i=INDEX, j=INDEX)
+    def delete_thread(self, i: int, j: int) -> None:
         self.trace.append("delete_thread")
-        tid = self.pick(data, self.active())
+        if not (bool(self.active())):
+            self.trace[-1] += " (skipped)"
+            return
+        tid = self.pick(i, self.active())
         _, err = self.call("delete_thread", self.saver.delete_thread, tid)
         if err is None:
             self.mark_deleted(tid)
 
-    @precondition(lambda self: any(self.threads[t].runs for t in self.active()))
-    @rule(data=st.data())
-    def delete_for_runs(self, data: st.DataObject) -> None:
+    @rule(i=INDEX, j=INDEX)
+    def delete_for_runs(self, i: int, j: int) -> None:
         self.trace.append("delete_for_runs")
-        tid = self.pick(data, [t for t in self.active() if self.threads[t].runs])
+        if not (any(self.threads[t].runs for t in self.active())):
+            self.trace[-1] += " (skipped)"
+            return
+        tid = self.pick(i, [t for t in self.active() if self.threads[t].runs])
         t = self.threads[tid]
-        run = self.pick(data, t.runs)
+        run = self.pick(j, t.runs)
         _, err = self.call("delete_for_runs", self.saver.delete_for_runs, [run])
         if err is None:
             # A rollback on purpose: what the run committed may go, and its steps rerun.
@@ -588,14 +622,16 @@ class ChaosMachine(RuleBasedStateMachine):
             t.migrated = None
             t.frozen.clear()
 
-    @precondition(lambda self: bool(self.active()))
-    @rule(data=st.data(), existing=st.booleans())
-    def copy_thread(self, data: st.DataObject, existing: bool) -> None:
+    @rule(i=INDEX, j=INDEX, existing=st.booleans())
+    def copy_thread(self, i: int, j: int, existing: bool) -> None:
         self.trace.append("copy_thread")
-        src = self.pick(data, self.active())
+        if not (bool(self.active())):
+            self.trace[-1] += " (skipped)"
+            return
+        src = self.pick(i, self.active())
         others = [x for x in self.active() if x != src and not self.live(x)]
         if existing and others:
-            dst = self.pick(data, others)
+            dst = self.pick(j, others)
             before_src = self.try_head(src)
             _, err = self.call("copy_thread", self.saver.copy_thread, src, dst)
             if err is None:
@@ -616,17 +652,21 @@ class ChaosMachine(RuleBasedStateMachine):
             self.threads[dst] = Thread(dst, kind=s.kind, turn=s.turn, note_known=False, epoch=s.epoch + 1,
                                        version=s.version)
 
-    @precondition(lambda self: bool(self.active()))
-    @rule(data=st.data())
-    def prune(self, data: st.DataObject) -> None:
+    @rule(i=INDEX, j=INDEX)
+    def prune(self, i: int, j: int) -> None:
         self.trace.append("prune")
-        tid = self.pick(data, self.active())
+        if not (bool(self.active())):
+            self.trace[-1] += " (skipped)"
+            return
+        tid = self.pick(i, self.active())
         self.call("prune", self.saver.prune, [tid])
 
-    @precondition(lambda self: not any(c.mode == "recover" for c in self.children.values()))
-    @rule()
-    def retain(self) -> None:
+    @rule(i=INDEX)
+    def retain(self, i: int) -> None:
         self.trace.append("retain")
+        if not (not any(c.mode == "recover" for c in self.children.values())):
+            self.trace[-1] += " (skipped)"
+            return
         self.reap()
         self.observe_all()
         before: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
@@ -652,16 +692,18 @@ class ChaosMachine(RuleBasedStateMachine):
                 t.retained_live = True  # judged when the run ends
             self.mark_deleted(tid)
 
-    @rule()
-    def gc(self) -> None:
+    @rule(i=INDEX)
+    def gc(self, i: int) -> None:
         self.trace.append("gc")
         self.call("gc", gc, self.saver, grace=0)
 
-    @precondition(lambda self: any(self.threads[t].version == "v1" for t in self.active("run")))
-    @rule(data=st.data())
-    def migrate(self, data: st.DataObject) -> None:
+    @rule(i=INDEX, j=INDEX)
+    def migrate(self, i: int, j: int) -> None:
         self.trace.append("migrate")
-        tid = self.pick(data, [t for t in self.active("run") if self.threads[t].version == "v1"])
+        if not (any(self.threads[t].version == "v1" for t in self.active("run"))):
+            self.trace[-1] += " (skipped)"
+            return
+        tid = self.pick(i, [t for t in self.active("run") if self.threads[t].version == "v1"])
         t = self.threads[tid]
         was_live = self.live(tid)
         before = None if was_live else self.try_head(tid)
@@ -682,11 +724,13 @@ class ChaosMachine(RuleBasedStateMachine):
             self.set_note(t, cc.migrate_note({"note": t.note})["note"])
             STATS["migrated"] += 1
 
-    @precondition(lambda self: any(self.threads[t].version == "v2" for t in self.active("run")))
-    @rule(data=st.data())
-    def undo(self, data: st.DataObject) -> None:
+    @rule(i=INDEX, j=INDEX)
+    def undo(self, i: int, j: int) -> None:
         self.trace.append("undo")
-        tid = self.pick(data, [t for t in self.active("run") if self.threads[t].version == "v2"])
+        if not (any(self.threads[t].version == "v2" for t in self.active("run"))):
+            self.trace[-1] += " (skipped)"
+            return
+        tid = self.pick(i, [t for t in self.active("run") if self.threads[t].version == "v2"])
         t = self.threads[tid]
         res, err = self.call("undo_migration", undo_migration, self.saver, tid)
         if err is not None:
@@ -711,12 +755,14 @@ class ChaosMachine(RuleBasedStateMachine):
             t.note_known = False
         t.migrated = None
 
-    @precondition(lambda self: bool(self.active()))
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
+    @rule(i=INDEX, j=INDEX)
+    def release(self, i: int, j: int) -> None:
         self.trace.append("release")
+        if not (bool(self.active())):
+            self.trace[-1] += " (skipped)"
+            return
         q_threads = [x for x in self.active() if self.threads[x].quarantined]
-        tid = self.pick(data, q_threads or self.active())
+        tid = self.pick(i, q_threads or self.active())
         t = self.threads[tid]
         _, err = self.call("release", poison.release, self.saver, tid)
         if err is None:
@@ -724,16 +770,18 @@ class ChaosMachine(RuleBasedStateMachine):
         elif not isinstance(err, NotQuarantinedError):
             self.violation("NEW", "release raised an unexpected error", error=repr(err))
 
-    @precondition(lambda self: bool(self.active()))
-    @rule(data=st.data())
-    def rewind(self, data: st.DataObject) -> None:
+    @rule(i=INDEX, j=INDEX)
+    def rewind(self, i: int, j: int) -> None:
         self.trace.append("rewind")
-        tid = self.pick(data, self.active())
+        if not (bool(self.active())):
+            self.trace[-1] += " (skipped)"
+            return
+        tid = self.pick(i, self.active())
         t = self.threads[tid]
         hist = t.snapshot
         if not hist:
             return
-        to = self.pick(data, sorted(hist))
+        to = self.pick(j, sorted(hist))
         res, err = self.call("rewind", poison.rewind, self.saver, tid, to)
         if err is None:
             STATS["rewound"] += 1
@@ -747,20 +795,24 @@ class ChaosMachine(RuleBasedStateMachine):
             # rewinding to an older turn: runs finish the latest turn the log shows
             t.turn = max(t.turn, int(target.get("turn") or 0))
 
-    @precondition(lambda self: len(self.children) < MAX_CHILDREN and not self.inproc)
-    @rule(kill=st.one_of(st.none(), st.floats(0.0, 1.5)))
+    @rule(kill=st.one_of(st.none(), st.floats(0.2, 1.5)))
     def recovery_worker(self, kill: float | None) -> None:
         self.trace.append("recovery_worker")
+        if not (len(self.children) < MAX_CHILDREN and not self.inproc):
+            self.trace[-1] += " (skipped)"
+            return
         # Claims need an expired lease: let the dead runs' leases run out first.
         time.sleep(cc.LEASE_TTL * 0.5)
         self.spawn("recover", None, kill)
 
-    @precondition(lambda self: bool(self.children))
-    @rule(data=st.data(), delay=st.floats(0.0, 0.4))
-    def terminate_backends(self, data: st.DataObject, delay: float) -> None:
+    @rule(i=INDEX, j=INDEX, delay=st.floats(0.0, 0.4))
+    def terminate_backends(self, i: int, j: int, delay: float) -> None:
         self.trace.append("terminate_backends")
+        if not (bool(self.children)):
+            self.trace[-1] += " (skipped)"
+            return
         targets = [f"chaos_{c}" for c in self.children] + [PARENT_APP]
-        app = self.pick(data, targets)
+        app = self.pick(i, targets)
         dsn = self.dsn
 
         def fire() -> None:
@@ -772,10 +824,12 @@ class ChaosMachine(RuleBasedStateMachine):
         STATS["terminate"] += 1
         threading.Timer(delay, fire).start()
 
-    @precondition(lambda self: len(self.active()) < MAX_THREADS)
     @rule(stock=st.booleans())
     def waiting_thread(self, stock: bool) -> None:
         self.trace.append("waiting_thread")
+        if not (len(self.active()) < MAX_THREADS):
+            self.trace[-1] += " (skipped)"
+            return
         """A thread left at an interrupt (waiting on a human): by the stock saver (no
         durable_threads row) or by a durable saver with leases=False."""
         tid = "chaos-w-" + uuid.uuid4().hex[:8]
@@ -793,13 +847,42 @@ class ChaosMachine(RuleBasedStateMachine):
         STATS[f"waiting:{'stock' if stock else 'leases=False'}"] += 1
         self.observe(tid)
 
-    @precondition(lambda self: bool(self.active("run")))
-    @rule(data=st.data())
-    def damage_row(self, data: st.DataObject) -> None:
+    @rule(i=INDEX, j=INDEX)
+    def forged_claim(self, i: int, j: int) -> None:
+        """A run whose config carries the internal claim key with the live owner's
+        string: it must get ThreadBusyError, never run beside the lease holder."""
+        self.trace.append("forged_claim")
+        busy = [c for c in self.children.values() if c.mode == "run" and c.proc.is_alive()]
+        if not busy or len(self.children) >= MAX_CHILDREN:
+            self.trace[-1] += " (skipped)"
+            return
+        holder = self.pick(i, busy)
+        rows = q(self.dsn, "SELECT lease_owner, lease_expires_at > now() AS live FROM durable_threads "
+                 "WHERE thread_id = %s", (holder.tid,))
+        if not rows or not rows[0]["live"] or not rows[0]["lease_owner"]:
+            self.trace[-1] += " (no live lease)"
+            return
+        t = self.threads[holder.tid or ""]
+        run_id = str(uuid.uuid4())
+        t.runs.append(run_id)
+        forged = self.spawn("run", holder.tid, None, turn=t.turn, version=t.version, run_id=run_id,
+                            claim=rows[0]["lease_owner"])
+        forged.proc.join(CHILD_WAIT)
+        ran = q(self.dsn, "SELECT count(*) AS n FROM chaos_node_runs WHERE pid = %s", (forged.proc.pid,))[0]["n"]
+        if ran and holder.proc.is_alive():
+            self.violation("12", "a forged __durable_claim ran nodes beside the live lease holder",
+                           thread=holder.tid, owner=rows[0]["lease_owner"], forged_node_runs=ran)
+        self.finish_child(forged, kill=True)
+
+    @rule(i=INDEX, j=INDEX)
+    def damage_row(self, i: int, j: int) -> None:
         self.trace.append("damage_row")
+        if not (bool(self.active("run"))):
+            self.trace[-1] += " (skipped)"
+            return
         """Damage one envelope blob (msgpack 0xc1 is a reserved type byte): loading must
         raise CheckpointLoadError, the next run quarantine, retention skip the thread."""
-        tid = self.pick(data, self.active("run"))
+        tid = self.pick(i, self.active("run"))
         rows = q(self.dsn, "UPDATE checkpoint_blobs SET blob = '\\xc1c1c1'::bytea WHERE ctid = ("
                  "SELECT ctid FROM checkpoint_blobs WHERE thread_id = %s AND type = 'durable+ref' LIMIT 1) "
                  "RETURNING channel", (tid,))
