@@ -796,8 +796,8 @@ class ChaosMachine(RuleBasedStateMachine):
             t.turn = max(t.turn, int(target.get("turn") or 0))
 
     @rule(kill=st.one_of(st.none(), st.floats(0.2, 1.5)))
-    def recovery_worker(self, kill: float | None) -> None:
-        self.trace.append("recovery_worker")
+    def worker_claims(self, kill: float | None) -> None:
+        self.trace.append("worker_claims")
         if not (len(self.children) < MAX_CHILDREN and not self.inproc):
             self.trace[-1] += " (skipped)"
             return
@@ -976,3 +976,93 @@ def test_model_chaos(dsn: str) -> None:
     assert not VIOLATIONS, f"{len(VIOLATIONS)} violations, see {REPORT}: " + json.dumps(
         Counter(v["what"] for v in VIOLATIONS).most_common()
     )
+
+
+# --------------------------------------------------------------------------- shrunk findings
+# Minimal reproductions of what the state machine found, as deterministic tests (a node
+# that waits on an Event instead of a sleep, so "during a live run" is exact).
+
+
+class _Gate:
+    """A two-node graph whose first node blocks until released."""
+
+    def __init__(self, saver: Any, version: str) -> None:
+        from typing import TypedDict
+
+        from langgraph.graph import END, START, StateGraph
+
+        class S(TypedDict, total=False):
+            steps: list[str]
+            note: str
+
+        self.entered, self.release = threading.Event(), threading.Event()
+
+        def first(s: S) -> dict[str, Any]:
+            self.entered.set()
+            assert self.release.wait(30)
+            return {"steps": [*(s.get("steps") or []), "first"]}
+
+        def second(s: S) -> dict[str, Any]:
+            return {"steps": [*(s.get("steps") or []), "second"]}
+
+        g: Any = StateGraph(S)
+        g.add_node("first", first)
+        g.add_node("second", second)
+        g.add_edge(START, "first")
+        g.add_edge("first", "second")
+        g.add_edge("second", END)
+        reg = cc.registry()
+        self.graph = g.compile(checkpointer=saver.bind(graph_version=version, migrations=reg))
+
+    def start(self, config: dict[str, Any]) -> tuple[threading.Thread, list[BaseException]]:
+        errors: list[BaseException] = []
+
+        def go() -> None:
+            try:
+                self.graph.invoke({"steps": []}, config)
+            except BaseException as exc:
+                errors.append(exc)
+
+        th = threading.Thread(target=go, daemon=True)
+        th.start()
+        assert self.entered.wait(30)
+        return th, errors
+
+
+def test_same_process_migrate_during_live_run_is_refused(dsn: str) -> None:
+    """Found by the state machine (issue 11 item 3, through migrate_threads): from the
+    process that runs the graph, migrate_threads during the run reported the thread
+    'migrated' (not 'busy'); the run then wrote its next checkpoint over the migrated
+    head, so the migration (and its stamp) vanished while the log kept a backup."""
+    with DurablePostgresSaver.from_conn_string(dsn, **cc.saver_options()) as saver:
+        gate = _Gate(saver, "v1")
+        tid = "shrunk-mig-" + uuid.uuid4().hex[:8]
+        config = {"configurable": {"thread_id": tid}}
+        th, errors = gate.start(config)
+        report = migrate_threads(saver, "v1", "v2", thread_ids=[tid], registry=cc.registry())
+        gate.release.set()
+        th.join(30)
+        tup = saver.get_tuple(config)
+        assert tup is not None
+        final = (tup.metadata.get("graph_version"), tup.checkpoint["channel_values"].get("note"))
+        # Either refused (busy, run unharmed) or, if accepted, not silently undone.
+        assert tid in report.busy or final == ("v2", "+m"), (report.as_dict(), final, errors)
+
+
+def test_same_process_update_state_during_live_run_is_not_lost(dsn: str) -> None:
+    """Issue 11 item 3 as the state machine met it: update_state from the process that
+    runs the graph is accepted during the run, then overwritten by the run's next put."""
+    with DurablePostgresSaver.from_conn_string(dsn, **cc.saver_options()) as saver:
+        gate = _Gate(saver, "v1")
+        tid = "shrunk-upd-" + uuid.uuid4().hex[:8]
+        config = {"configurable": {"thread_id": tid}}
+        th, errors = gate.start(config)
+        try:
+            gate.graph.update_state(config, {"note": "from another request"})
+            accepted = True
+        except ThreadBusyError:
+            accepted = False
+        gate.release.set()
+        th.join(30)
+        note = gate.graph.get_state(config).values.get("note")
+        assert not accepted or note == "from another request", (accepted, note, errors)

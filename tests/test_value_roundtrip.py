@@ -495,3 +495,28 @@ def test_zz_collected() -> None:
     if FOUND:
         lines = [f"{FOUND_N[k]:5d} x {k}\n        e.g. {v}" for k, v in sorted(FOUND.items())]
         raise AssertionError(f"{len(FOUND)} failure signatures:\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_non_finite_float_in_state_survives_a_run(savers: dict[str, Any], value: float) -> None:
+    """Found by this file (NEW, not in issue 11): a float channel holding nan/inf is kept
+    inline in the checkpoint JSONB, which orjson writes as null: the run returns nan,
+    the stored state (and every later run) reads None. The stock saver refuses the same
+    value with a raw psycopg error (InvalidTextRepresentation: Token "NaN" is invalid)."""
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    class S(TypedDict, total=False):
+        score: float
+
+    g: Any = StateGraph(S)
+    g.add_node("score", lambda s: {"score": value})
+    g.add_edge(START, "score")
+    g.add_edge("score", END)
+    graph = g.compile(checkpointer=savers["default"])
+    config = {"configurable": {"thread_id": tid("nan")}}
+    out = graph.invoke({}, config)
+    assert same(value, out["score"]) is None
+    stored = graph.get_state(config).values.get("score")
+    assert same(value, stored) is None, f"stored {stored!r} for {value!r}"
