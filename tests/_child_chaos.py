@@ -17,6 +17,7 @@ child writes none): the event and, for an error, its type and whether it is a
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import time
@@ -86,7 +87,18 @@ def effect(thread_id: str, turn: int, node: str, conn: Any = None) -> bool:
     return True
 
 
-def make_node(name: str, dsn: str) -> Any:
+@idempotent(name="chaos_plain_effect")
+def plain_effect(dsn: str, thread_id: str, turn: int, node: str) -> bool:
+    """The same effect outside the ledger's transaction (claim, effect, record)."""
+    with _autocommit(dsn) as c:
+        c.execute(
+            "INSERT INTO chaos_effects (thread_id, turn, node, pid) VALUES (%s, %s, %s, %s)",
+            (thread_id, turn, node, os.getpid()),
+        )
+    return True
+
+
+def make_node(name: str, dsn: str, transactional: bool = True) -> Any:
     def node(state: State, config: RunnableConfig) -> dict[str, Any]:
         tid = str(config["configurable"]["thread_id"])
         turn = int(state.get("turn", 0))
@@ -97,7 +109,10 @@ def make_node(name: str, dsn: str) -> Any:
             )
         time.sleep(PAUSE[name])
         if isinstance(config["configurable"].get("__pregel_checkpointer"), _DurableBase):
-            effect(tid, turn, name)
+            if transactional:
+                effect(tid, turn, name)
+            else:
+                plain_effect(dsn, tid, turn, name)
         else:  # the stock saver has no ledger: a plain insert
             with _autocommit(dsn) as c:
                 c.execute(
@@ -109,11 +124,11 @@ def make_node(name: str, dsn: str) -> Any:
     return node
 
 
-def build(dsn: str) -> StateGraph[Any]:
+def build(dsn: str, *, transactional: bool = True) -> StateGraph[Any]:
     g: StateGraph[Any] = StateGraph(State)
     prev = START
     for name in NODES:
-        g.add_node(name, make_node(name, dsn))
+        g.add_node(name, make_node(name, dsn, transactional))
         g.add_edge(prev, name)
         prev = name
     g.add_edge(prev, END)
@@ -145,7 +160,9 @@ def plan(values: dict[str, Any], has_checkpoint: bool, turn: int) -> Any:
     return None  # an earlier turn is unfinished: finish it first
 
 
-def _outcome(dsn: str, spec: dict[str, Any], event: str, exc: BaseException | None = None) -> None:
+def _outcome(
+    dsn: str, spec: dict[str, Any], event: str, exc: BaseException | None = None, result: Any = None
+) -> None:
     with _autocommit(dsn) as c:
         c.execute(
             "INSERT INTO chaos_outcomes (child_id, thread_id, event, error_type, durable, message) "
@@ -156,7 +173,7 @@ def _outcome(dsn: str, spec: dict[str, Any], event: str, exc: BaseException | No
                 event,
                 None if exc is None else f"{type(exc).__module__}.{type(exc).__qualname__}",
                 None if exc is None else isinstance(exc, DurableError),
-                None if exc is None else "".join(traceback.format_exception(exc))[-4000:],
+                json.dumps(result) if exc is None else "".join(traceback.format_exception(exc))[-4000:],
             ),
         )
 
@@ -175,8 +192,9 @@ def child_main(spec: dict[str, Any]) -> None:
     try:
         with DurablePostgresSaver.from_conn_string(dsn, pool_size=3, **saver_options()) as saver:
             mode = spec["mode"]
+            result = None
             if mode == "run":
-                _run(dsn, saver, spec)
+                result = _run(dsn, saver, spec)
             elif mode == "update":
                 _update(dsn, saver, spec)
             elif mode == "recover":
@@ -186,7 +204,7 @@ def child_main(spec: dict[str, Any]) -> None:
     except BaseException as exc:
         _outcome(spec["dsn"], spec, "error", exc)
         return
-    _outcome(spec["dsn"], spec, "done")
+    _outcome(spec["dsn"], spec, "done", result=result)
 
 
 def _graph(dsn: str, saver: Any, version: str) -> Any:
@@ -195,7 +213,8 @@ def _graph(dsn: str, saver: Any, version: str) -> Any:
     )
 
 
-def _run(dsn: str, saver: Any, spec: dict[str, Any]) -> None:
+def _run(dsn: str, saver: Any, spec: dict[str, Any]) -> Any:
+    """Returns the run's final state (turn and log) as the graph returned it."""
     graph = _graph(dsn, saver, spec["version"])
     config: RunnableConfig = {
         "configurable": {"thread_id": spec["thread_id"], "run_id": spec["run_id"]}
@@ -209,8 +228,9 @@ def _run(dsn: str, saver: Any, spec: dict[str, Any]) -> None:
     snap = graph.get_state(config)
     inp = plan(dict(snap.values), snap.created_at is not None, spec["turn"])
     if inp == "noop":
-        return
-    graph.invoke(inp, config)
+        return None
+    out = graph.invoke(inp, config)
+    return {"turn": out.get("turn"), "log": out.get("log")}
 
 
 def _update(dsn: str, saver: Any, spec: dict[str, Any]) -> None:

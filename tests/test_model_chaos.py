@@ -52,6 +52,7 @@ import _child_chaos as cc
 import psycopg
 import pytest
 from _hypothesis_profiles import examples, is_long
+from _pg_proxy import LossyProxy
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -103,6 +104,7 @@ STATS: Counter[str] = Counter()
 VIOLATIONS: list[dict[str, Any]] = []
 
 _CTX: Any = None
+_PROXY: LossyProxy | None = None
 
 
 def forkserver() -> Any:
@@ -213,7 +215,7 @@ class ChaosMachine(RuleBasedStateMachine):
         self.dsn = self.DSN
         self.threads: dict[str, Thread] = {}
         self.children: dict[str, Child] = {}
-        self.inproc: tuple[str, threading.Thread, list[BaseException]] | None = None
+        self.inproc: tuple[str, threading.Thread, list[BaseException], list[dict[str, Any]]] | None = None
         self._stack: Any = None
         parent_dsn = psycopg.conninfo.make_conninfo(self.dsn, application_name=PARENT_APP)
         self._cm = DurablePostgresSaver.from_conn_string(parent_dsn, pool_size=4, **cc.saver_options())
@@ -363,6 +365,8 @@ class ChaosMachine(RuleBasedStateMachine):
                                    thread=t.tid, status=status, outcome=out["error_type"] or out["event"])
             except Exception:
                 pass  # reported by observe
+        if child.mode == "run" and t is not None and not t.deleted and out is not None and out["event"] == "done":
+            self.run_returned(t, json.loads(out["message"] or "null"))
         if child.mode == "update" and t is not None:
             if out is not None and out["event"] == "done":
                 self.set_note(t, child.note)
@@ -373,6 +377,21 @@ class ChaosMachine(RuleBasedStateMachine):
             if out is None or out["event"] != "done":
                 self.violation("NEW", "retain deleted a thread whose run was live", thread=t.tid, outcome=out)
         self.observe_all()
+
+    def run_returned(self, t: Thread, final: dict[str, Any] | None) -> None:
+        """A run returned this final state: its steps are committed, the model expects
+        the head to hold them from now on (a later head that does not: a lost step)."""
+        if not final or not final.get("log"):
+            return
+        log = list(final["log"])
+        if log[: len(t.min_log)] == t.min_log:
+            t.min_log = log
+        if finished(final):
+            turn = int(final["turn"])
+            n = q(self.dsn, "SELECT count(*) AS n FROM chaos_node_runs WHERE thread_id = %s AND turn = %s",
+                  (t.tid, turn))[0]["n"]
+            t.frozen.setdefault(turn, (int(n), t.epoch))
+            t.turn = max(t.turn, turn)
 
     def set_note(self, t: Thread, note: str | None) -> None:
         t.note, t.note_known = note, True
@@ -387,7 +406,7 @@ class ChaosMachine(RuleBasedStateMachine):
             elif force:
                 self.finish_child(child, kill=False)
         if self.inproc is not None and (force or not self.inproc[1].is_alive()):
-            tid, th, errs = self.inproc
+            tid, th, errs, results = self.inproc
             th.join(CHILD_WAIT)
             if th.is_alive():
                 frames = sys._current_frames()
@@ -401,6 +420,9 @@ class ChaosMachine(RuleBasedStateMachine):
                 if not isinstance(exc, DurableError):
                     self.violation("14/NEW", "in-process run raised a non-DurableError", error=repr(exc),
                                    where=getattr(exc, "__notes__", [""])[-1])
+            t = self.threads.get(tid)
+            if t is not None and not t.deleted and results:
+                self.run_returned(t, results[0])
             self.observe_all()
 
     def observe_all(self) -> None:
@@ -529,6 +551,7 @@ class ChaosMachine(RuleBasedStateMachine):
         t.runs.append(run_id)
         graph = self.graphs[t.version]
         errs: list[BaseException] = []
+        results: list[dict[str, Any]] = []
         config = {"configurable": {"thread_id": tid, "run_id": run_id}}
         turn = t.turn
 
@@ -537,7 +560,7 @@ class ChaosMachine(RuleBasedStateMachine):
                 snap = graph.get_state(config)
                 inp = cc.plan(dict(snap.values), snap.created_at is not None, turn)
                 if inp != "noop":
-                    graph.invoke(inp, config)
+                    results.append(dict(graph.invoke(inp, config)))
             except BaseException as exc:
                 exc.add_note("".join(traceback.format_exception(exc))[-3000:])
                 errs.append(exc)
@@ -545,7 +568,7 @@ class ChaosMachine(RuleBasedStateMachine):
         th = threading.Thread(target=go, daemon=True)
         th.start()
         STATS["inproc_runs"] += 1
-        self.inproc = (tid, th, errs)
+        self.inproc = (tid, th, errs, results)
 
     @rule(dt=st.floats(0.0, 0.5))
     def tick(self, dt: float) -> None:
@@ -873,6 +896,59 @@ class ChaosMachine(RuleBasedStateMachine):
             self.violation("12", "a forged __durable_claim ran nodes beside the live lease holder",
                            thread=holder.tid, owner=rows[0]["lease_owner"], forged_node_runs=ran)
         self.finish_child(forged, kill=True)
+
+    @rule(n=st.integers(1, 14), transactional=st.booleans())
+    def lost_commit_ack(self, n: int, transactional: bool) -> None:
+        """A run on a fresh thread through a proxy that loses the reply of its n-th
+        COMMIT (the server committed): the retried op must recognise its own work, so
+        the run completes, once, and the healthy thread is not quarantined."""
+        self.trace.append(f"lost_commit_ack n={n} tx={transactional}")
+        proxy = self.proxy()
+        params = psycopg.conninfo.conninfo_to_dict(self.dsn)
+        params.update(host="127.0.0.1", port=proxy.port, sslmode="disable", application_name="chaos_lossy")
+        dsn = psycopg.conninfo.make_conninfo(**params)
+        tid = "chaos-lossy-" + uuid.uuid4().hex[:8]
+        options = {**cc.saver_options(), "max_resume_attempts": 1}
+        STATS["lost_commit_ack"] += 1
+        with DurablePostgresSaver.from_conn_string(dsn, pool_size=2, **options) as saver:
+            graph = cc.build(self.dsn, transactional=transactional).compile(
+                checkpointer=saver.bind(graph_version="v1")
+            )
+            before = proxy.dropped
+            proxy.arm(n)
+            config = {"configurable": {"thread_id": tid}}
+            try:
+                out, err = graph.invoke({"turn": 0}, config), None
+            except Exception as exc:
+                out, err = None, exc
+            proxy.disarm()
+            lost = proxy.dropped - before
+        STATS[f"lost_commit_ack:dropped={lost}"] += 1
+        if not lost:
+            return  # the run committed fewer than n times
+        if err is not None:
+            STATS[f"lost_commit_ack_err:{type(err).__name__}"] += 1
+            item = "8" if isinstance(err, DurableError) else "8/14"
+            self.violation(item, f"a lost COMMIT reply failed a healthy run ({type(err).__name__})",
+                           thread=tid, nth_commit=n, transactional=transactional, error=f"{err!r}"[:1500],
+                           where="".join(traceback.format_exception(err))[-2500:])
+            return
+        counts = q(self.dsn, "SELECT node, count(*) AS n FROM chaos_effects WHERE thread_id = %s GROUP BY 1", (tid,))
+        twice = {r["node"]: r["n"] for r in counts if r["n"] > 1}
+        if twice:
+            self.violation("8", "a lost COMMIT reply repeated an effect", thread=tid, nth_commit=n, effects=twice)
+        if out is None or not finished(dict(out)):
+            self.violation("8", "a lost COMMIT reply: run returned an unfinished state", thread=tid, out=out)
+        status = self.db_status(tid)
+        if status != "done":
+            self.violation("8", "a lost COMMIT reply left a finished thread not 'done'", thread=tid, status=status)
+
+    def proxy(self) -> LossyProxy:
+        global _PROXY
+        if _PROXY is None:
+            params = psycopg.conninfo.conninfo_to_dict(self.dsn)
+            _PROXY = LossyProxy(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+        return _PROXY
 
     @rule(i=INDEX, j=INDEX)
     def damage_row(self, i: int, j: int) -> None:
