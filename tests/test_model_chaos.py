@@ -1142,3 +1142,55 @@ def test_same_process_update_state_during_live_run_is_not_lost(dsn: str) -> None
         th.join(30)
         note = gate.graph.get_state(config).values.get("note")
         assert not accepted or note == "from another request", (accepted, note, errors)
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactional"])
+def test_lost_commit_reply_of_an_idempotent_call(dsn: str, transactional: bool) -> None:
+    """Found by the state machine's lost_commit_ack rule (issue 11 item 8): the server
+    commits the call's first transaction and the reply is lost. Plain mode: the driver
+    re-runs the claim, finds its own 'started' row and raises OutcomeUnknownError
+    although the effect never ran (the key stays stuck until `ledger forget`).
+    Transactional mode (the claim, the effect and the record commit together): a raw
+    psycopg.OperationalError reaches the caller, though the effect and its record are
+    committed. Must: the call returns its result, the effect happened once."""
+    from langgraph_durable import idempotent
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS lost_ack_effects (key TEXT NOT NULL)")
+    proxy = LossyProxy(*_host_port(dsn))
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        params.update(host="127.0.0.1", port=proxy.port, sslmode="disable")
+        key = "lost-ack-" + uuid.uuid4().hex[:8]
+        with DurablePostgresSaver.from_conn_string(psycopg.conninfo.make_conninfo(**params), pool_size=2) as saver:
+            if transactional:
+
+                @idempotent(ledger=saver, key=lambda: key, transactional=True)
+                def charge(conn: Any = None) -> str:
+                    conn.execute("INSERT INTO lost_ack_effects (key) VALUES (%s)", (key,))
+                    return "charged"
+
+            else:
+
+                @idempotent(ledger=saver, key=lambda: key)
+                def charge() -> str:
+                    with psycopg.connect(dsn, autocommit=True) as c:
+                        c.execute("INSERT INTO lost_ack_effects (key) VALUES (%s)", (key,))
+                    return "charged"
+
+            proxy.arm(1)
+            try:
+                result: Any = charge()
+            except Exception as exc:
+                result = exc
+            lost = proxy.dropped
+        n = q(dsn, "SELECT count(*) AS n FROM lost_ack_effects WHERE key = %s", (key,))[0]["n"]
+        assert lost == 1, "the proxy did not lose a COMMIT reply"
+        assert result == "charged" and n == 1, f"result {result!r}, effect ran {n} time(s)"
+    finally:
+        proxy.close()
+
+
+def _host_port(dsn: str) -> tuple[str, int]:
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    return str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
