@@ -520,6 +520,30 @@ class ChaosMachine(RuleBasedStateMachine):
         tid = "chaos-" + uuid.uuid4().hex[:10]
         self.threads[tid] = Thread(tid)
 
+    # Runs are the main actors: two more rules start them (hypothesis picks rules
+    # uniformly), one of which crashes a run and resumes it at once (maybe skewed).
+    @rule(spec=st.tuples(INDEX, st.sampled_from([False, False, False, True]), KILL))
+    def run_in_child_too(self, spec: tuple[int, bool, float | None]) -> None:
+        self.run_in_child(spec)
+
+    @rule(i=INDEX, kill=st.floats(0.1, 0.6), skew=st.booleans())
+    def crash_and_resume(self, i: int, kill: float, skew: bool) -> None:
+        self.trace.append(f"crash_and_resume kill={round(kill, 2)} skew={skew}")
+        self.reap()
+        if len(self.children) >= MAX_CHILDREN - 1 or not self.active("run"):
+            self.trace[-1] += " (skipped)"
+            return
+        tid = self.pick(i, self.active("run"))
+        t = self.threads[tid]
+        if t.turn in t.frozen:
+            t.turn += 1
+        for attempt, (k, sk) in enumerate([(kill, False), (None, skew)]):
+            run_id = str(uuid.uuid4())
+            t.runs.append(run_id)
+            child = self.spawn("run", tid, k, turn=t.turn, version=t.version, run_id=run_id, skew=sk)
+            child.proc.join(CHILD_WAIT)
+            self.finish_child(child, kill=attempt == 0)
+
     @rule(spec=st.tuples(INDEX, st.sampled_from([False, False, False, True]), KILL))
     def run_in_child(self, spec: tuple[int, bool, float | None]) -> None:
         i, skew, kill = spec
@@ -1194,3 +1218,41 @@ def test_lost_commit_reply_of_an_idempotent_call(dsn: str, transactional: bool) 
 def _host_port(dsn: str) -> tuple[str, int]:
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     return str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
+
+
+def test_skewed_writer_resume_keeps_the_committed_steps(dsn: str) -> None:
+    """Issue 11 item 7, as the rules run_in_child(kill) then run_in_child(skew) meet it:
+    a run is SIGKILLed in n2, a writer whose clock is 5 s behind resumes the thread and
+    returns the finished state; the head (latest checkpoint by id) must then hold every
+    step that run returned, and a further run must not execute a node again."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for ddl in cc.TABLES_DDL:
+            conn.execute(ddl)
+    machine = ChaosMachine.__new__(ChaosMachine)  # only its child helpers
+    machine.dsn, machine.children, machine.threads, machine.trace = dsn, {}, {}, ["skew"]
+    machine.inproc = None
+    tid = "shrunk-skew-" + uuid.uuid4().hex[:8]
+    first = machine.spawn("run", tid, None, turn=0, version="v1", run_id=str(uuid.uuid4()))
+    deadline = time.monotonic() + 30
+    while not q(dsn, "SELECT 1 FROM chaos_node_runs WHERE thread_id = %s AND node = 'n2'", (tid,)):
+        assert time.monotonic() < deadline and first.proc.is_alive(), "the first run never reached n2"
+        time.sleep(0.01)
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.join(10)
+    machine.wait_backends_gone(first.cid)
+    second = machine.spawn("run", tid, None, turn=0, version="v1", run_id=str(uuid.uuid4()), skew=True)
+    second.proc.join(60)
+    machine.wait_backends_gone(second.cid)
+    out = q(dsn, "SELECT * FROM chaos_outcomes WHERE child_id = %s", (second.cid,))
+    assert out and out[0]["event"] == "done", out
+    returned = json.loads(out[0]["message"])
+    with DurablePostgresSaver.from_conn_string(dsn, **cc.saver_options()) as saver:
+        tup = saver.get_tuple({"configurable": {"thread_id": tid, "checkpoint_ns": ""}})
+        assert tup is not None
+        head_log = list(tup.checkpoint["channel_values"].get("log") or [])
+        runs_before = q(dsn, "SELECT count(*) AS n FROM chaos_node_runs WHERE thread_id = %s", (tid,))[0]["n"]
+        graph = cc.build(dsn).compile(checkpointer=saver.bind(graph_version="v1", migrations=cc.registry()))
+        graph.invoke(None, {"configurable": {"thread_id": tid}})
+        runs_after = q(dsn, "SELECT count(*) AS n FROM chaos_node_runs WHERE thread_id = %s", (tid,))[0]["n"]
+    assert head_log == returned["log"], f"head {head_log} != returned {returned['log']}"
+    assert runs_after == runs_before, f"{runs_after - runs_before} node(s) of a finished thread ran again"
