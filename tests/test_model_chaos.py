@@ -1002,7 +1002,8 @@ class ChaosMachine(RuleBasedStateMachine):
     )
     def act(self, which: int, i: int, j: int, f: float, b: bool, note: str, n: int) -> None:
         total = sum(w for w, _ in self.ACTIONS)
-        pick = which * total // 1000
+        # Hypothesis draws small integers more often: scramble, so no action is favoured.
+        pick = (which * 7919 + 104729) % 1000 * total // 1000
         for weight, action in self.ACTIONS:
             if pick < weight:
                 action(self, i, j, f, b, note, n)
@@ -1090,7 +1091,7 @@ def test_model_chaos(dsn: str) -> None:
     VIOLATIONS.clear()
     started = time.monotonic()
     cfg = settings(
-        max_examples=examples(ci=25, long=400),
+        max_examples=examples(ci=15, long=400),
         stateful_step_count=25 if is_long() else 14,
         # Shrinking replays real processes: only in the long profile.
         phases=list(Phase) if is_long() else [Phase.explicit, Phase.reuse, Phase.generate],
@@ -1215,7 +1216,10 @@ def test_lost_commit_reply_of_an_idempotent_call(dsn: str, transactional: bool) 
         params = psycopg.conninfo.conninfo_to_dict(dsn)
         params.update(host="127.0.0.1", port=proxy.port, sslmode="disable")
         key = "lost-ack-" + uuid.uuid4().hex[:8]
-        with DurablePostgresSaver.from_conn_string(psycopg.conninfo.make_conninfo(**params), pool_size=2) as saver:
+        # lease_ttl is the claim's lease too: an orphaned claim is judged after it.
+        with DurablePostgresSaver.from_conn_string(
+            psycopg.conninfo.make_conninfo(**params), pool_size=2, lease_ttl=1.0
+        ) as saver:
             if transactional:
 
                 @idempotent(ledger=saver, key=lambda: key, transactional=True)
