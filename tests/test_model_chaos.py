@@ -197,6 +197,7 @@ class Thread:
     quarantined: bool = False
     damaged: bool = False  # a row was damaged on purpose: load errors are expected
     retained_live: bool = False  # deleted by retain while a run was live
+    note_writes: int = 0  # accepted note changes (orders cross-process updates)
 
 
 @dataclass
@@ -208,6 +209,7 @@ class Child:
     kill_at: float | None
     note: str | None = None
     skew: bool = False
+    note_writes: int = 0
 
 
 class ChaosMachine(RuleBasedStateMachine):
@@ -374,11 +376,11 @@ class ChaosMachine(RuleBasedStateMachine):
                 pass  # reported by observe
         if child.mode == "run" and t is not None and not t.deleted and out is not None and out["event"] == "done":
             self.run_returned(t, json.loads(out["message"] or "null"))
-        if child.mode == "update" and t is not None:
-            if out is not None and out["event"] == "done":
+        if child.mode == "update" and t is not None and out is not None and out["event"] == "done":
+            if t.note_writes == child.note_writes:
                 self.set_note(t, child.note)
-        if t is not None and t.deleted and out is not None and out["event"] == "done" and child.mode == "run":
-            pass  # deleted by retain after the run finished: allowed
+            else:  # another update landed meanwhile: which came last is unknown, learn it
+                t.note_known = False
         if t is not None and t.retained_live and child.mode == "run":
             t.retained_live = False
             if out is None or out["event"] != "done":
@@ -402,6 +404,7 @@ class ChaosMachine(RuleBasedStateMachine):
 
     def set_note(self, t: Thread, note: str | None) -> None:
         t.note, t.note_known = note, True
+        t.note_writes += 1
 
     def reap(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -634,7 +637,8 @@ class ChaosMachine(RuleBasedStateMachine):
         t.epoch += 1
         t.migrated = None
         t.note_known = False
-        self.spawn("update", tid, None, version=t.version, note=note)
+        child = self.spawn("update", tid, None, version=t.version, note=note)
+        child.note_writes = t.note_writes
 
     def delete_thread(self, i: int, j: int) -> None:
         self.trace.append("delete_thread")
