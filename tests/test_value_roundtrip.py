@@ -22,6 +22,13 @@ points at a blob written by the deleted run) and history (``list``).
 The stock ``PostgresSaver`` is run on the same values; where it fails or differs it is
 counted and printed (documented, not copied): e.g. it stores top-level strings in
 JSONB, where NUL and lone surrogates are refused with raw psycopg errors.
+
+Found by this file (top-level channel values, which the saver keeps inline in the
+checkpoint JSONB like the stock saver; nested values go through msgpack and are fine):
+nan / inf / -inf read back as None (orjson writes null; the stock saver refuses them
+with a raw error), -0.0 reads back 0.0 and floats from 1e16 up (written in exponent
+notation) read back as int (JSONB numeric; the stock saver does the same), and a lone
+surrogate raises a raw psycopg InvalidTextRepresentation at put (issue 11 item 14).
 """
 
 from __future__ import annotations
@@ -471,7 +478,7 @@ def test_refusal_names_thread_and_path(savers: dict[str, Any], value: Any) -> No
 
 EDGES = [
     "nul\x00inside", "\ud800", "a" * 1020, "a" * 1030, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**70,
-    -(2**63) - 1, -0.0, math.nan, math.inf, -math.inf, b"\x00" * 1030, (1, "a"), {1: "a"}, {"a", "b"},
+    -(2**63) - 1, -0.0, math.nan, math.inf, -math.inf, 1e16, 1.5e300, 4.272638487333429e16, b"\x00" * 1030, (1, "a"), {1: "a"}, {"a", "b"},
     frozenset({1}), Decimal("NaN"), Color.BLUE, Point(x=1, tags=["t"]), Box("b", 1.5, [1]),
     dt.datetime(2026, 1, 1, tzinfo=dt.UTC), dt.timedelta(days=-1, microseconds=1), uuid.UUID(int=7),
     [message(i, "m" * 100, i % 3) for i in range(CHUNK + 1)], ["x" * 70] * (2 * CHUNK),
