@@ -729,8 +729,8 @@ class ChaosMachine(RuleBasedStateMachine):
             if t.kind == "waiting" or head is None or not finished(head):
                 self.violation("4", "retain deleted a thread that is not done", thread=tid, kind=t.kind,
                                head=head, status=status)
-            if self.live(tid):
-                t.retained_live = True  # judged when the run ends
+            if self.live(tid) and status != "done":
+                t.retained_live = True  # judged when the run ends (a run may finish meanwhile)
             self.mark_deleted(tid)
 
     def gc(self, i: int) -> None:
