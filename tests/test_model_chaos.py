@@ -1050,6 +1050,9 @@ class ChaosMachine(RuleBasedStateMachine):
     def model_holds(self) -> None:
         self.steps += 1
         STATS["steps"] += 1
+        if STATS["steps"] % 25 == 0:  # a long run stopped early still leaves its figures
+            with open(REPORT + ".stats.json", "w") as f:
+                json.dump(dict(sorted(STATS.items())), f, indent=1)
         self.observe_all()
         rows = q(
             self.dsn,
