@@ -40,6 +40,7 @@ ARTIFACT_THRESHOLD = 128
 LEASE_TTL = 1.0
 MAX_RESUME_ATTEMPTS = 2
 SKEW_NS = 5_000_000_000  # a writer whose clock is 5 s behind
+SLOW = [1.0]  # node pause factor of this process (spec "slow": a run that stays live)
 
 TABLES_DDL = (
     """CREATE TABLE IF NOT EXISTS chaos_node_runs (
@@ -107,7 +108,7 @@ def make_node(name: str, dsn: str, transactional: bool = True) -> Any:
                 "INSERT INTO chaos_node_runs (thread_id, turn, node, pid) VALUES (%s, %s, %s, %s)",
                 (tid, turn, name, os.getpid()),
             )
-        time.sleep(PAUSE[name])
+        time.sleep(PAUSE[name] * SLOW[0])
         if isinstance(config["configurable"].get("__pregel_checkpointer"), _DurableBase):
             if transactional:
                 effect(tid, turn, name)
@@ -188,6 +189,7 @@ def child_main(spec: dict[str, Any]) -> None:
 
         # uuid6 checkpoint ids (langgraph.checkpoint.base.id) read time.time_ns().
         time.time_ns = behind
+    SLOW[0] = float(spec.get("slow") or 1.0)
     dsn = psycopg.conninfo.make_conninfo(spec["dsn"], application_name=f"chaos_{spec['child_id']}")
     try:
         with DurablePostgresSaver.from_conn_string(dsn, pool_size=3, **saver_options()) as saver:
