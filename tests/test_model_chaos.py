@@ -245,7 +245,7 @@ class ChaosMachine(RuleBasedStateMachine):
             with open(REPORT, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             return
-        raise AssertionError(f"[{item}] {what}: {facts}")
+        raise AssertionError(f"[issue 11 item {item}] {what}: {facts}\nactions: {rec['trace']}")
 
     def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, BaseException | None]:
         """Run a saver operation; every error it raises must be a DurableError."""
