@@ -3,6 +3,7 @@
 
     python3 dev.py demo         # crash a research pipeline with SIGKILL, resume it
     python3 dev.py test         # ruff + mypy + the whole test suite
+    python3 dev.py test --long  # the hypothesis tests only, long profile (many examples)
     python3 dev.py test-oldest  # the oldest supported LangGraph: the drop-in suites
 
 ``demo``/``test`` create ``.venv`` on first use and install the package with its test
@@ -127,6 +128,13 @@ def main(argv: list[str]) -> int:
         return 1
     if command == "lint":
         return 0
+    if "--long" in rest:
+        # The property and model-based tests with the long hypothesis profile
+        # (tests/_hypothesis_profiles.py); LGD_HYPOTHESIS_EXAMPLES sizes the run.
+        rest = [a for a in rest if a != "--long"]
+        os.environ["LGD_HYPOTHESIS_PROFILE"] = "long"
+        if "-m" not in rest:
+            rest = ["-m", "hypothesis", *rest]
     return _run(PY, "-m", "pytest", *rest)
 
 
