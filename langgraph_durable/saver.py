@@ -27,6 +27,7 @@ import contextlib
 import inspect
 import json
 import logging
+import math
 import os
 import secrets
 import socket
@@ -1096,7 +1097,13 @@ class _DurableBase(BasePostgresSaver):
             return await self._arun_op(factory)
 
     def _inline(self, value: Any) -> bool:
-        if value is None or isinstance(value, bool | int | float):
+        if isinstance(value, float):
+            # Only floats JSONB gives back as the same float: nan/inf become null, -0.0
+            # becomes 0, and from 1e16 on orjson writes an exponent that numeric prints
+            # back as an integer. Those go to a blob (msgpack keeps them exactly).
+            negative_zero = value == 0.0 and math.copysign(1.0, value) < 0
+            return math.isfinite(value) and abs(value) < 1e15 and not negative_zero
+        if value is None or isinstance(value, bool | int):
             return not isinstance(value, int) or isinstance(value, bool) or abs(value) < 2**63
         if isinstance(value, str):
             threshold = self.codec.config.threshold

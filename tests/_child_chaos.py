@@ -223,10 +223,9 @@ def _run(dsn: str, saver: Any, spec: dict[str, Any]) -> Any:
     }
     if spec.get("claim"):
         # A caller forging the internal hand-off key with the live owner's string
-        # (ThreadBusyError.owner and `threads status` show it): issue 11 item 12.
-        from langgraph_durable.saver import CLAIM_KEY
-
-        config["configurable"][CLAIM_KEY] = (spec["thread_id"], spec["claim"])
+        # (ThreadBusyError.owner and `threads status` show it): issue 11 item 12. The
+        # key the package used before the hand-off moved to a ContextVar.
+        config["configurable"]["__durable_claim"] = (spec["thread_id"], spec["claim"])
     snap = graph.get_state(config)
     inp = plan(dict(snap.values), snap.created_at is not None, spec["turn"])
     if inp == "noop":

@@ -923,6 +923,58 @@ class ChaosMachine(RuleBasedStateMachine):
             self.violation("12", "a forged __durable_claim ran nodes beside the live lease holder",
                            thread=tid, owner=owner, forged_node_runs=ran)
 
+    def lost_commit_ack(self, n: int, transactional: bool) -> None:
+        """A run on a fresh thread through a proxy that loses the reply of its n-th
+        COMMIT (the server committed): the retried op must recognise its own work, so
+        the run completes, once, and the healthy thread is not quarantined."""
+        self.trace.append(f"lost_commit_ack n={n} tx={transactional}")
+        proxy = self.proxy()
+        params = psycopg.conninfo.conninfo_to_dict(self.dsn)
+        params.update(host="127.0.0.1", port=proxy.port, sslmode="disable", application_name="chaos_lossy")
+        dsn = psycopg.conninfo.make_conninfo(**params)
+        tid = "chaos-lossy-" + uuid.uuid4().hex[:8]
+        options = {**cc.saver_options(), "max_resume_attempts": 1}
+        STATS["lost_commit_ack"] += 1
+        with DurablePostgresSaver.from_conn_string(dsn, pool_size=2, **options) as saver:
+            graph = cc.build(self.dsn, transactional=transactional).compile(
+                checkpointer=saver.bind(graph_version="v1")
+            )
+            before = proxy.dropped
+            proxy.arm(n)
+            config = {"configurable": {"thread_id": tid}}
+            try:
+                out, err = graph.invoke({"turn": 0}, config), None
+            except Exception as exc:
+                out, err = None, exc
+            proxy.disarm()
+            lost = proxy.dropped - before
+        STATS[f"lost_commit_ack:dropped={lost}"] += 1
+        if not lost:
+            return  # the run committed fewer than n times
+        if err is not None:
+            STATS[f"lost_commit_ack_err:{type(err).__name__}"] += 1
+            item = "8" if isinstance(err, DurableError) else "8/14"
+            self.violation(item, f"a lost COMMIT reply failed a healthy run ({type(err).__name__})",
+                           thread=tid, nth_commit=n, transactional=transactional, error=f"{err!r}"[:1500],
+                           where="".join(traceback.format_exception(err))[-2500:])
+            return
+        counts = q(self.dsn, "SELECT node, count(*) AS n FROM chaos_effects WHERE thread_id = %s GROUP BY 1", (tid,))
+        twice = {r["node"]: r["n"] for r in counts if r["n"] > 1}
+        if twice:
+            self.violation("8", "a lost COMMIT reply repeated an effect", thread=tid, nth_commit=n, effects=twice)
+        if out is None or not finished(dict(out)):
+            self.violation("8", "a lost COMMIT reply: run returned an unfinished state", thread=tid, out=out)
+        status = self.db_status(tid)
+        if status != "done":
+            self.violation("8", "a lost COMMIT reply left a finished thread not 'done'", thread=tid, status=status)
+
+    def proxy(self) -> LossyProxy:
+        global _PROXY
+        if _PROXY is None:
+            params = psycopg.conninfo.conninfo_to_dict(self.dsn)
+            _PROXY = LossyProxy(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+        return _PROXY
+
     def new_run(self, t: Thread) -> str:
         run_id = str(uuid.uuid4())
         t.runs.append(run_id)
@@ -1128,7 +1180,9 @@ class _Gate:
 
         def go() -> None:
             try:
-                self.graph.invoke({"steps": []}, config)
+                # "sync": the input checkpoint is stored before the first node runs, so
+                # the operator's call below meets a thread that exists (no race).
+                self.graph.invoke({"steps": []}, config, durability="sync")
             except BaseException as exc:
                 errors.append(exc)
 
