@@ -17,11 +17,9 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from langgraph_durable.cli._common import (
     DsnOption,
@@ -33,6 +31,9 @@ from langgraph_durable.cli._common import (
     print_json,
 )
 from langgraph_durable.errors import DurableError
+
+if TYPE_CHECKING:
+    pass
 
 versions_app = typer.Typer(
     help="Graph versions of stored threads: list, migrate, log, undo, fingerprint.",
@@ -193,6 +194,8 @@ def list_cmd(
 ) -> None:
     """Threads grouped by the graph version of their latest checkpoint (what must drain
     before the old code goes), or one row per thread with --version/--threads."""
+    from rich.table import Table
+
     from langgraph_durable import versioning as v
 
     if version is not None and unversioned:
@@ -273,6 +276,8 @@ def migrate_cmd(
     Each thread is migrated in its own transaction with a backup in the migration log
     (undo with `versions undo`). Threads a live run holds are skipped as busy. Exit
     code 1 when any thread failed or was busy."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from langgraph_durable import versioning as v
 
     g, module = _graph(graph)
@@ -334,6 +339,8 @@ def log_cmd(
     as_json: JsonOption = False,
 ) -> None:
     """Migrations applied (newest first), each with a backup of the rows it replaced."""
+    from rich.table import Table
+
     from langgraph_durable import versioning as v
 
     with open_saver(dsn, schema) as saver:
