@@ -215,6 +215,12 @@ MIGRATIONS: list[str] = [
     # fail) to compress every large one again, ~390 ms per 40 MB (issue 14). EXTERNAL:
     # out of line, uncompressed. Existing rows keep their form; setting it twice is a no-op.
     "ALTER TABLE durable_artifacts ALTER COLUMN data SET STORAGE EXTERNAL",
+    # The workers' ready queue (recovery.CLAIM_SQL, issue 14): only the threads a claim
+    # may take, in claim order, so a poll walks from the oldest claimable thread and
+    # stops at the first it can take instead of sorting every candidate. Done, waiting
+    # and quarantined threads (nearly all of them, in time) are not in it.
+    """CREATE INDEX IF NOT EXISTS durable_threads_ready_idx ON durable_threads (updated_at)
+        WHERE status IN ('running', 'stopped', 'queued', 'error')""",
 ]
 
 # --- leases / lifecycle --------------------------------------------------------------

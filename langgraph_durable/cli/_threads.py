@@ -134,17 +134,26 @@ def threads_list(
         ),
     ] = None,
     prefix: Annotated[str | None, typer.Option(help="Only thread ids starting with this.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many threads (newest first).")] = 50,
+    limit: Annotated[int, typer.Option(help="At most this many threads (one page).")] = 50,
+    after: Annotated[
+        str | None,
+        typer.Option(
+            "--after",
+            help="Only threads after this thread_id (the next page: pass the last "
+            "thread_id of the previous one; in --json output, the last row's thread_id).",
+        ),
+    ] = None,
     dsn: DsnOption = None,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Threads with state, graph version, step, size and last activity."""
+    """Threads in thread_id order, a page at a time: state, graph version, step, size
+    and last activity."""
     from rich.table import Table
 
     from langgraph_durable import inspect as lgi
     with _saver(dsn, schema) as saver:
-        rows = lgi.list_threads(saver, status=status, prefix=prefix, limit=limit)
+        rows = lgi.list_threads(saver, status=status, prefix=prefix, limit=limit, after=after)
     if json_out:
         print_json(rows)
         return
@@ -172,6 +181,8 @@ def threads_list(
     console.print(table)
     if not rows:
         console.print("[dim]no threads match[/]")
+    elif len(rows) == limit:
+        console.print(f"[dim]next page: --after {rows[-1]['thread_id']}[/]", highlight=False)
 
 
 @threads_app.command("show")
