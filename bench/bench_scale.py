@@ -143,9 +143,11 @@ def _run(conn: psycopg.Connection[Any], sql: Any, params: Any, tx: bool, explain
     stmt = psycopg.sql.Composed([psycopg.sql.SQL(prefix), sql]) if isinstance(sql, psycopg.sql.Composable) else prefix + sql
     start = time.perf_counter()
     with conn.transaction(force_rollback=True) if tx else _nothing():
-        if tx:
-            conn.execute(recovery.JIT_OFF_SQL)
-        rows = conn.execute(stmt, params).fetchall()
+        jit_off = getattr(recovery, "JIT_OFF_SQL", None)  # absent before issue 14
+        if tx and jit_off:
+            conn.execute(jit_off)
+        # prepare=False, as the saver sends the claim: a generic plan of it is far worse.
+        rows = conn.execute(stmt, params, prepare=False).fetchall()
     elapsed = time.perf_counter() - start
     plan = "\n".join(str(next(iter(r.values()))) for r in rows) if explain else ""
     return elapsed, plan
@@ -175,12 +177,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--no-explain", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the databases")
+    parser.add_argument("--db-prefix", default="bench_scale", help="name prefix of the databases")
     opts = parser.parse_args(argv)
     labels = [opts.size] if opts.size else opts.sizes.split(",")
     results: dict[str, dict[str, tuple[float, str]]] = {}
     for label in labels:
         n = SIZES[label.lower()]
-        with database(opts.dsn, f"bench_scale_{label.lower()}", opts.keep) as dsn:
+        with database(opts.dsn, f"{opts.db_prefix}_{label.lower()}", opts.keep) as dsn:
             built = build(dsn, n)
             print(f"# {label}: {n} threads built in {built:.1f} s", flush=True)
             results[label] = measure(dsn, opts.repeat, not opts.no_explain)
