@@ -133,19 +133,40 @@ WHERE t.status <> 'quarantined'
 RETURNING thread_id
 """
 
+# Threads by lifecycle, bounded by the live work, not by history (issue 14): done,
+# waiting and quarantined threads (nearly all, in time) are read from the trigger-kept
+# durable_thread_counts; only the threads the ready index holds (running, stopped,
+# queued, error: the backlog and the live runs) are looked at one by one. Same kinds as
+# before: a live lease is 'running' whatever the status, 'orphaned' has no checkpoint.
 STATUS_COUNTS_SQL = """
-SELECT CASE
-         WHEN t.status IN ('done', 'waiting', 'quarantined') THEN t.status
-         WHEN t.lease_owner IS NOT NULL AND t.lease_expires_at > now() THEN 'running'
-         WHEN t.status = 'error' THEN 'error'
-         WHEN EXISTS (SELECT 1 FROM checkpoints c
-                      WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '') THEN 'recoverable'
-         ELSE 'orphaned'
-       END AS kind,
-       count(*) AS n
-FROM durable_threads t
-GROUP BY 1
+WITH totals AS (
+    SELECT status, sum(n)::bigint AS n FROM durable_thread_counts GROUP BY status
+), live AS (
+    SELECT CASE
+             WHEN t.lease_owner IS NOT NULL AND t.lease_expires_at > now() THEN 'running'
+             WHEN t.status = 'error' THEN 'error'
+             WHEN EXISTS (SELECT 1 FROM checkpoints c
+                          WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '') THEN 'recoverable'
+             ELSE 'orphaned'
+           END AS kind
+    FROM durable_threads t
+    WHERE t.status IN ('running', 'stopped', 'queued', 'error')
+)
+SELECT kind, count(*)::bigint AS n FROM live GROUP BY 1
+UNION ALL
+SELECT status, n FROM totals
+WHERE status NOT IN ('running', 'stopped', 'queued', 'error') AND n <> 0
 """
+
+# Fold the +1/-1 rows into one per status. Concurrent folds are safe: a row deleted
+# by one is skipped by the other, and rows inserted meanwhile are left for next time.
+STATUS_FOLD_SQL = """
+WITH gone AS (DELETE FROM durable_thread_counts RETURNING status, n)
+INSERT INTO durable_thread_counts SELECT status, sum(n) FROM gone GROUP BY status HAVING sum(n) <> 0
+"""
+# Fold when the table holds more rows than this (a fold costs ~its row count).
+STATUS_FOLD_ROWS = 500
+STATUS_ROWS_SQL = "SELECT count(*) AS n FROM (SELECT 1 FROM durable_thread_counts LIMIT %s) x"
 
 STATUS_KINDS = ("running", "recoverable", "waiting", "quarantined", "done", "error", "orphaned")
 
@@ -316,10 +337,21 @@ def _op_finish(claim: Claim) -> Op[dict[str, Any] | None]:
 
 
 def _op_status_counts() -> Op[dict[str, int]]:
-    rows = yield Batch([Stmt(STATUS_COUNTS_SQL, fetch=True)])
+    rows = yield Batch(
+        [
+            Stmt(JIT_OFF_SQL),
+            Stmt(STATUS_ROWS_SQL, (STATUS_FOLD_ROWS + 1,), fetch=True),
+            Stmt(STATUS_COUNTS_SQL, fetch=True),
+        ]
+    )
     counts = dict.fromkeys(STATUS_KINDS, 0)
-    for r in rows[0]:
-        counts[r["kind"]] = int(r["n"])
+    for r in rows[2]:
+        # A status outside the known ones (none is written today) counts as orphaned,
+        # as the old CASE would have (lease and checkpoint aside).
+        kind = r["kind"] if r["kind"] in counts else "orphaned"
+        counts[kind] += int(r["n"])
+    if rows[1][0]["n"] > STATUS_FOLD_ROWS:
+        yield Batch([Stmt(STATUS_FOLD_SQL)])
     return counts
 
 
