@@ -56,12 +56,14 @@ def _graph(saver: Any) -> Any:
 
 
 @contextmanager
-def database(admin: str, name: str, keep: bool) -> Iterator[str]:
+def database(admin: str, name: str, keep: bool, reuse: bool = False) -> Iterator[tuple[str, bool]]:
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+        exists = reuse and conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if not exists:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield ci.make_conninfo(admin, dbname=name)
+        yield ci.make_conninfo(admin, dbname=name), bool(exists)
     finally:
         if not keep:
             with psycopg.connect(admin, autocommit=True) as conn:
@@ -133,6 +135,7 @@ def queries() -> dict[str, tuple[Any, Any, bool]]:
         "claim (idle)": (recovery.CLAIM_SQL, _claim_params(["queued"], False), True),
         "status counts": (recovery.STATUS_COUNTS_SQL, None, False),
         "threads counts": (lgi._COUNTS_SQL, None, False),
+        "untracked scan": (getattr(lgi, "_UNTRACKED_SQL", "SELECT 1"), None, False),
         "threads list p1": (*first_page, False),
         "threads list p100": (*later_page, False),
     }
@@ -177,15 +180,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--no-explain", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the databases")
+    parser.add_argument("--reuse", action="store_true", help="reuse databases kept by --keep")
     parser.add_argument("--db-prefix", default="bench_scale", help="name prefix of the databases")
     opts = parser.parse_args(argv)
     labels = [opts.size] if opts.size else opts.sizes.split(",")
     results: dict[str, dict[str, tuple[float, str]]] = {}
     for label in labels:
         n = SIZES[label.lower()]
-        with database(opts.dsn, f"{opts.db_prefix}_{label.lower()}", opts.keep) as dsn:
-            built = build(dsn, n)
-            print(f"# {label}: {n} threads built in {built:.1f} s", flush=True)
+        name = f"{opts.db_prefix}_{label.lower()}"
+        with database(opts.dsn, name, opts.keep, reuse=opts.reuse) as (dsn, exists):
+            if exists:  # built by an earlier --keep run: only bring its schema up to date
+                with DurablePostgresSaver.from_conn_string(dsn) as saver:
+                    saver.setup()
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute("VACUUM ANALYZE")
+                print(f"# {label}: reusing {name}", flush=True)
+            else:
+                built = build(dsn, n)
+                print(f"# {label}: {n} threads built in {built:.1f} s", flush=True)
             results[label] = measure(dsn, opts.repeat, not opts.no_explain)
         for name, (_, plan) in results[label].items():
             if plan:

@@ -178,12 +178,29 @@ LEFT JOIN checkpoints latest ON latest.thread_id = page.thread_id
 ORDER BY page.thread_id
 """).format(state=sql.SQL(_STATE_SQL), ts_re=sql.Literal(_TS_RE))
 
-_COUNTS_SQL = sql.SQL("""
-SELECT {state} AS state, t.status, count(*)::int AS n
-FROM (SELECT DISTINCT thread_id FROM checkpoints UNION SELECT thread_id FROM durable_threads) ids
-LEFT JOIN durable_threads t ON t.thread_id = ids.thread_id
-GROUP BY 1, 2
-""").format(state=sql.SQL(_STATE_SQL))
+# Tracked threads by status from the trigger-kept durable_thread_counts (issue 14), the
+# live leases (the only rows whose state is not their status's, besides quarantine) by
+# the (status, lease_expires_at) index: neither grows with history. Untracked threads
+# (checkpoints but no durable_threads row) can only be found by looking at every
+# thread id in checkpoints: _UNTRACKED_SQL, an index-only anti-join.
+_COUNTS_SQL = """
+WITH totals AS (
+    SELECT status, sum(n)::bigint AS n FROM durable_thread_counts GROUP BY status HAVING sum(n) <> 0
+), live AS (
+    SELECT t.status, count(*)::bigint AS n FROM durable_threads t
+    WHERE t.status = ANY(ARRAY(SELECT status FROM totals WHERE status <> 'quarantined'))
+      AND t.lease_expires_at > now() AND t.lease_owner IS NOT NULL
+    GROUP BY t.status
+)
+SELECT totals.status, totals.n, COALESCE(live.n, 0) AS live
+FROM totals LEFT JOIN live ON live.status = totals.status
+"""
+
+_UNTRACKED_SQL = """
+SELECT count(*)::bigint AS n
+FROM (SELECT thread_id FROM checkpoints GROUP BY thread_id) c
+WHERE NOT EXISTS (SELECT 1 FROM durable_threads t WHERE t.thread_id = c.thread_id)
+"""
 
 _THREAD_SQL = """
 SELECT thread_id, status, graph_version, lease_owner, lease_token,
@@ -358,22 +375,28 @@ def list_threads(
     return out
 
 
-def thread_status_counts(saver: DurablePostgresSaver) -> dict[str, int]:
+def thread_status_counts(saver: DurablePostgresSaver, *, untracked: bool = True) -> dict[str, int]:
     """How many threads are in each state (the recovery view).
 
     Keys: every entry of ``STATES`` plus ``error`` (threads whose last run raised; they
-    are counted in ``recoverable`` too) and ``total``.
+    are counted in ``recoverable`` too) and ``total``. ``untracked=False`` skips the
+    only part that grows with the number of threads (it then reports 0 untracked).
     """
     counts = dict.fromkeys(STATES, 0)
     counts["error"] = 0
-    total = 0
     with saver.connection() as conn:
-        for row in _rows(conn, _COUNTS_SQL):
-            counts[row["state"]] = counts.get(row["state"], 0) + row["n"]
-            if row["status"] == "error":
-                counts["error"] += row["n"]
-            total += row["n"]
-    counts["total"] = total
+        rows = _rows(conn, _COUNTS_SQL)
+        n_untracked = _rows(conn, _UNTRACKED_SQL)[0]["n"] if untracked else 0
+    for row in rows:
+        status, n, live = row["status"], int(row["n"]), int(row["live"])
+        counts["running"] += live
+        # The rest by status, as _STATE_SQL classifies a row without a live lease.
+        state = "recoverable" if status in ("running", "stopped", "error") else status
+        counts[state] = counts.get(state, 0) + n - live
+        if status == "error":
+            counts["error"] += n
+    counts["untracked"] = int(n_untracked)
+    counts["total"] = sum(counts[s] for s in counts if s not in ("error", "total"))
     return counts
 
 

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from langgraph_durable import DurablePostgresSaver, status_counts
+from langgraph_durable import inspect as lgi
 from langgraph_durable.recovery import STATUS_FOLD_ROWS, STATUS_KINDS
 
 # The query status_counts ran before issue 14: it scans every thread.
@@ -28,6 +29,35 @@ SELECT CASE
 FROM durable_threads t
 GROUP BY 1
 """
+
+
+# What inspect.thread_status_counts scanned before issue 14 (every thread id).
+OLD_INSPECT_SQL = """
+SELECT CASE
+    WHEN t.thread_id IS NULL THEN 'untracked'
+    WHEN t.status = 'quarantined' THEN 'quarantined'
+    WHEN t.lease_owner IS NOT NULL AND t.lease_expires_at > now() THEN 'running'
+    WHEN t.status IN ('running', 'stopped', 'error') THEN 'recoverable'
+    ELSE t.status
+END AS state, t.status, count(*)::int AS n
+FROM (SELECT DISTINCT thread_id FROM checkpoints UNION SELECT thread_id FROM durable_threads) ids
+LEFT JOIN durable_threads t ON t.thread_id = ids.thread_id
+GROUP BY 1, 2
+"""
+
+
+def _old_inspect(dsn: str) -> dict[str, int]:
+    counts = dict.fromkeys(lgi.STATES, 0)
+    counts["error"] = 0
+    total = 0
+    with psycopg.connect(dsn) as conn:
+        for state, status, n in conn.execute(OLD_INSPECT_SQL).fetchall():
+            counts[state] = counts.get(state, 0) + n
+            if status == "error":
+                counts["error"] += n
+            total += n
+    counts["total"] = total
+    return counts
 
 
 @pytest.fixture
@@ -103,3 +133,16 @@ def test_counts_survive_their_fold(store: DurablePostgresSaver, dsn: str) -> Non
 def _count(dsn: str, sql: str) -> int:
     with psycopg.connect(dsn) as conn:
         return int(conn.execute(sql).fetchone()[0])  # type: ignore[index]
+
+
+def test_inspect_counts_match_the_full_scan(store: DurablePostgresSaver, dsn: str) -> None:
+    p = f"ic-{uuid.uuid4().hex[:6]}-"
+    _seed(dsn, p, 90)
+    # Untracked: checkpoints with no durable_threads row (a stock-saver thread).
+    _exec(dsn, "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, checkpoint, metadata) "
+               "VALUES (%s, '', 'c1', '{}', '{}'), (%s, '', 'c2', '{}', '{}')", (p + "stock", p + "stock"))
+    _exec(dsn, "UPDATE durable_threads SET status = 'quarantined', lease_owner = 'w', "
+               "lease_expires_at = now() + interval '1 h' WHERE thread_id = %s", (p + "3",))
+    assert lgi.thread_status_counts(store) == _old_inspect(dsn)
+    fast = lgi.thread_status_counts(store, untracked=False)
+    assert fast["untracked"] == 0 and fast["running"] == _old_inspect(dsn)["running"]
