@@ -69,9 +69,25 @@ RECOVERABLE = ("running", "stopped", "queued")
 
 CLAIM_SQL = """
 WITH cand AS (
-    SELECT t.thread_id, t.status AS prev_status, t.attempts, t.attempts_checkpoint_id,
+    SELECT t.thread_id, t.prev_status, t.attempts, t.attempts_checkpoint_id,
            cp.checkpoint_id, cp.graph_version
-    FROM durable_threads t
+    FROM (
+        -- The ready queue in claim order (durable_threads_ready_idx). OFFSET 0 keeps
+        -- it a subquery of its own: the latest-checkpoint probe below then runs per
+        -- thread in this order and the LIMIT stops at the first taker, instead of the
+        -- planner probing every candidate and sorting after (issue 14).
+        SELECT r.thread_id, r.status AS prev_status, r.attempts, r.attempts_checkpoint_id
+        FROM durable_threads r
+        WHERE r.status IN ('running', 'stopped', 'queued', 'error')
+          AND (r.lease_owner IS NULL OR r.lease_expires_at < now())
+          AND (r.status = ANY(%(statuses)s)
+               OR (r.status = 'error' AND %(retry_errors)s
+                   AND r.updated_at < now() - make_interval(secs => LEAST(
+                       %(backoff)s * power(2, GREATEST(r.attempts - 1, 0)), %(max_backoff)s))))
+          AND NOT (r.thread_id = ANY(%(skip)s))
+        ORDER BY r.updated_at
+        OFFSET 0
+    ) t
     CROSS JOIN LATERAL (
         SELECT c.checkpoint_id, c.metadata ->> 'graph_version' AS graph_version
         FROM checkpoints c
@@ -79,17 +95,9 @@ WITH cand AS (
         ORDER BY c.checkpoint_id DESC
         LIMIT 1
     ) cp
-    WHERE t.status IN ('running', 'stopped', 'queued', 'error')  -- durable_threads_ready_idx
-      AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
-      AND (t.status = ANY(%(statuses)s)
-           OR (t.status = 'error' AND %(retry_errors)s
-               AND t.updated_at < now() - make_interval(secs => LEAST(
-                   %(backoff)s * power(2, GREATEST(t.attempts - 1, 0)), %(max_backoff)s))))
-      AND (%(any_version)s
+    WHERE (%(any_version)s
            OR cp.graph_version = ANY(%(versions)s)
            OR (cp.graph_version IS NULL AND %(adopt)s))
-      AND NOT (t.thread_id = ANY(%(skip)s))
-    ORDER BY t.updated_at
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 )
@@ -140,22 +148,21 @@ RETURNING thread_id
 # before: a live lease is 'running' whatever the status, 'orphaned' has no checkpoint.
 STATUS_COUNTS_SQL = """
 WITH totals AS (
-    SELECT status, sum(n)::bigint AS n FROM durable_thread_counts GROUP BY status
+    SELECT status, sum(n)::bigint AS n FROM durable_thread_counts GROUP BY status HAVING sum(n) <> 0
 ), live AS (
-    SELECT CASE
-             WHEN t.lease_owner IS NOT NULL AND t.lease_expires_at > now() THEN 'running'
-             WHEN t.status = 'error' THEN 'error'
-             WHEN EXISTS (SELECT 1 FROM checkpoints c
-                          WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '') THEN 'recoverable'
-             ELSE 'orphaned'
-           END AS kind
-    FROM durable_threads t
+    SELECT t.status, count(*)::bigint AS n FROM durable_threads t
     WHERE t.status IN ('running', 'stopped', 'queued', 'error')
+      AND t.lease_expires_at > now() AND t.lease_owner IS NOT NULL
+    GROUP BY t.status
+), orphans AS (
+    SELECT count(*)::bigint AS n FROM durable_threads t
+    WHERE t.status IN ('running', 'stopped', 'queued')
+      AND NOT (t.lease_owner IS NOT NULL AND t.lease_expires_at > now())
+      AND NOT EXISTS (SELECT 1 FROM checkpoints c
+                      WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '')
 )
-SELECT kind, count(*)::bigint AS n FROM live GROUP BY 1
-UNION ALL
-SELECT status, n FROM totals
-WHERE status NOT IN ('running', 'stopped', 'queued', 'error') AND n <> 0
+SELECT totals.status, totals.n, COALESCE(live.n, 0) AS live, (SELECT n FROM orphans) AS orphans
+FROM totals LEFT JOIN live ON live.status = totals.status
 """
 
 # Fold the +1/-1 rows into one per status. Concurrent folds are safe: a row deleted
@@ -345,11 +352,20 @@ def _op_status_counts() -> Op[dict[str, int]]:
         ]
     )
     counts = dict.fromkeys(STATUS_KINDS, 0)
+    orphans = 0
     for r in rows[2]:
-        # A status outside the known ones (none is written today) counts as orphaned,
-        # as the old CASE would have (lease and checkpoint aside).
-        kind = r["kind"] if r["kind"] in counts else "orphaned"
-        counts[kind] += int(r["n"])
+        status, n, live = r["status"], int(r["n"]), int(r["live"])
+        orphans = int(r["orphans"])  # the same on every row
+        if status in ("done", "waiting", "quarantined"):
+            counts[status] += n
+        elif status in ("running", "stopped", "queued", "error"):
+            counts["running"] += live  # a live lease: running whatever the status
+            counts["error" if status == "error" else "recoverable"] += n - live
+        else:  # a status no code writes: counted as the old CASE did one with no checkpoint
+            counts["orphaned"] += n
+    # Orphaned (no checkpoint to resume) among the recoverable-looking ones.
+    counts["recoverable"] -= orphans
+    counts["orphaned"] += orphans
     if rows[1][0]["n"] > STATUS_FOLD_ROWS:
         yield Batch([Stmt(STATUS_FOLD_SQL)])
     return counts
