@@ -1,97 +1,238 @@
-"""langgraph-durable: a drop-in durable checkpointer for LangGraph on Postgres."""
+"""langgraph-durable: a drop-in durable checkpointer for LangGraph on Postgres.
 
-# First: a LangGraph release that dropped a name the savers rely on is reported as one
-# UnsupportedLangGraphError listing them all, not as an ImportError deep in saver.py.
-from langgraph_durable import _compat
+The public names load lazily (PEP 562): ``import langgraph_durable.cli`` must not pay for
+langgraph, langchain-core and psycopg (about 2 s on a loaded machine) just to print
+``--help``. ``from langgraph_durable import X`` and ``langgraph_durable.X`` work as before.
+"""
 
-_compat.check()
+from __future__ import annotations
 
-from langgraph_durable import poison
-from langgraph_durable.archive import RestoreReport, arestore, restore
-from langgraph_durable.artifacts import ArtifactConfig
-from langgraph_durable.embedded import embedded_dsn, resolve_dsn, stop_embedded
-from langgraph_durable.errors import (
-    ArchiveConflictError,
-    ArchiveError,
-    ArchiveIntegrityError,
-    ArchiveVersionError,
-    ArtifactError,
-    ArtifactIntegrityError,
-    ArtifactNotFoundError,
-    CallInFlightError,
-    CheckpointLoadError,
-    CheckpointNotFoundError,
-    ClockSkewError,
-    ConfigurationError,
-    DurableError,
-    EmbeddedPostgresError,
-    GraphVersionMismatchError,
-    IdempotencyConflictError,
-    IdempotencyError,
-    IdempotentCallFailedError,
-    InsufficientPrivilegeError,
-    InvalidIdempotencyKeyError,
-    InvalidIdentifierError,
-    InvalidThreadIdError,
-    LeaseLostError,
-    MigrationError,
-    NoLedgerError,
-    NotQuarantinedError,
-    OrphanedWorkError,
-    OutcomeUnknownError,
-    PoisonCheckpointError,
-    SchemaNotReadyError,
-    SerializationError,
-    StatementCanceledError,
-    ThreadBusyError,
-    ThreadExistsError,
-    UnencodableValueError,
-    UnstableKeyError,
-    UnsupportedConnectionError,
-    UnsupportedLangGraphError,
-)
-from langgraph_durable.export import ExportReport, aexport_stock, export_stock
-from langgraph_durable.idempotency import (
-    IdempotentTool,
-    Ledger,
-    LedgerEntry,
-    apurge_expired_keys,
-    idempotent,
-    purge_expired_keys,
-)
-from langgraph_durable.journal import JournaledRunnable, journaled
-from langgraph_durable.poison import QuarantineEntry, RewindResult, ThreadReport
-from langgraph_durable.recovery import (
-    RecoveryResult,
-    RecoveryWorker,
-    WorkerStats,
-    arecover,
-    astatus_counts,
-    asubmit,
-    recover,
-    status_counts,
-    submit,
-)
-from langgraph_durable.retention import (
-    GcReport,
-    RetentionReport,
-    agc,
-    arecompute_refs,
-    aretain,
-    gc,
-    recompute_refs,
-    retain,
-)
-from langgraph_durable.saver import AsyncDurablePostgresSaver, DurablePostgresSaver, PoisonRecord
-from langgraph_durable.versioning import (
-    Migration,
-    MigrationRegistry,
-    MigrationReport,
-    amigrate_threads,
-    graph_fingerprint,
-    migrate_threads,
-    undo_migration,
-)
+import importlib
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from langgraph_durable import poison
+    from langgraph_durable.archive import RestoreReport, arestore, restore
+    from langgraph_durable.artifacts import ArtifactConfig
+    from langgraph_durable.embedded import embedded_dsn, resolve_dsn, stop_embedded
+    from langgraph_durable.errors import (
+        ArchiveConflictError,
+        ArchiveError,
+        ArchiveIntegrityError,
+        ArchiveVersionError,
+        ArtifactError,
+        ArtifactIntegrityError,
+        ArtifactNotFoundError,
+        CallInFlightError,
+        CheckpointLoadError,
+        CheckpointNotFoundError,
+        ClockSkewError,
+        ConfigurationError,
+        DurableError,
+        EmbeddedPostgresError,
+        GraphVersionMismatchError,
+        IdempotencyConflictError,
+        IdempotencyError,
+        IdempotentCallFailedError,
+        InsufficientPrivilegeError,
+        InvalidIdempotencyKeyError,
+        InvalidIdentifierError,
+        InvalidThreadIdError,
+        LeaseLostError,
+        MigrationError,
+        NoLedgerError,
+        NotQuarantinedError,
+        OrphanedWorkError,
+        OutcomeUnknownError,
+        PoisonCheckpointError,
+        SchemaNotReadyError,
+        SerializationError,
+        StatementCanceledError,
+        ThreadBusyError,
+        ThreadExistsError,
+        UnencodableValueError,
+        UnstableKeyError,
+        UnsupportedConnectionError,
+        UnsupportedLangGraphError,
+    )
+    from langgraph_durable.export import ExportReport, aexport_stock, export_stock
+    from langgraph_durable.idempotency import (
+        IdempotentTool,
+        Ledger,
+        LedgerEntry,
+        apurge_expired_keys,
+        idempotent,
+        purge_expired_keys,
+    )
+    from langgraph_durable.journal import JournaledRunnable, journaled
+    from langgraph_durable.poison import QuarantineEntry, RewindResult, ThreadReport
+    from langgraph_durable.recovery import (
+        RecoveryResult,
+        RecoveryWorker,
+        WorkerStats,
+        arecover,
+        astatus_counts,
+        asubmit,
+        recover,
+        status_counts,
+        submit,
+    )
+    from langgraph_durable.retention import (
+        GcReport,
+        RetentionReport,
+        agc,
+        arecompute_refs,
+        aretain,
+        gc,
+        recompute_refs,
+        retain,
+    )
+    from langgraph_durable.saver import (
+        AsyncDurablePostgresSaver,
+        DurablePostgresSaver,
+        PoisonRecord,
+    )
+    from langgraph_durable.versioning import (
+        Migration,
+        MigrationRegistry,
+        MigrationReport,
+        amigrate_threads,
+        graph_fingerprint,
+        migrate_threads,
+        undo_migration,
+    )
+
+# public name -> the module defining it (a submodule itself when the name is the module's)
+_LAZY: dict[str, str] = {
+    "poison": "langgraph_durable",
+    "RestoreReport": "langgraph_durable.archive",
+    "arestore": "langgraph_durable.archive",
+    "restore": "langgraph_durable.archive",
+    "ArtifactConfig": "langgraph_durable.artifacts",
+    "embedded_dsn": "langgraph_durable.embedded",
+    "resolve_dsn": "langgraph_durable.embedded",
+    "stop_embedded": "langgraph_durable.embedded",
+    "ArchiveConflictError": "langgraph_durable.errors",
+    "ArchiveError": "langgraph_durable.errors",
+    "ArchiveIntegrityError": "langgraph_durable.errors",
+    "ArchiveVersionError": "langgraph_durable.errors",
+    "ArtifactError": "langgraph_durable.errors",
+    "ArtifactIntegrityError": "langgraph_durable.errors",
+    "ArtifactNotFoundError": "langgraph_durable.errors",
+    "CallInFlightError": "langgraph_durable.errors",
+    "CheckpointLoadError": "langgraph_durable.errors",
+    "CheckpointNotFoundError": "langgraph_durable.errors",
+    "ClockSkewError": "langgraph_durable.errors",
+    "ConfigurationError": "langgraph_durable.errors",
+    "DurableError": "langgraph_durable.errors",
+    "EmbeddedPostgresError": "langgraph_durable.errors",
+    "GraphVersionMismatchError": "langgraph_durable.errors",
+    "IdempotencyConflictError": "langgraph_durable.errors",
+    "IdempotencyError": "langgraph_durable.errors",
+    "IdempotentCallFailedError": "langgraph_durable.errors",
+    "InsufficientPrivilegeError": "langgraph_durable.errors",
+    "InvalidIdempotencyKeyError": "langgraph_durable.errors",
+    "InvalidIdentifierError": "langgraph_durable.errors",
+    "InvalidThreadIdError": "langgraph_durable.errors",
+    "LeaseLostError": "langgraph_durable.errors",
+    "MigrationError": "langgraph_durable.errors",
+    "NoLedgerError": "langgraph_durable.errors",
+    "NotQuarantinedError": "langgraph_durable.errors",
+    "OrphanedWorkError": "langgraph_durable.errors",
+    "OutcomeUnknownError": "langgraph_durable.errors",
+    "PoisonCheckpointError": "langgraph_durable.errors",
+    "SchemaNotReadyError": "langgraph_durable.errors",
+    "SerializationError": "langgraph_durable.errors",
+    "StatementCanceledError": "langgraph_durable.errors",
+    "ThreadBusyError": "langgraph_durable.errors",
+    "ThreadExistsError": "langgraph_durable.errors",
+    "UnencodableValueError": "langgraph_durable.errors",
+    "UnstableKeyError": "langgraph_durable.errors",
+    "UnsupportedConnectionError": "langgraph_durable.errors",
+    "UnsupportedLangGraphError": "langgraph_durable.errors",
+    "ExportReport": "langgraph_durable.export",
+    "aexport_stock": "langgraph_durable.export",
+    "export_stock": "langgraph_durable.export",
+    "IdempotentTool": "langgraph_durable.idempotency",
+    "Ledger": "langgraph_durable.idempotency",
+    "LedgerEntry": "langgraph_durable.idempotency",
+    "apurge_expired_keys": "langgraph_durable.idempotency",
+    "idempotent": "langgraph_durable.idempotency",
+    "purge_expired_keys": "langgraph_durable.idempotency",
+    "JournaledRunnable": "langgraph_durable.journal",
+    "journaled": "langgraph_durable.journal",
+    "QuarantineEntry": "langgraph_durable.poison",
+    "RewindResult": "langgraph_durable.poison",
+    "ThreadReport": "langgraph_durable.poison",
+    "RecoveryResult": "langgraph_durable.recovery",
+    "RecoveryWorker": "langgraph_durable.recovery",
+    "WorkerStats": "langgraph_durable.recovery",
+    "arecover": "langgraph_durable.recovery",
+    "astatus_counts": "langgraph_durable.recovery",
+    "asubmit": "langgraph_durable.recovery",
+    "recover": "langgraph_durable.recovery",
+    "status_counts": "langgraph_durable.recovery",
+    "submit": "langgraph_durable.recovery",
+    "GcReport": "langgraph_durable.retention",
+    "RetentionReport": "langgraph_durable.retention",
+    "agc": "langgraph_durable.retention",
+    "arecompute_refs": "langgraph_durable.retention",
+    "aretain": "langgraph_durable.retention",
+    "gc": "langgraph_durable.retention",
+    "recompute_refs": "langgraph_durable.retention",
+    "retain": "langgraph_durable.retention",
+    "AsyncDurablePostgresSaver": "langgraph_durable.saver",
+    "DurablePostgresSaver": "langgraph_durable.saver",
+    "PoisonRecord": "langgraph_durable.saver",
+    "Migration": "langgraph_durable.versioning",
+    "MigrationRegistry": "langgraph_durable.versioning",
+    "MigrationReport": "langgraph_durable.versioning",
+    "amigrate_threads": "langgraph_durable.versioning",
+    "graph_fingerprint": "langgraph_durable.versioning",
+    "migrate_threads": "langgraph_durable.versioning",
+    "undo_migration": "langgraph_durable.versioning",
+}
+
+
+# Modules that do not touch LangGraph: loading them needs no compatibility check.
+_NO_LANGGRAPH = frozenset({"langgraph_durable.errors", "langgraph_durable.embedded"})
+_checked = False
+
+
+def _check_langgraph() -> None:
+    """A LangGraph release that dropped a name the savers rely on is reported as one
+    UnsupportedLangGraphError listing them all, not as an ImportError deep in saver.py
+    (_compat). Run once, before the first module that imports LangGraph loads."""
+    global _checked
+    if not _checked:
+        from langgraph_durable import _compat
+
+        _compat.check()
+        _checked = True
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if module not in _NO_LANGGRAPH:
+        _check_langgraph()
+    if module == __name__:  # a submodule: `from langgraph_durable import poison`
+        value: Any = importlib.import_module(f"{__name__}.{name}")
+    else:
+        value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+if "langgraph" in sys.modules:
+    _check_langgraph()
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __version__ = "0.1.0"
 

@@ -247,6 +247,52 @@ MIGRATIONS: list[str] = [
         END IF;
         RETURN 1;
     END $$""",
+    # Artifacts are zstd output already: the default EXTENDED storage made pglz try (and
+    # fail) to compress every large one again, ~390 ms per 40 MB (issue 14). EXTERNAL:
+    # out of line, uncompressed. Existing rows keep their form; setting it twice is a no-op.
+    "ALTER TABLE durable_artifacts ALTER COLUMN data SET STORAGE EXTERNAL",
+    # The workers' ready queue (recovery.CLAIM_SQL, issue 14): only the threads a claim
+    # may take, in claim order, so a poll walks from the oldest claimable thread and
+    # stops at the first it can take instead of sorting every candidate. Done, waiting
+    # and quarantined threads (nearly all of them, in time) are not in it.
+    """CREATE INDEX IF NOT EXISTS durable_threads_ready_idx ON durable_threads (updated_at)
+        WHERE status IN ('running', 'stopped', 'queued', 'error')""",
+    # Threads per status, maintained by triggers (recovery.status_counts, issue 14: the
+    # count scanned every thread, 117 ms at 100k). Append-only +1/-1 rows, no upsert:
+    # concurrent runs never wait for (or deadlock on) a shared counter row; readers sum
+    # them and fold them into one row per status now and then (STATUS_FOLD_SQL). Created
+    # and filled in one transaction, durable_threads locked against writes meanwhile.
+    """DO $$ BEGIN
+        IF to_regclass('durable_thread_counts') IS NULL THEN
+            CREATE TABLE durable_thread_counts (status TEXT NOT NULL, n BIGINT NOT NULL);
+            CREATE OR REPLACE FUNCTION durable_thread_counts_row() RETURNS trigger
+            LANGUAGE plpgsql SET search_path FROM CURRENT AS $f$
+            BEGIN
+                IF TG_OP <> 'INSERT' THEN
+                    INSERT INTO durable_thread_counts VALUES (OLD.status, -1);
+                END IF;
+                IF TG_OP <> 'DELETE' THEN
+                    INSERT INTO durable_thread_counts VALUES (NEW.status, 1);
+                END IF;
+                RETURN NULL;
+            END $f$;
+            CREATE OR REPLACE FUNCTION durable_thread_counts_truncate() RETURNS trigger
+            LANGUAGE plpgsql SET search_path FROM CURRENT AS $f$
+            BEGIN
+                DELETE FROM durable_thread_counts;
+                RETURN NULL;
+            END $f$;
+            LOCK TABLE durable_threads IN SHARE ROW EXCLUSIVE MODE;
+            CREATE TRIGGER durable_thread_counts_ins_del AFTER INSERT OR DELETE ON durable_threads
+                FOR EACH ROW EXECUTE FUNCTION durable_thread_counts_row();
+            CREATE TRIGGER durable_thread_counts_upd AFTER UPDATE OF status ON durable_threads
+                FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+                EXECUTE FUNCTION durable_thread_counts_row();
+            CREATE TRIGGER durable_thread_counts_trunc AFTER TRUNCATE ON durable_threads
+                FOR EACH STATEMENT EXECUTE FUNCTION durable_thread_counts_truncate();
+            INSERT INTO durable_thread_counts SELECT status, count(*) FROM durable_threads GROUP BY status;
+        END IF;
+    END $$""",
 ]
 
 # --- leases / lifecycle --------------------------------------------------------------

@@ -40,6 +40,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -620,6 +621,42 @@ class ArtifactCache:
         return self._size
 
 
+class ArtifactsInFlight(Exception):
+    """Raised by an op before it sends anything: another write of this process is storing
+    some of the same (thread, digest) pairs right now. The write wrapper waits for
+    ``futures`` outside any connection, then runs the op again (see ``WriteSession``)."""
+
+    def __init__(self, futures: list[Future[bool]]) -> None:
+        super().__init__(f"{len(futures)} artifact insert(s) in flight")
+        self.futures = futures
+
+
+class WriteSession:
+    """The (thread, digest) pairs one put/put_writes call is storing, while it stores
+    them. LangGraph runs a step's ``put_writes`` and ``put`` concurrently, and both
+    carry the same large value: without this both compressed it and sent it (and the
+    loser's TOASTed copy stayed behind as a dead tuple, doubling the table).
+
+    The first write to reach ``KnownRefs.reserve`` owns a pair until its call ends; a
+    concurrent write that needs the pair waits for that end (``ArtifactsInFlight``),
+    then runs again: on commit the pair is known and only its reference row is sent;
+    on rollback the pair was released, so the second write claims and sends it itself.
+    A reservation is all or nothing and a waiting session first releases what it
+    holds, so two writes never wait for each other."""
+
+    def __init__(self, known: KnownRefs) -> None:
+        self.known = known
+        self.owned: dict[tuple[str, bytes], Future[bool]] = {}
+        # A wait timed out: take pairs regardless of who else holds them.
+        self.force = False
+
+    def finish(self, committed: bool) -> None:
+        """End the call: resolve and drop every pair it owns (``committed``: they are
+        stored, else anyone waiting sends them itself)."""
+        owned, self.owned = self.owned, {}
+        self.known._release(owned, committed)
+
+
 class KnownRefs:
     """(thread, digest) pairs this process has stored recently, so a growing list does
     not re-compress and re-send every element at every step.
@@ -627,23 +664,62 @@ class KnownRefs:
     Only the artifact *data* is skipped for known pairs; the reference rows are always
     written, and a foreign key from ``durable_artifact_refs`` to ``durable_artifacts``
     makes a reference to a collected artifact fail loudly: the saver then forgets
-    what it knew and writes again with the data (see ``_DurableBase._write``)."""
+    what it knew and writes again with the data (see ``_DurableBase._write``).
+    Pairs being stored right now are tracked too (``reserve``, ``WriteSession``)."""
 
     def __init__(self, ttl: float = 600.0, max_entries: int = 200_000) -> None:
         self.ttl = ttl
         self.max_entries = max_entries
         self._data: OrderedDict[tuple[str, bytes], float] = OrderedDict()
+        self._inflight: dict[tuple[str, bytes], tuple[WriteSession, Future[bool]]] = {}
         self._lock = threading.Lock()
+
+    def _fresh(self, key: tuple[str, bytes], now: float) -> bool:
+        seen = self._data.get(key)
+        return seen is not None and now - seen <= self.ttl
 
     def unknown(self, thread_id: str, digests: Iterable[bytes]) -> list[bytes]:
         now = time.monotonic()
-        out = []
+        with self._lock:
+            return [d for d in digests if not self._fresh((thread_id, d), now)]
+
+    def reserve(
+        self, session: WriteSession, thread_id: str, digests: Iterable[bytes], *, wait: bool = True
+    ) -> list[bytes]:
+        """The digests ``session`` must send (unknown, now owned by it). Raises
+        ``ArtifactsInFlight`` (owning nothing new) when another session is storing some
+        of them; ``wait=False`` (after a wait timed out) takes them regardless."""
+        now = time.monotonic()
+        new: list[bytes] = []
+        waits: list[Future[bool]] = []
         with self._lock:
             for d in digests:
-                seen = self._data.get((thread_id, d))
-                if seen is None or now - seen > self.ttl:
-                    out.append(d)
-        return out
+                key = (thread_id, d)
+                if self._fresh(key, now):
+                    continue
+                holder = self._inflight.get(key)
+                if holder is not None and holder[0] is not session and wait:
+                    waits.append(holder[1])
+                else:
+                    new.append(d)
+            if waits:
+                raise ArtifactsInFlight(waits)
+            for d in new:
+                key = (thread_id, d)
+                if key not in session.owned:
+                    future: Future[bool] = Future()
+                    session.owned[key] = future
+                    self._inflight[key] = (session, future)
+        return new
+
+    def _release(self, owned: dict[tuple[str, bytes], Future[bool]], committed: bool) -> None:
+        with self._lock:
+            for key, future in owned.items():
+                holder = self._inflight.get(key)
+                if holder is not None and holder[1] is future:
+                    del self._inflight[key]
+        for future in owned.values():
+            future.set_result(committed)
 
     def add(self, thread_id: str, digests: Iterable[bytes]) -> None:
         now = time.monotonic()

@@ -291,9 +291,16 @@ DURABLE_TABLES = (
     "durable_migration_log",
     "durable_migrations",
     "durable_quarantine",
+    "durable_thread_counts",
     "durable_threads",
 )
-DURABLE_FUNCTIONS = ("durable_fence(text, bigint, text)", "durable_foreign_lease(text)")
+DURABLE_FUNCTIONS = (
+    "durable_fence(text, bigint, text)",
+    "durable_foreign_lease(text)",
+    "durable_checkpoint_order(text, text, text)",
+    "durable_thread_counts_row()",
+    "durable_thread_counts_truncate()",
+)
 DURABLE_INDEXES = ("durable_checkpoints_run_idx",)  # on the stock checkpoints table
 
 __all__ = [

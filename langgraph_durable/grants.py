@@ -27,7 +27,11 @@ from langgraph_durable.errors import InvalidIdentifierError
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 VERSION_TABLES = ("checkpoint_migrations", "durable_migrations")
 # Functions the saver calls (fencing of leased writes); their signatures as created.
-FUNCTIONS = ("durable_fence(text, bigint, text)", "durable_foreign_lease(text)")
+FUNCTIONS = (
+    "durable_fence(text, bigint, text)",
+    "durable_foreign_lease(text)",
+    "durable_checkpoint_order(text, text, text)",
+)
 
 
 def _migration_sql() -> str:
@@ -36,7 +40,9 @@ def _migration_sql() -> str:
 
 def tables() -> list[str]:
     """Every table ``setup()`` creates (stock and durable), in a stable order."""
-    names = re.findall(r"CREATE TABLE IF NOT EXISTS\s+(\w+)", _migration_sql(), re.IGNORECASE)
+    # Also the tables a DO block creates (durable_thread_counts, filled by triggers on
+    # durable_threads: the application role's writes insert into it).
+    names = re.findall(r"CREATE TABLE (?:IF NOT EXISTS\s+)?(\w+)", _migration_sql(), re.IGNORECASE)
     return sorted(set(names))
 
 

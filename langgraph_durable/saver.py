@@ -36,6 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import wait as futures_wait
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -98,7 +99,13 @@ from langgraph_durable._io import (
     op_memo,
 )
 from langgraph_durable._pool import AsyncDurableConnectionPool, DurableConnectionPool
-from langgraph_durable.artifacts import ArtifactCodec, ArtifactConfig, KnownRefs
+from langgraph_durable.artifacts import (
+    ArtifactCodec,
+    ArtifactConfig,
+    ArtifactsInFlight,
+    KnownRefs,
+    WriteSession,
+)
 from langgraph_durable.compat import (
     classify_saved,
     graph_topology,
@@ -154,6 +161,14 @@ from langgraph_durable.versioning import (
 )
 
 logger = logging.getLogger("langgraph_durable")
+
+# The put/put_writes call running in this context (see artifacts.WriteSession). A
+# ContextVar: it follows the op into asyncio.to_thread and into the same task, and ops
+# run where no call set it (e.g. a sync call of the async saver) simply do not dedup.
+_WRITE_SESSION: ContextVar[WriteSession | None] = ContextVar("langgraph_durable_write", default=None)
+# How long a write waits for a concurrent write storing the same artifacts before it
+# sends them itself (a safety net: the other write normally ends within its statement).
+_INFLIGHT_WAIT = 30.0
 
 OnBusy = Literal["raise", "wait"]
 # What a root run start the saver did not recognise does (see _check_unrecognised_run).
@@ -1068,7 +1083,13 @@ class _DurableBase(BasePostgresSaver):
         if not artifacts:
             return [], []
         digests = sorted(artifacts)
-        new = sorted(self._known_refs.unknown(thread_id, digests))
+        session = _WRITE_SESSION.get()
+        if session is not None and session.known is self._known_refs:
+            # Inside put/put_writes: own the new pairs while storing them, or wait for
+            # the concurrent write storing them (raises before anything is sent).
+            new = self._known_refs.reserve(session, thread_id, digests, wait=not session.force)
+        else:
+            new = sorted(self._known_refs.unknown(thread_id, digests))
         stmts = [Stmt(_sql.ARTIFACT_LOCK_SHARED_SQL, (_sql.ARTIFACT_LOCK_CLASS, thread_id))]
         if new:
             sealed = [self.codec.seal(artifacts[d], self.serde) for d in new]
@@ -1080,21 +1101,63 @@ class _DurableBase(BasePostgresSaver):
         """Run a put/put_writes op. A foreign-key violation means an artifact this
         process believed stored was garbage-collected meanwhile (its references were
         dropped by prune/retention/delete elsewhere): forget, and write again with
-        the data. Nothing was committed by the failed attempt."""
+        the data. Nothing was committed by the failed attempt. Artifacts a concurrent
+        write of this process is storing are waited for, not sent twice (WriteSession)."""
+        session = WriteSession(self._known_refs)
+        token = _WRITE_SESSION.set(session)
+        committed = False
         try:
-            return self._run_op(factory)
-        except psycopg.errors.ForeignKeyViolation:
-            logger.info("thread %s: an artifact was collected meanwhile; writing it again", thread_id)
-            self._known_refs.forget_thread(thread_id)
-            return self._run_op(factory)
+            retried_fk = False
+            while True:
+                try:
+                    result = self._run_op(factory)
+                except ArtifactsInFlight as busy:
+                    session.finish(False)
+                    _, pending = futures_wait(busy.futures, timeout=_INFLIGHT_WAIT)
+                    session.force = bool(pending)
+                    continue
+                except psycopg.errors.ForeignKeyViolation:
+                    if retried_fk:
+                        raise
+                    retried_fk = True
+                    session.finish(False)
+                    logger.info("thread %s: an artifact was collected meanwhile; writing it again", thread_id)
+                    self._known_refs.forget_thread(thread_id)
+                    continue
+                committed = True
+                return result
+        finally:
+            _WRITE_SESSION.reset(token)
+            session.finish(committed)
 
     async def _awrite(self, thread_id: str, factory: Callable[[], Op[Any]]) -> Any:
+        session = WriteSession(self._known_refs)
+        token = _WRITE_SESSION.set(session)
+        committed = False
         try:
-            return await self._arun_op(factory)
-        except psycopg.errors.ForeignKeyViolation:
-            logger.info("thread %s: an artifact was collected meanwhile; writing it again", thread_id)
-            self._known_refs.forget_thread(thread_id)
-            return await self._arun_op(factory)
+            retried_fk = False
+            while True:
+                try:
+                    result = await self._arun_op(factory)
+                except ArtifactsInFlight as busy:
+                    session.finish(False)
+                    waits = [asyncio.wrap_future(f) for f in busy.futures]
+                    _, pending = await asyncio.wait(waits, timeout=_INFLIGHT_WAIT)
+                    session.force = bool(pending)
+                    continue
+                except psycopg.errors.ForeignKeyViolation:
+                    if retried_fk:
+                        raise
+                    retried_fk = True
+                    session.finish(False)
+                    logger.info("thread %s: an artifact was collected meanwhile; writing it again", thread_id)
+                    self._known_refs.forget_thread(thread_id)
+                    continue
+                committed = True
+                return result
+        finally:
+            _WRITE_SESSION.reset(token)
+            session.finish(committed)
 
     def _inline(self, value: Any) -> bool:
         if isinstance(value, float):

@@ -1,6 +1,10 @@
 """The ``langgraph-durable`` command line (typer + rich).
 
 Each concern registers its commands from its own module; this file only assembles them.
+To add commands: a new ``_x.py`` with ``register(app)``, appended to the tuple below.
+Keep a command module's top level light (typer, the stdlib, ``_common``, ``errors``):
+import rich, psycopg, langgraph and the package's own modules inside the command
+functions, so ``--help`` stays fast (tests/test_cli_startup.py checks it).
 """
 
 from __future__ import annotations

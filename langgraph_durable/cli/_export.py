@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from langgraph_durable.cli._common import (
     DsnOption,
@@ -95,6 +94,8 @@ def export_stock_command(
     else:
         totals = report.totals()
         verb = "would inline" if dry_run else "inlined"
+        from rich.table import Table
+
         table = Table(title="export-stock" + (" (dry run: nothing written)" if dry_run else ""))
         for col in (
             "thread",

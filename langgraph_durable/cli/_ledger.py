@@ -10,12 +10,9 @@ import enum
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich import box
-from rich.markup import escape
-from rich.table import Table
 
 from langgraph_durable.cli._common import (
     DsnOption,
@@ -27,6 +24,9 @@ from langgraph_durable.cli._common import (
     saver_or_exit,
 )
 from langgraph_durable.errors import DurableError
+
+if TYPE_CHECKING:
+    pass
 
 ledger_app = typer.Typer(
     help="The @idempotent ledger: list and show recorded calls, resolve an unknown outcome "
@@ -124,6 +124,10 @@ def list_cmd(
 ) -> None:
     """Recorded calls, most recent first. UNKNOWN (unknown_outcome with --json): the
     process died mid-call; resolve or forget the key."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
     with _ledger(dsn, schema, json_out, readonly=True) as ledger:
         entries = ledger.entries(
             thread_id=thread, status=None if status is None else status.value, limit=limit
@@ -172,6 +176,7 @@ def show_cmd(
 ) -> None:
     """One key: its state, call site, arguments preview, and the recorded result or
     error."""
+    from rich.markup import escape
     result: Any = None
     result_error: str | None = None
     with _ledger(dsn, schema, json_out, readonly=True) as ledger:

@@ -3,12 +3,10 @@ detection; the logic is in ``langgraph_durable.poison``, this module only format
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
-from langgraph_durable import poison
 from langgraph_durable.cli._common import (
     DsnOption,
     JsonOption,
@@ -17,6 +15,9 @@ from langgraph_durable.cli._common import (
     print_json,
     saver_or_exit,
 )
+
+if TYPE_CHECKING:
+    pass
 
 quarantine_app = typer.Typer(
     help="Poisoned threads: list, show, release (run again), rewind (fork from an earlier "
@@ -42,6 +43,10 @@ def list_cmd(
     json_out: JsonOption = False,
 ) -> None:
     """Quarantined threads, most recent first."""
+    from rich.table import Table
+
+    from langgraph_durable import poison
+
     with saver_or_exit(dsn, schema, json_out, readonly=True) as saver:
         entries = poison.list_quarantined(saver, limit=limit)
     if json_out:
@@ -72,6 +77,10 @@ def show_cmd(
 ) -> None:
     """A thread's quarantine record, attempt count and recent checkpoints (pick one to
     rewind to)."""
+    from rich.table import Table
+
+    from langgraph_durable import poison
+
     with saver_or_exit(dsn, schema, json_out, readonly=True) as saver:
         report = poison.show(saver, thread_id, history=history)
     if json_out:
@@ -119,6 +128,7 @@ def release_cmd(
 ) -> None:
     """Lift the quarantine and reset the attempt count: the next run starts from the same
     checkpoint again."""
+    from langgraph_durable import poison
     with saver_or_exit(dsn, schema, json_out) as saver:
         entry = poison.release(saver, thread_id)
     if json_out:
@@ -142,6 +152,7 @@ def rewind_cmd(
 ) -> None:
     """Fork the thread from an earlier checkpoint: a copy of it becomes the head (history
     is kept), the count is reset and the quarantine lifted."""
+    from langgraph_durable import poison
     with saver_or_exit(dsn, schema, json_out) as saver:
         result = poison.rewind(saver, thread_id, to)
     if json_out:

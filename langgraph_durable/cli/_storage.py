@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from langgraph_durable import retention
 from langgraph_durable.cli._common import (
     DsnOption,
     JsonOption,
@@ -28,6 +25,11 @@ from langgraph_durable.cli._common import (
     print_json,
 )
 from langgraph_durable.errors import DurableError
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from langgraph_durable import retention
 
 GraceOption = Annotated[
     float,
@@ -45,6 +47,7 @@ DryRunOption = Annotated[
 @contextmanager
 def _progress(label: str, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
     """A rich progress bar on stderr, fed by the ``progress(done, total)`` callbacks."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     if not enabled:
         yield None
         return
@@ -70,6 +73,7 @@ def _fail(exc: Exception) -> None:
 
 
 def _gc_table(report: retention.GcReport, title: str) -> Table:
+    from rich.table import Table
     verb = "would delete" if report.dry_run else "deleted"
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("what")
@@ -97,6 +101,7 @@ def gc_command(
 
     Safe while graphs run: a reference row pins its artifact (foreign key), and a
     write that reuses a collected artifact is retried with the data."""
+    from langgraph_durable import retention
     try:
         with open_saver(dsn, schema) as saver, _progress("gc", not as_json) as progress:
             report = retention.gc(
@@ -160,6 +165,9 @@ def retain_command(
     with --keep-last K keep only the last K checkpoints of the others. Never touches a
     thread that is running, leased or quarantined. With --archive URL each deleted
     thread is archived (and verified) first."""
+    from rich.table import Table
+
+    from langgraph_durable import retention
     statuses = status or ["done"]
     gc_report: retention.GcReport | None = None
     try:

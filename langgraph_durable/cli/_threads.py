@@ -10,13 +10,10 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
-from langgraph_durable import inspect as lgi
 from langgraph_durable.cli._common import (
     DsnOption,
     JsonOption,
@@ -28,6 +25,10 @@ from langgraph_durable.cli._common import (
     print_json,
 )
 from langgraph_durable.errors import DurableError
+
+if TYPE_CHECKING:
+    from rich.text import Text
+
 
 threads_app = typer.Typer(
     help="Inspect threads: list, show, history, diff, status.",
@@ -54,6 +55,7 @@ STATE_STYLE = {
 def _saver(dsn: str | None, schema: str | None) -> Iterator[Any]:
     """A saver for reading; typed errors (a missing thread, a checkpoint that does not
     decode) become a message and exit code 1, never a traceback."""
+    from rich.text import Text
     try:
         with open_saver(dsn, schema, readonly=True) as saver:
             yield saver
@@ -78,6 +80,7 @@ def _ago(ts: str | None) -> str:
 
 
 def _state(state: str | None, status: str | None = None) -> Text:
+    from rich.text import Text
     label = state or "-"
     if status and status not in (state, "running"):
         label += f" ({status})"
@@ -86,6 +89,7 @@ def _state(state: str | None, status: str | None = None) -> Text:
 
 def _channel_labels(channels: list[str]) -> list[str]:
     """State channels as they are; of LangGraph's internal ones only the telling ones."""
+    from langgraph_durable import inspect as lgi
     marks = {"__interrupt__": "(interrupt)", "__error__": "(error)"}
     return [marks.get(ch, ch) for ch in channels if ch in marks or not lgi.is_internal(ch)]
 
@@ -130,14 +134,26 @@ def threads_list(
         ),
     ] = None,
     prefix: Annotated[str | None, typer.Option(help="Only thread ids starting with this.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many threads (newest first).")] = 50,
+    limit: Annotated[int, typer.Option(help="At most this many threads (one page).")] = 50,
+    after: Annotated[
+        str | None,
+        typer.Option(
+            "--after",
+            help="Only threads after this thread_id (the next page: pass the last "
+            "thread_id of the previous one; in --json output, the last row's thread_id).",
+        ),
+    ] = None,
     dsn: DsnOption = None,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Threads with state, graph version, step, size and last activity."""
+    """Threads in thread_id order, a page at a time: state, graph version, step, size
+    and last activity."""
+    from rich.table import Table
+
+    from langgraph_durable import inspect as lgi
     with _saver(dsn, schema) as saver:
-        rows = lgi.list_threads(saver, status=status, prefix=prefix, limit=limit)
+        rows = lgi.list_threads(saver, status=status, prefix=prefix, limit=limit, after=after)
     if json_out:
         print_json(rows)
         return
@@ -165,6 +181,8 @@ def threads_list(
     console.print(table)
     if not rows:
         console.print("[dim]no threads match[/]")
+    elif len(rows) == limit:
+        console.print(f"[dim]next page: --after {rows[-1]['thread_id']}[/]", highlight=False)
 
 
 @threads_app.command("show")
@@ -178,6 +196,10 @@ def threads_show(
     json_out: JsonOption = False,
 ) -> None:
     """Latest state of a thread: channels and sizes, next nodes, lease, quarantine."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from langgraph_durable import inspect as lgi
     with _saver(dsn, schema) as saver:
         info = lgi.show_thread(saver, thread_id)
     if json_out:
@@ -272,6 +294,9 @@ def threads_history(
     json_out: JsonOption = False,
 ) -> None:
     """Checkpoints of a thread: step, source, graph version, updated channels, writes."""
+    from rich.table import Table
+
+    from langgraph_durable import inspect as lgi
     with _saver(dsn, schema) as saver:
         rows = lgi.thread_history(saver, thread_id, limit=limit)
     if json_out:
@@ -335,6 +360,10 @@ def threads_diff(
     json_out: JsonOption = False,
 ) -> None:
     """Which channels changed between two checkpoints, with sizes."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from langgraph_durable import inspect as lgi
     with _saver(dsn, schema) as saver:
         diff = lgi.diff_checkpoints(saver, thread_id, cp1, cp2)
     if json_out:
@@ -381,6 +410,10 @@ def threads_diff(
 
 
 def _print_status(dsn: str | None, schema: str | None, json_out: bool) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from langgraph_durable import inspect as lgi
     with _saver(dsn, schema) as saver:
         counts = lgi.thread_status_counts(saver)
     if json_out:
@@ -424,6 +457,10 @@ def stats(
     json_out: JsonOption = False,
 ) -> None:
     """Table sizes (stock and package tables) and the artifact dedup ratio."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from langgraph_durable import inspect as lgi
     with _saver(dsn, schema) as saver:
         data = lgi.storage_stats(saver)
     if json_out:

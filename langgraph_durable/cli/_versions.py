@@ -17,11 +17,9 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from langgraph_durable.cli._common import (
     DsnOption,
@@ -33,6 +31,9 @@ from langgraph_durable.cli._common import (
     print_json,
 )
 from langgraph_durable.errors import DurableError
+
+if TYPE_CHECKING:
+    pass
 
 versions_app = typer.Typer(
     help="Graph versions of stored threads: list, migrate, log, undo, fingerprint.",
@@ -202,6 +203,8 @@ def list_cmd(
     """Threads grouped by the graph version of their latest checkpoint (what must drain
     before the old code goes), or one row per thread with --version/--threads. With
     --graph, how that graph would treat each thread (its pending work included)."""
+    from rich.table import Table
+
     from langgraph_durable import compat
     from langgraph_durable import versioning as v
 
@@ -336,6 +339,8 @@ def migrate_cmd(
     Each thread is migrated in its own transaction with a backup in the migration log
     (undo with `versions undo`). Threads a live run holds are skipped as busy. Exit
     code 1 when any thread failed or was busy."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from langgraph_durable import versioning as v
 
     g, module = _graph(graph)
@@ -397,6 +402,8 @@ def log_cmd(
     as_json: JsonOption = False,
 ) -> None:
     """Migrations applied (newest first), each with a backup of the rows it replaced."""
+    from rich.table import Table
+
     from langgraph_durable import versioning as v
 
     with open_saver(dsn, schema, readonly=True) as saver:
