@@ -3,9 +3,11 @@
 
     python3 dev.py demo     # crash a research pipeline with SIGKILL, resume it
     python3 dev.py test     # ruff + mypy + the whole test suite
+    python3 dev.py suites   # LangGraph's own test suites, stock vs durable savers
 
 Both create ``.venv`` on first use and install the package with its test extras
-(reinstalled when pyproject.toml changes). Extra arguments go to the demo or to pytest.
+(reinstalled when pyproject.toml changes). Extra arguments go to the demo, to pytest or to
+tests/langgraph_suites/run.py.
 """
 
 from __future__ import annotations
@@ -46,13 +48,15 @@ def ensure_env() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "lint"):
+    if not argv or argv[0] not in ("demo", "test", "lint", "suites"):
         print(__doc__)
         return 2
     ensure_env()
     command, rest = argv[0], argv[1:]
     if command == "demo":
         return _run(BIN / "langgraph-durable", "demo", *rest)
+    if command == "suites":
+        return _run(PY, ROOT / "tests" / "langgraph_suites" / "run.py", *rest)
     lint_dirs = [d for d in ("langgraph_durable", "tests", "bench", "examples", "dev.py") if (ROOT / d).exists()]
     if _run(PY, "-m", "ruff", "check", *lint_dirs) != 0:
         return 1
