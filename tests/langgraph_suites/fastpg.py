@@ -24,6 +24,20 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+postmaster_pid: int | None = None  # of the running throwaway cluster, for server_cpu()
+
+
+def server_cpu() -> float:
+    """CPU seconds used so far by the throwaway cluster (postmaster and exited backends)."""
+    if postmaster_pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{postmaster_pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # utime, stime, cutime, cstime are fields 14-17 of stat(5); [1:] starts at field 3.
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
 
 def _bindirs() -> Iterator[Path]:
     exe = shutil.which("pg_config")
@@ -90,6 +104,8 @@ def start() -> Iterator[str | None]:
             yield None
             return
         ok = True
+        global postmaster_pid
+        postmaster_pid = int((data / "postmaster.pid").read_text().split()[0])
         print(f"fastpg: throwaway PostgreSQL ({bindir}) on 127.0.0.1:{port}, fsync=off")
         yield f"postgresql://postgres@127.0.0.1:{port}/"
     finally:

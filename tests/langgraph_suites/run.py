@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import os
 import re
+import resource
 import subprocess
 import sys
 import tarfile
@@ -99,8 +100,10 @@ class Suite:
 class Result:
     outcomes: dict[str, str]
     seconds: float
+    cpu: float
     returncode: int
     adapters: str
+    built: int  # durable savers the run constructed (-1: plugin line missing)
     log: Path
 
     def count(self, outcome: str) -> int:
@@ -186,10 +189,11 @@ def parse_junit(path: Path) -> dict[str, str]:
     return outcomes
 
 
-def run_one(suite: Suite, saver: str, workers: int, base: str) -> Result:
+def run_one(suite: Suite, saver: str, workers: int, base: str, ids: list[str] | None = None) -> Result:
     out = CACHE / "results"
     out.mkdir(parents=True, exist_ok=True)
-    xml, log = out / f"{suite.name}-{saver}.xml", out / f"{suite.name}-{saver}.log"
+    stem = f"{suite.name}-{saver}" + ("-rerun" if ids else "")
+    xml, log = out / f"{stem}.xml", out / f"{stem}.log"
     xml.unlink(missing_ok=True)
     env = dict(os.environ)
     # The repo first (the package under test, even over another editable install), then
@@ -197,23 +201,30 @@ def run_one(suite: Suite, saver: str, workers: int, base: str) -> Result:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(HERE), env.get("PYTHONPATH")]))
     env["LGD_SUITE_PG"] = base
     cmd = [
-        sys.executable, "-m", "pytest", *suite.files,
+        sys.executable, "-m", "pytest", *(ids or suite.files),
         "-p", "suite_plugin", f"--lgd-saver={saver}",
         "-p", "no:cacheprovider", "-o", f"addopts={suite.addopts}",
         "-q", "--tb=short", f"--junitxml={xml}",
     ]
     if workers > 0:
         cmd += ["-n", str(workers)]
-    print(f"[{suite.name} / {saver}] {' '.join(cmd[3:])}  (log: {log.relative_to(REPO)})", flush=True)
-    t0 = time.monotonic()
+    shown = f"{len(ids)} failed test(s) again" if ids else " ".join(cmd[3:])
+    print(f"[{suite.name} / {saver}] {shown}  (log: {log.relative_to(REPO)})", flush=True)
+    t0, pg0 = time.monotonic(), fastpg.server_cpu()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     with log.open("w") as fh:
         rc = subprocess.call(cmd, cwd=suite.root, env=env, stdout=fh, stderr=subprocess.STDOUT)
     seconds = time.monotonic() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU of pytest and its xdist workers, and of the server's backends: on a busy shared
+    # machine wall time says little, CPU seconds / cores bounds what an idle CI machine needs.
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime) + fastpg.server_cpu() - pg0
     text = log.read_text(errors="replace")
-    m = re.findall(r"^lgd-suite saver=\S+ adapters=(\S+)$", text, re.M)
+    m = re.findall(r"^lgd-suite saver=\S+ durable_savers_built=(\d+) adapters=(\S+)$", text, re.M)
     tail = re.findall(r"^=*\s*(\d+ (?:passed|failed|error|skipped|deselected).* in [\d.]+s.*?)\s*=*$", text, re.M)
     print(f"[{suite.name} / {saver}] exit {rc}: {tail[-1] if tail else 'no summary line'}", flush=True)
-    return Result(parse_junit(xml), seconds, rc, m[-1] if m else "?", log)
+    built, adapters = (int(m[-1][0]), m[-1][1]) if m else (-1, "?")
+    return Result(parse_junit(xml), seconds, cpu, rc, adapters, built, log)
 
 
 def known_for(suite: str, tid: str) -> Known | None:
@@ -244,24 +255,40 @@ def _main(args: argparse.Namespace, base: str) -> int:
           metadata.version("langgraph-checkpoint-postgres"), "/ langgraph-checkpoint",
           metadata.version("langgraph-checkpoint"), flush=True)
     results: dict[tuple[str, str], Result] = {}
+    flaky: list[str] = []
     for suite in chosen:
         for saver in savers:
-            results[suite.name, saver] = run_one(suite, saver, args.workers, base)
+            r = results[suite.name, saver] = run_one(suite, saver, args.workers, base)
+            # Timing-sensitive tests of theirs can fail under load (seen: stock
+            # test_imp_nested[postgres_aio-sync], stream order of parallel tasks): every
+            # failure is run once more, alone; one that then passes is reported as flaky.
+            bad = sorted(t for t, o in r.outcomes.items() if o in ("failed", "error"))
+            if bad and len(bad) <= 50:
+                again = run_one(suite, saver, 0, base, ids=bad)
+                r.seconds += again.seconds
+                r.cpu += again.cpu
+                for tid in bad:
+                    if again.outcomes.get(tid) == "passed":
+                        r.outcomes[tid] = "passed"
+                        flaky.append(f"{suite.name}/{saver}: {tid}")
 
     problems: list[str] = []
     explained: list[str] = []
     compared = agreed = 0
     print()
-    head = f"{'suite':<20} {'saver':<8} {'passed':>7} {'failed':>7} {'errors':>7} {'skipped':>8} {'time':>8}  adapters"
+    head = f"{'suite':<20} {'saver':<8} {'passed':>7} {'failed':>7} {'errors':>7} {'skipped':>8} {'time':>8} {'cpu':>7}  adapters"
     print(head)
     print("-" * len(head))
     for suite in chosen:
         for saver in savers:
             r = results[suite.name, saver]
             print(f"{suite.name:<20} {saver:<8} {r.count('passed'):>7} {r.count('failed'):>7} "
-                  f"{r.count('error'):>7} {r.count('skipped'):>8} {r.seconds:>7.0f}s  {r.adapters}")
+                  f"{r.count('error'):>7} {r.count('skipped'):>8} {r.seconds:>7.0f}s {r.cpu:>6.0f}s  {r.adapters}")
             if not r.outcomes:
                 problems.append(f"{suite.name}/{saver}: no test ran (exit {r.returncode}, see {r.log})")
+            elif (r.built > 0) != (saver == "durable"):
+                problems.append(f"{suite.name}/{saver}: {r.built} durable savers built: the "
+                                f"substitution did not work as intended (see {r.log})")
         stock, durable = results.get((suite.name, "stock")), results.get((suite.name, "durable"))
         if stock is not None:
             for tid, o in sorted(stock.outcomes.items()):
@@ -295,6 +322,8 @@ def _main(args: argparse.Namespace, base: str) -> int:
         for name, why in ADAPTERS.items():
             if any(name in r.adapters for r in results.values()):
                 print(f"ADAPTER in use (durable): {name}: {why}")
+    for line in flaky:
+        print("FLAKY (failed, then passed when run again):", line)
     for line in explained:
         print("KNOWN:", line)
     for line in problems:

@@ -62,6 +62,9 @@ ADAPTERS = {
     "unchanged')",
 }
 _adapter_uses: dict[str, int] = dict.fromkeys(ADAPTERS, 0)
+# Durable savers built in this process: proves the substitution took (the runner requires
+# it to be 0 for stock runs and > 0 for durable runs).
+_built = [0]
 
 
 _normalise = True  # --lgd-keep-graph-version turns it off (to count what it hides)
@@ -84,6 +87,7 @@ class SuiteDurablePostgresSaver(DurablePostgresSaver):
         elif pipe is not None:
             _adapter_uses["pipe-dropped"] += 1
         super().__init__(conn, serde=serde, **options)
+        _built[0] += 1
 
     def get_tuple(self, config: Any) -> Any:
         return _hide_graph_version(super().get_tuple(config))
@@ -109,6 +113,7 @@ class SuiteAsyncDurablePostgresSaver(AsyncDurablePostgresSaver):
         elif pipe is not None:
             _adapter_uses["pipe-dropped"] += 1
         super().__init__(conn, serde=serde, **options)
+        _built[0] += 1
 
     if not ASYNC_SETUP_AWAITABLE:
 
@@ -357,18 +362,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: hand the adapter counts to the controller
         workeroutput["lgd_adapter_uses"] = dict(_adapter_uses)
+        workeroutput["lgd_built"] = _built[0]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    for key, n in getattr(node, "workeroutput", {}).get("lgd_adapter_uses", {}).items():
+    out = getattr(node, "workeroutput", {})
+    for key, n in out.get("lgd_adapter_uses", {}).items():
         _adapter_uses[key] = _adapter_uses.get(key, 0) + n
+    _built[0] += out.get("lgd_built", 0)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     # A line run.py parses: which saver ran and how often each adapter was used.
     used = {k: v for k, v in _adapter_uses.items() if v}
     terminalreporter.write_line(
-        f"lgd-suite saver={config.getoption('--lgd-saver')} adapters="
+        f"lgd-suite saver={config.getoption('--lgd-saver')} durable_savers_built={_built[0]} adapters="
         + (",".join(f"{k}:{v}" for k, v in used.items()) or "none")
     )
