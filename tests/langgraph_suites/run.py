@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -53,14 +54,13 @@ class Known:
     removed_by: str  # the issue item (and branch) whose merge makes it pass
 
 
+# Kept as short as it can be. An entry that no longer occurs fails the run too (remove it),
+# so the list never hides a test that passes. Removed once merged into main (checked on a
+# snapshot of main 41f0488): test_pending_sends_migration (issue 12 'Legacy formats', branch
+# dropin-api) and the GraphVersionMismatchError of test_delta_channel_to_plain.py and
+# test_large_cases.py::test_root_graph (issue 12 'Refuse what is incompatible', branch
+# dropin-versions).
 KNOWN_DIFFERENCES: list[Known] = [
-    Known(
-        "checkpoint-postgres",
-        "tests/test_*.py::test_pending_sends_migration[*]",
-        "pre-v4 checkpoint with pending sends: the durable saver does not migrate them from "
-        "the parent on read (channel_values {} instead of {'__pregel_tasks': [...]})",
-        "issue 12 'Legacy formats' (branch dropin-api)",
-    ),
     Known(
         "checkpoint-postgres",
         "tests/test_*.py::test_get_checkpoint_no_channel_values[*]",
@@ -68,20 +68,8 @@ KNOWN_DIFFERENCES: list[Known] = [
         "stock saver that the durable saver does not have (AttributeError); the behaviour it "
         "guards, a stored checkpoint without channel_values loading as {}, is asserted for the "
         "durable savers by tests/langgraph_suites/test_suite_equivalents.py",
-        "none: a stock-private hook; kept as an explicit, equivalent-tested difference",
-    ),
-    Known(
-        "pregel-extended",
-        "tests/test_delta_channel_to_plain.py::test_plain_reducer_*continues_delta_written_thread*[*]",
-        "GraphVersionMismatchError: a thread written with a DeltaChannel continued by the same "
-        "key with a plain reducer (compatible per LangGraph)",
-        "issue 12 'Refuse what is incompatible, not what is merely different' (branch dropin-versions)",
-    ),
-    Known(
-        "pregel-extended",
-        "tests/test_large_cases.py::test_root_graph[*]",
-        "GraphVersionMismatchError: a graph that adds a state key continues an old thread",
-        "issue 12 'Refuse what is incompatible, not what is merely different' (branch dropin-versions)",
+        "none: a stock-private hook, not behaviour (issue 12 'LangGraph's own suites in CI' "
+        "allows no other difference, so it is listed here and tested equivalently)",
     ),
 ]
 
@@ -101,7 +89,6 @@ class Result:
     seconds: float
     cpu: float
     returncode: int
-    adapters: str
     built: int  # durable savers the run constructed (-1: plugin line missing)
     log: Path
 
@@ -233,11 +220,10 @@ def finish(run: Running) -> Result:
     seconds = time.monotonic() - run.started
     cpu = usage.ru_utime + usage.ru_stime
     text = run.log.read_text(errors="replace")
-    m = re.findall(r"^lgd-suite saver=\S+ durable_savers_built=(\d+) adapters=(\S+)$", text, re.M)
+    m = re.findall(r"^lgd-suite saver=\S+ durable_savers_built=(\d+)$", text, re.M)
     tail = re.findall(r"^=*\s*(\d+ (?:passed|failed|error|skipped|deselected).* in [\d.]+s.*?)\s*=*$", text, re.M)
     print(f"[{run.suite.name} / {run.saver}] exit {rc}: {tail[-1] if tail else 'no summary line'}", flush=True)
-    built, adapters = (int(m[-1][0]), m[-1][1]) if m else (-1, "?")
-    return Result(parse_junit(run.xml), seconds, cpu, rc, adapters, built, run.log)
+    return Result(parse_junit(run.xml), seconds, cpu, rc, int(m[-1]) if m else -1, run.log)
 
 
 def known_for(suite: str, tid: str) -> Known | None:
@@ -288,7 +274,7 @@ def _main(args: argparse.Namespace, base: str) -> int:
             # test_imp_nested[postgres_aio-sync], stream order of parallel tasks): every
             # failure is run once more, alone; one that then passes is reported as flaky.
             bad = sorted(t for t, o in r.outcomes.items() if o in ("failed", "error"))
-            if bad and len(bad) <= 50:
+            if bad and len(bad) <= 200:
                 again = finish(launch(suite, saver, 0, base, ids=bad))
                 r.seconds += again.seconds
                 r.cpu += again.cpu
@@ -302,14 +288,14 @@ def _main(args: argparse.Namespace, base: str) -> int:
     explained: dict[Known, list[str]] = {}
     compared = agreed = 0
     print()
-    head = f"{'suite':<20} {'saver':<8} {'passed':>7} {'failed':>7} {'errors':>7} {'skipped':>8} {'time':>8} {'cpu':>7}  adapters / server cpu"
+    head = f"{'suite':<20} {'saver':<8} {'passed':>7} {'failed':>7} {'errors':>7} {'skipped':>8} {'time':>8} {'cpu':>7}"
     print(head)
     print("-" * len(head))
     for suite in chosen:
         for saver in savers:
             r = results[suite.name, saver]
             print(f"{suite.name:<20} {saver:<8} {r.count('passed'):>7} {r.count('failed'):>7} "
-                  f"{r.count('error'):>7} {r.count('skipped'):>8} {r.seconds:>7.0f}s {r.cpu:>6.0f}s  {r.adapters}")
+                  f"{r.count('error'):>7} {r.count('skipped'):>8} {r.seconds:>7.0f}s {r.cpu:>6.0f}s")
             if not r.outcomes:
                 problems.append(f"{suite.name}/{saver}: no test ran (exit {r.returncode}, see {r.log})")
             elif (r.built > 0) != (saver == "durable"):
@@ -317,7 +303,7 @@ def _main(args: argparse.Namespace, base: str) -> int:
                                 f"substitution did not work as intended (see {r.log})")
         if fastpg.postmaster_pid is not None:
             print(f"{suite.name:<20} {'server':<8} {'':>7} {'':>7} {'':>7} {'':>8} {'':>8} "
-                  f"{server_cpu[suite.name]:>6.0f}s  (PostgreSQL backends, both savers)")
+                  f"{server_cpu[suite.name]:>6.0f}s  (PostgreSQL, both savers)")
         stock, durable = results.get((suite.name, "stock")), results.get((suite.name, "durable"))
         if stock is not None:
             for tid, o in sorted(stock.outcomes.items()):
@@ -341,15 +327,9 @@ def _main(args: argparse.Namespace, base: str) -> int:
                 problems.append(f"{suite.name}: {tid}: stock {so}, durable {do} (see {durable.log})")
         for k in KNOWN_DIFFERENCES:
             if k.suite == suite.name and k not in seen:
-                print(f"NOTE: known difference no longer occurs, remove it from KNOWN_DIFFERENCES: "
-                      f"{k.suite} {k.pattern}")
+                problems.append(f"known difference no longer occurs, remove it from "
+                                f"KNOWN_DIFFERENCES: {k.suite} {k.pattern}")
     print()
-    if any(r.adapters not in ("none", "?") for r in results.values()):
-        from suite_plugin import ADAPTERS  # only needed for the message
-
-        for name, why in ADAPTERS.items():
-            if any(name in r.adapters for r in results.values()):
-                print(f"ADAPTER in use (durable): {name}: {why}")
     for line in flaky:
         print("FLAKY (failed, then passed when run again):", line)
     for k, tids in explained.items():
@@ -368,4 +348,6 @@ def _main(args: argparse.Namespace, base: str) -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM (a CI timeout, a kill) unwinds like Ctrl-C, so the throwaway cluster stops.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())

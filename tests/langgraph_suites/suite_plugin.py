@@ -21,15 +21,13 @@ that exercise a Postgres checkpointer, so that stock and durable run the same te
 THE ONE NORMALISATION: the durable saver stamps ``graph_version`` on every checkpoint's
 metadata (it is how the version check works). LangGraph's suites compare metadata exactly, so
 ``_hide_graph_version`` removes that key, and only that key, from what ``get_tuple`` /
-``list`` / ``aget_tuple`` / ``alist`` return. Nothing else is hidden or adapted, except the
-compatibility adapters listed in ``ADAPTERS`` (each reported in the run's summary, each
-removed by the issue item it names, each switched off automatically once the durable saver
-supports the stock call pattern itself).
+``list`` / ``aget_tuple`` / ``alist`` return. Nothing else is hidden or adapted: the stock
+call patterns (``Saver(conn, pipe=pipe)``, ``await saver.setup()``) reach the durable classes
+unchanged.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import secrets
 import sys
@@ -48,20 +46,6 @@ from langgraph_durable.versioning import VERSION_KEY
 
 DEFAULT_BASE = "postgresql://postgres@127.0.0.1:5432/"
 
-# Compatibility adapters, active only while the durable saver lacks the stock call pattern.
-# The runner prints their use counts; each is a known difference naming its issue item.
-SYNC_HAS_PIPE = "pipe" in inspect.signature(DurablePostgresSaver.__init__).parameters
-ASYNC_HAS_PIPE = "pipe" in inspect.signature(AsyncDurablePostgresSaver.__init__).parameters
-ASYNC_SETUP_AWAITABLE = inspect.iscoroutinefunction(AsyncDurablePostgresSaver.setup)
-ADAPTERS = {
-    "pipe-dropped": "durable __init__ has no stock pipe= parameter: the saver runs on the "
-    "pipelined connection without being handed the pipe (issue 12, 'Every stock call pattern "
-    "works unchanged')",
-    "async-setup-awaited": "AsyncDurablePostgresSaver.setup() is not a coroutine: "
-    "'await saver.setup()' is routed to asetup() (issue 12, 'Every stock call pattern works "
-    "unchanged')",
-}
-_adapter_uses: dict[str, int] = dict.fromkeys(ADAPTERS, 0)
 # Durable savers built in this process: proves the substitution took (the runner requires
 # it to be 0 for stock runs and > 0 for durable runs).
 _built = [0]
@@ -79,14 +63,10 @@ def _hide_graph_version(tup: Any) -> Any:
 
 
 class SuiteDurablePostgresSaver(DurablePostgresSaver):
-    """``DurablePostgresSaver`` with the stock constructor and ``graph_version`` hidden."""
+    """``DurablePostgresSaver`` (stock constructor: conn, pipe, serde), ``graph_version`` hidden."""
 
     def __init__(self, conn: Any, pipe: Any = None, serde: Any = None, **options: Any) -> None:
-        if pipe is not None and SYNC_HAS_PIPE:
-            options["pipe"] = pipe
-        elif pipe is not None:
-            _adapter_uses["pipe-dropped"] += 1
-        super().__init__(conn, serde=serde, **options)
+        super().__init__(conn, pipe, serde, **options)
         _built[0] += 1
 
     def get_tuple(self, config: Any) -> Any:
@@ -105,21 +85,11 @@ class SuiteDurablePostgresSaver(DurablePostgresSaver):
 
 
 class SuiteAsyncDurablePostgresSaver(AsyncDurablePostgresSaver):
-    """``AsyncDurablePostgresSaver`` with the stock constructor and ``graph_version`` hidden."""
+    """``AsyncDurablePostgresSaver`` (stock constructor), ``graph_version`` hidden."""
 
     def __init__(self, conn: Any, pipe: Any = None, serde: Any = None, **options: Any) -> None:
-        if pipe is not None and ASYNC_HAS_PIPE:
-            options["pipe"] = pipe
-        elif pipe is not None:
-            _adapter_uses["pipe-dropped"] += 1
-        super().__init__(conn, serde=serde, **options)
+        super().__init__(conn, pipe, serde, **options)
         _built[0] += 1
-
-    if not ASYNC_SETUP_AWAITABLE:
-
-        def setup(self) -> Any:  # type: ignore[override]
-            _adapter_uses["async-setup-awaited"] += 1
-            return self.asetup()
 
     def get_tuple(self, config: Any) -> Any:
         return _hide_graph_version(super().get_tuple(config))
@@ -360,23 +330,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:  # an xdist worker: hand the adapter counts to the controller
-        workeroutput["lgd_adapter_uses"] = dict(_adapter_uses)
+    if workeroutput is not None:  # an xdist worker: hand its count to the controller
         workeroutput["lgd_built"] = _built[0]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    out = getattr(node, "workeroutput", {})
-    for key, n in out.get("lgd_adapter_uses", {}).items():
-        _adapter_uses[key] = _adapter_uses.get(key, 0) + n
-    _built[0] += out.get("lgd_built", 0)
+    _built[0] += getattr(node, "workeroutput", {}).get("lgd_built", 0)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    # A line run.py parses: which saver ran and how often each adapter was used.
-    used = {k: v for k, v in _adapter_uses.items() if v}
+    # A line run.py parses: which saver ran and how many durable savers were built.
     terminalreporter.write_line(
-        f"lgd-suite saver={config.getoption('--lgd-saver')} durable_savers_built={_built[0]} adapters="
-        + (",".join(f"{k}:{v}" for k, v in used.items()) or "none")
+        f"lgd-suite saver={config.getoption('--lgd-saver')} durable_savers_built={_built[0]}"
     )
