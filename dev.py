@@ -4,13 +4,14 @@
     python3 dev.py demo         # crash a research pipeline with SIGKILL, resume it
     python3 dev.py test         # ruff + mypy + the whole test suite
     python3 dev.py test --long  # the hypothesis tests only, long profile (many examples)
+    python3 dev.py suites       # LangGraph's own test suites, stock vs durable savers
     python3 dev.py test-oldest  # the oldest supported LangGraph: the drop-in suites
 
-``demo``/``test`` create ``.venv`` on first use and install the package with its test
-extras (reinstalled when pyproject.toml changes). ``test-oldest`` does the same in
+``demo``/``test``/``suites`` create ``.venv`` on first use and install the package with its
+test extras (reinstalled when pyproject.toml changes). ``test-oldest`` does the same in
 ``.venv-oldest`` with the low end of the supported range pinned
 (``[tool.langgraph-durable.oldest]`` in pyproject.toml) and runs ``OLDEST_SUITES``.
-Extra arguments go to the demo or to pytest.
+Extra arguments go to the demo, to pytest or to tests/langgraph_suites/run.py.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def test_oldest(rest: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "lint", "test-oldest"):
+    if not argv or argv[0] not in ("demo", "test", "lint", "test-oldest", "suites"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -121,6 +122,8 @@ def main(argv: list[str]) -> int:
     ensure_env()
     if command == "demo":
         return _run(BIN / "langgraph-durable", "demo", *rest)
+    if command == "suites":
+        return _run(PY, ROOT / "tests" / "langgraph_suites" / "run.py", *rest)
     lint_dirs = [d for d in ("langgraph_durable", "tests", "bench", "examples", "dev.py") if (ROOT / d).exists()]
     if _run(PY, "-m", "ruff", "check", *lint_dirs) != 0:
         return 1

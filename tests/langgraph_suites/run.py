@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""Run LangGraph's own test suites against the stock and the durable savers; compare.
+
+    python3 dev.py suites                       # what CI runs (after ``dev.py test``)
+    python tests/langgraph_suites/run.py [--suite pregel-core] [--saver durable] [-n 2]
+
+For the *installed* ``langgraph`` and ``langgraph-checkpoint-postgres``, pip downloads the
+sdists of exactly those versions (they ship their tests) into ``.cache/langgraph-suites/``
+(git-ignored) and unpacks them. Each suite then runs twice with pytest-xdist, once with the
+stock savers and once with the durable ones substituted through the suites' own fixtures
+(``suite_plugin.py`` says how, and holds the one normalisation: the ``graph_version`` metadata
+key). Per-test outcomes are compared; the run fails if any test's outcome differs between
+stock and durable, unless ``KNOWN_DIFFERENCES`` lists it (each entry names the issue item
+that removes it), and if a stock test fails at all (the environment, not the saver, is wrong).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import fastpg  # noqa: E402 - this folder, not a package
+
+REPO = HERE.parent.parent
+CACHE = REPO / ".cache" / "langgraph-suites"
+SERVER = "postgresql://postgres@127.0.0.1:5432/"
+
+CORE = ("tests/test_pregel.py", "tests/test_pregel_async.py", "tests/test_checkpoint_migration.py")
+# Test files of langgraph that build their own postgres savers (not through the fixtures),
+# or test a stock-only feature: not part of the comparison.
+NOT_FIXTURE_BASED = ("tests/test_prune_postgres.py", "tests/test_delta_channel_benchmark.py")
+
+
+@dataclass(frozen=True)
+class Known:
+    """A test whose durable outcome may differ from stock's, and why."""
+
+    suite: str
+    pattern: str  # the test id ``file::name[params]``, where only ``*`` is a wildcard
+    reason: str
+    removed_by: str  # the issue item (and branch) whose merge makes it pass
+
+
+# Kept as short as it can be. An entry that no longer occurs fails the run too (remove it),
+# so the list never hides a test that passes. Removed once merged into main (checked on a
+# snapshot of main 41f0488): test_pending_sends_migration (issue 12 'Legacy formats', branch
+# dropin-api) and the GraphVersionMismatchError of test_delta_channel_to_plain.py and
+# test_large_cases.py::test_root_graph (issue 12 'Refuse what is incompatible', branch
+# dropin-versions).
+KNOWN_DIFFERENCES: list[Known] = [
+    Known(
+        "checkpoint-postgres",
+        "tests/test_*.py::test_get_checkpoint_no_channel_values[*]",
+        "the test monkeypatches PostgresSaver._load_checkpoint_tuple, a private method of the "
+        "stock saver that the durable saver does not have (AttributeError); the behaviour it "
+        "guards, a stored checkpoint without channel_values loading as {}, is asserted for the "
+        "durable savers by tests/langgraph_suites/test_suite_equivalents.py",
+        "none: a stock-private hook, not behaviour (issue 12 'LangGraph's own suites in CI' "
+        "allows no other difference, so it is listed here and tested equivalently)",
+    ),
+]
+
+
+@dataclass
+class Suite:
+    name: str
+    dist: str
+    files: list[str]
+    addopts: str  # their addopts minus --full-trace/--durations/-vv (noise in our logs)
+    root: Path = field(default_factory=Path)
+
+
+@dataclass
+class Result:
+    outcomes: dict[str, str]
+    seconds: float
+    cpu: float
+    returncode: int
+    built: int  # durable savers the run constructed (-1: plugin line missing)
+    log: Path
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for o in self.outcomes.values() if o == outcome)
+
+
+def _sh(cmd: list[str], **kw: object) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
+
+
+def unpack(dist: str) -> Path:
+    """The unpacked sdist of the installed version of ``dist`` (downloaded once)."""
+    version = metadata.version(dist)
+    stem = f"{dist.replace('-', '_')}-{version}"
+    root = CACHE / stem
+    if (root / "tests").is_dir():
+        return root
+    dl = CACHE / "sdist"
+    dl.mkdir(parents=True, exist_ok=True)
+    want = f"{stem}.tar.gz".lower().replace("-", "_")
+
+    def found() -> list[Path]:
+        return [p for p in dl.glob("*.tar.gz") if p.name.lower().replace("-", "_") == want]
+
+    archives = found()
+    if not archives:
+        _sh([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+             "--dest", str(dl), f"{dist}=={version}"])
+        archives = found()
+    if len(archives) != 1:
+        raise SystemExit(f"no sdist for {dist}=={version} in {dl}")
+    tmp = CACHE / (stem + ".tmp")
+    with tarfile.open(archives[0]) as tar:
+        tar.extractall(tmp, filter="data")
+    (tmp / next(p.name for p in tmp.iterdir())).rename(root)
+    tmp.rmdir()
+    return root
+
+
+def suites() -> list[Suite]:
+    lg = unpack("langgraph")
+    pg = unpack("langgraph-checkpoint-postgres")
+    extended = sorted(
+        str(p.relative_to(lg))
+        for p in (lg / "tests").glob("test_*.py")
+        if re.search(r"\b(sync|async)_checkpointer\b", p.read_text(encoding="utf-8"))
+        and str(p.relative_to(lg)) not in CORE + NOT_FIXTURE_BASED
+    )
+    lg_opts = "--strict-markers --strict-config --snapshot-warn-unused"
+    return [
+        Suite("checkpoint-postgres", "langgraph-checkpoint-postgres",
+              ["tests/test_sync.py", "tests/test_async.py"], "--strict-markers --strict-config", pg),
+        Suite("pregel-core", "langgraph", list(CORE), lg_opts, lg),
+        Suite("pregel-extended", "langgraph", extended, lg_opts, lg),
+    ]
+
+
+def parse_junit(path: Path) -> dict[str, str]:
+    outcomes: dict[str, str] = {}
+    if not path.exists():
+        return outcomes
+    for case in ET.parse(path).iter("testcase"):
+        # classname "tests.test_pregel" (or "tests.test_x.TestClass"), name "test_y[params]"
+        parts = case.get("classname", "").split(".")
+        mod = [p for p in parts if p.startswith("test_")]
+        file = "/".join(parts[: parts.index(mod[0]) + 1]) + ".py" if mod else ".".join(parts)
+        rest = parts[parts.index(mod[0]) + 1:] if mod else []
+        tid = "::".join([file, *rest, case.get("name", "")])
+        tags = {child.tag for child in case}
+        if "error" in tags:
+            outcome = "error"
+        elif "failure" in tags:
+            outcome = "failed"
+        elif "skipped" in tags:
+            outcome = "skipped"
+        else:
+            outcome = "passed"
+        # A teardown error is reported as a second <testcase> with the same id: keep the worse.
+        rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+        if tid not in outcomes or rank[outcome] > rank[outcomes[tid]]:
+            outcomes[tid] = outcome
+    return outcomes
+
+
+@dataclass
+class Running:
+    suite: Suite
+    saver: str
+    proc: subprocess.Popen[bytes]
+    xml: Path
+    log: Path
+    started: float
+
+
+def launch(suite: Suite, saver: str, workers: int, base: str, ids: list[str] | None = None) -> Running:
+    out = CACHE / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{suite.name}-{saver}" + ("-rerun" if ids else "")
+    xml, log = out / f"{stem}.xml", out / f"{stem}.log"
+    xml.unlink(missing_ok=True)
+    env = dict(os.environ)
+    # The repo first (the package under test, even over another editable install), then
+    # this folder for ``-p suite_plugin``; the sdist root itself is pytest's rootdir.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(HERE), env.get("PYTHONPATH")]))
+    env["LGD_SUITE_PG"] = base
+    cmd = [
+        sys.executable, "-m", "pytest", *(ids or suite.files),
+        "-p", "suite_plugin", f"--lgd-saver={saver}",
+        "-p", "no:cacheprovider", "-o", f"addopts={suite.addopts}",
+        "-q", "--tb=short", f"--junitxml={xml}",
+    ]
+    if workers > 0:
+        cmd += ["-n", str(workers)]
+    shown = f"{len(ids)} failed test(s) again" if ids else " ".join(cmd[3:])
+    print(f"[{suite.name} / {saver}] {shown}  (log: {log.relative_to(REPO)})", flush=True)
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=suite.root, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    return Running(suite, saver, proc, xml, log, time.monotonic())
+
+
+def finish(run: Running) -> Result:
+    # wait4: this pytest's own CPU (with its xdist workers), even with another one running
+    # beside it. On a busy shared machine wall time says little; CPU seconds bound what an
+    # idle CI machine needs.
+    _, status, usage = os.wait4(run.proc.pid, 0)
+    run.proc.returncode = rc = os.waitstatus_to_exitcode(status)
+    seconds = time.monotonic() - run.started
+    cpu = usage.ru_utime + usage.ru_stime
+    text = run.log.read_text(errors="replace")
+    m = re.findall(r"^lgd-suite saver=\S+ durable_savers_built=(\d+)$", text, re.M)
+    tail = re.findall(r"^=*\s*(\d+ (?:passed|failed|error|skipped|deselected).* in [\d.]+s.*?)\s*=*$", text, re.M)
+    print(f"[{run.suite.name} / {run.saver}] exit {rc}: {tail[-1] if tail else 'no summary line'}", flush=True)
+    return Result(parse_junit(run.xml), seconds, cpu, rc, int(m[-1]) if m else -1, run.log)
+
+
+def known_for(suite: str, tid: str) -> Known | None:
+    for k in KNOWN_DIFFERENCES:
+        if k.suite == suite and re.fullmatch(".*".join(map(re.escape, k.pattern.split("*"))), tid):
+            return k
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", action="append", help="checkpoint-postgres, pregel-core, pregel-extended")
+    ap.add_argument("--saver", action="append", choices=("stock", "durable"))
+    ap.add_argument("-n", "--workers", type=int, default=int(os.environ.get("LGD_SUITE_WORKERS", "2")))
+    ap.add_argument("--sequential", action="store_true", help="stock, then durable (default: side by side)")
+    ap.add_argument("--base", default=os.environ.get("LGD_SUITE_PG"),
+                    help="PostgreSQL server URI ending in '/' (a database per test is created there); "
+                    "default: a throwaway cluster (fastpg.py), else " + SERVER)
+    args = ap.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        base = args.base or stack.enter_context(fastpg.start()) or SERVER
+        return _main(args, base)
+
+
+def _main(args: argparse.Namespace, base: str) -> int:
+    savers = args.saver or ["stock", "durable"]
+    chosen = [s for s in suites() if not args.suite or s.name in args.suite]
+    print("langgraph", metadata.version("langgraph"), "/ langgraph-checkpoint-postgres",
+          metadata.version("langgraph-checkpoint-postgres"), "/ langgraph-checkpoint",
+          metadata.version("langgraph-checkpoint"), flush=True)
+    results: dict[tuple[str, str], Result] = {}
+    flaky: list[str] = []
+    server_cpu: dict[str, float] = {}
+    for suite in chosen:
+        # Stock and durable of one suite run side by side (same load for both, and the
+        # suites wait on sleeps and round trips more than they use CPU), unless --sequential.
+        pg0 = fastpg.server_cpu()
+        if args.sequential:
+            for saver in savers:
+                results[suite.name, saver] = finish(launch(suite, saver, args.workers, base))
+        else:
+            running = [launch(suite, saver, args.workers, base) for saver in savers]
+            for run in running:
+                results[suite.name, run.saver] = finish(run)
+        for saver in savers:
+            r = results[suite.name, saver]
+            # Timing-sensitive tests of theirs can fail under load (seen: stock
+            # test_imp_nested[postgres_aio-sync], stream order of parallel tasks): every
+            # failure is run once more, alone; one that then passes is reported as flaky.
+            bad = sorted(t for t, o in r.outcomes.items() if o in ("failed", "error"))
+            if bad and len(bad) <= 200:
+                again = finish(launch(suite, saver, 0, base, ids=bad))
+                r.seconds += again.seconds
+                r.cpu += again.cpu
+                for tid in bad:
+                    if again.outcomes.get(tid) == "passed":
+                        r.outcomes[tid] = "passed"
+                        flaky.append(f"{suite.name}/{saver}: {tid}")
+        server_cpu[suite.name] = fastpg.server_cpu() - pg0
+
+    problems: list[str] = []
+    explained: dict[Known, list[str]] = {}
+    compared = agreed = 0
+    print()
+    head = f"{'suite':<20} {'saver':<8} {'passed':>7} {'failed':>7} {'errors':>7} {'skipped':>8} {'time':>8} {'cpu':>7}"
+    print(head)
+    print("-" * len(head))
+    for suite in chosen:
+        for saver in savers:
+            r = results[suite.name, saver]
+            print(f"{suite.name:<20} {saver:<8} {r.count('passed'):>7} {r.count('failed'):>7} "
+                  f"{r.count('error'):>7} {r.count('skipped'):>8} {r.seconds:>7.0f}s {r.cpu:>6.0f}s")
+            if not r.outcomes:
+                problems.append(f"{suite.name}/{saver}: no test ran (exit {r.returncode}, see {r.log})")
+            elif (r.built > 0) != (saver == "durable"):
+                problems.append(f"{suite.name}/{saver}: {r.built} durable savers built: the "
+                                f"substitution did not work as intended (see {r.log})")
+        if fastpg.postmaster_pid is not None:
+            print(f"{suite.name:<20} {'server':<8} {'':>7} {'':>7} {'':>7} {'':>8} {'':>8} "
+                  f"{server_cpu[suite.name]:>6.0f}s  (PostgreSQL, both savers)")
+        stock, durable = results.get((suite.name, "stock")), results.get((suite.name, "durable"))
+        if stock is not None:
+            for tid, o in sorted(stock.outcomes.items()):
+                if o in ("failed", "error"):
+                    problems.append(f"{suite.name}: STOCK {o}: {tid} (environment? see {stock.log})")
+        if stock is None or durable is None:
+            continue
+        seen: set[Known] = set()
+        for tid in sorted(stock.outcomes.keys() | durable.outcomes.keys()):
+            compared += 1
+            so, do = stock.outcomes.get(tid, "absent"), durable.outcomes.get(tid, "absent")
+            if so == do:
+                agreed += 1
+                continue
+            k = known_for(suite.name, tid)
+            if k is not None:
+                seen.add(k)
+                agreed += 1
+                explained.setdefault(k, []).append(f"{tid} (stock {so}, durable {do})")
+            else:
+                problems.append(f"{suite.name}: {tid}: stock {so}, durable {do} (see {durable.log})")
+        for k in KNOWN_DIFFERENCES:
+            if k.suite == suite.name and k not in seen:
+                problems.append(f"known difference no longer occurs, remove it from "
+                                f"KNOWN_DIFFERENCES: {k.suite} {k.pattern}")
+    print()
+    for line in flaky:
+        print("FLAKY (failed, then passed when run again):", line)
+    for k, tids in explained.items():
+        print(f"KNOWN ({len(tids)}): {k.suite} {k.pattern}: {k.reason} [removed by: {k.removed_by}]")
+        for tid in tids:
+            print("    ", tid)
+    for line in problems:
+        print("PROBLEM:", line)
+    print(f"\n{compared} test ids compared stock vs durable; {sum(map(len, explained.values()))} differ as listed in "
+          f"KNOWN_DIFFERENCES, {len(problems)} problem(s).")
+    # The closing line counts test ids whose durable outcome matches stock's (or is a listed
+    # difference) as passed, the rest as failed.
+    failed = min(compared, len(problems))
+    print(f"langgraph-suites: {compared - failed} passed, {failed} failed")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    # SIGTERM (a CI timeout, a kill) unwinds like Ctrl-C, so the throwaway cluster stops.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.exit(main())

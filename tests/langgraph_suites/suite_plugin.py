@@ -1,0 +1,346 @@
+"""pytest plugin that runs LangGraph's own test suites against the stock or the durable savers.
+
+Loaded by ``run.py`` with ``-p suite_plugin`` inside an unpacked sdist (``langgraph`` or
+``langgraph-checkpoint-postgres``); nothing of theirs is edited. ``--lgd-saver=stock`` runs
+their postgres checkpointers unchanged (only pointed at our server); ``--lgd-saver=durable``
+substitutes the durable savers *through the suites' own fixtures*:
+
+* langgraph (``tests/conftest.py``): the ``sync_checkpointer`` / ``async_checkpointer``
+  fixtures call module globals ``_checkpointer_postgres``, ``_checkpointer_postgres_pipe``,
+  ``_checkpointer_postgres_pool`` and the ``_aio`` trio; those globals are rebound to the
+  durable builders below, which mirror the stock ones connection for connection (from the
+  conn string; one connection in pipeline mode; a pool opened by the test).
+* langgraph-checkpoint-postgres (``tests/test_sync.py``, ``tests/test_async.py``): their
+  module-level ``_saver`` helpers construct ``PostgresSaver(conn)``,
+  ``PostgresSaver(conn, pipe=pipe)``, ``PostgresSaver(pool)`` (async likewise); the names
+  ``PostgresSaver`` / ``AsyncPostgresSaver`` in those modules are rebound to the durable classes.
+
+Both modes run the same selection (see ``pytest_collection_modifyitems``): only parameters
+that exercise a Postgres checkpointer, so that stock and durable run the same test ids.
+
+THE ONE NORMALISATION: the durable saver stamps ``graph_version`` on every checkpoint's
+metadata (it is how the version check works). LangGraph's suites compare metadata exactly, so
+``_hide_graph_version`` removes that key, and only that key, from what ``get_tuple`` /
+``list`` / ``aget_tuple`` / ``alist`` return. Nothing else is hidden or adapted: the stock
+call patterns (``Saver(conn, pipe=pipe)``, ``await saver.setup()``) reach the durable classes
+unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import AsyncConnection, Connection
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from langgraph_durable import AsyncDurablePostgresSaver, DurablePostgresSaver
+from langgraph_durable.versioning import VERSION_KEY
+
+DEFAULT_BASE = "postgresql://postgres@127.0.0.1:5432/"
+
+# Durable savers built in this process: proves the substitution took (the runner requires
+# it to be 0 for stock runs and > 0 for durable runs).
+_built = [0]
+
+
+_normalise = True  # --lgd-keep-graph-version turns it off (to count what it hides)
+
+
+def _hide_graph_version(tup: Any) -> Any:
+    """The one documented normalisation (see the module docstring)."""
+    if _normalise and tup is not None and isinstance(tup.metadata, dict) and VERSION_KEY in tup.metadata:
+        metadata = {k: v for k, v in tup.metadata.items() if k != VERSION_KEY}
+        return tup._replace(metadata=metadata)
+    return tup
+
+
+class SuiteDurablePostgresSaver(DurablePostgresSaver):
+    """``DurablePostgresSaver`` (stock constructor: conn, pipe, serde), ``graph_version`` hidden."""
+
+    def __init__(self, conn: Any, pipe: Any = None, serde: Any = None, **options: Any) -> None:
+        super().__init__(conn, pipe, serde, **options)
+        _built[0] += 1
+
+    def get_tuple(self, config: Any) -> Any:
+        return _hide_graph_version(super().get_tuple(config))
+
+    def list(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for tup in super().list(*args, **kwargs):
+            yield _hide_graph_version(tup)
+
+    async def aget_tuple(self, config: Any) -> Any:
+        return _hide_graph_version(await super().aget_tuple(config))
+
+    async def alist(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async for tup in super().alist(*args, **kwargs):
+            yield _hide_graph_version(tup)
+
+
+class SuiteAsyncDurablePostgresSaver(AsyncDurablePostgresSaver):
+    """``AsyncDurablePostgresSaver`` (stock constructor), ``graph_version`` hidden."""
+
+    def __init__(self, conn: Any, pipe: Any = None, serde: Any = None, **options: Any) -> None:
+        super().__init__(conn, pipe, serde, **options)
+        _built[0] += 1
+
+    def get_tuple(self, config: Any) -> Any:
+        return _hide_graph_version(super().get_tuple(config))
+
+    def list(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for tup in super().list(*args, **kwargs):
+            yield _hide_graph_version(tup)
+
+    async def aget_tuple(self, config: Any) -> Any:
+        return _hide_graph_version(await super().aget_tuple(config))
+
+    async def alist(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async for tup in super().alist(*args, **kwargs):
+            yield _hide_graph_version(tup)
+
+
+# ---------------------------------------------------------------- durable builders (langgraph)
+# Database names come from secrets, not uuid4: some tests mock uuid.uuid4 (deterministic_uuids).
+_base = DEFAULT_BASE
+
+
+def _new_db() -> str:
+    name = f"lgd_suite_{secrets.token_hex(8)}"
+    with Connection.connect(_base, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return name
+
+
+def _drop_db(name: str) -> None:
+    with Connection.connect(_base, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@contextmanager
+def _durable_postgres() -> Iterator[Any]:
+    """Stock: ``PostgresSaver.from_conn_string(uri)``; durable: its ``from_conn_string``."""
+    db = _new_db()
+    try:
+        with SuiteDurablePostgresSaver.from_conn_string(_base + db) as saver:
+            saver.setup()
+            yield saver
+    finally:
+        _drop_db(db)
+
+
+@contextmanager
+def _durable_postgres_pipe() -> Iterator[Any]:
+    """Stock: one connection in pipeline mode. Durable: the same, through ``pipe=``."""
+    db = _new_db()
+    try:
+        with Connection.connect(
+            _base + db, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        ) as conn:
+            SuiteDurablePostgresSaver(conn).setup()
+            with conn.pipeline() as pipe:
+                yield SuiteDurablePostgresSaver(conn, pipe=pipe)
+    finally:
+        _drop_db(db)
+
+
+@contextmanager
+def _durable_postgres_pool() -> Iterator[Any]:
+    """Stock: ``PostgresSaver(ConnectionPool(..., kwargs={"autocommit": True}))``."""
+    db = _new_db()
+    try:
+        with ConnectionPool(_base + db, max_size=10, kwargs={"autocommit": True}) as pool:
+            saver = SuiteDurablePostgresSaver(pool)
+            saver.setup()
+            try:
+                yield saver
+            finally:
+                saver.close()
+    finally:
+        _drop_db(db)
+
+
+@asynccontextmanager
+async def _durable_postgres_aio() -> AsyncIterator[Any]:
+    db = _new_db()
+    try:
+        async with SuiteAsyncDurablePostgresSaver.from_conn_string(_base + db) as saver:
+            await saver.setup()
+            yield saver
+    finally:
+        _drop_db(db)
+
+
+@asynccontextmanager
+async def _durable_postgres_aio_pipe() -> AsyncIterator[Any]:
+    db = _new_db()
+    try:
+        async with await AsyncConnection.connect(
+            _base + db, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        ) as conn:
+            await SuiteAsyncDurablePostgresSaver(conn).setup()
+            async with conn.pipeline() as pipe:
+                yield SuiteAsyncDurablePostgresSaver(conn, pipe=pipe)
+    finally:
+        _drop_db(db)
+
+
+@asynccontextmanager
+async def _durable_postgres_aio_pool() -> AsyncIterator[Any]:
+    db = _new_db()
+    try:
+        async with AsyncConnectionPool(
+            _base + db, max_size=10, kwargs={"autocommit": True}, open=False
+        ) as pool:
+            saver = SuiteAsyncDurablePostgresSaver(pool)
+            await saver.setup()
+            try:
+                yield saver
+            finally:
+                await saver.aclose()
+    finally:
+        _drop_db(db)
+
+
+DURABLE_BUILDERS = {
+    "_checkpointer_postgres": _durable_postgres,
+    "_checkpointer_postgres_pipe": _durable_postgres_pipe,
+    "_checkpointer_postgres_pool": _durable_postgres_pool,
+    "_checkpointer_postgres_aio": _durable_postgres_aio,
+    "_checkpointer_postgres_aio_pipe": _durable_postgres_aio_pipe,
+    "_checkpointer_postgres_aio_pool": _durable_postgres_aio_pool,
+}
+
+
+# ---------------------------------------------------------------- pytest hooks
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("langgraph-durable suites")
+    group.addoption("--lgd-saver", choices=("stock", "durable"), default="stock")
+    group.addoption(
+        "--lgd-base",
+        default=os.environ.get("LGD_SUITE_PG", DEFAULT_BASE),
+        help="server URI ending in '/', a database name is appended",
+    )
+    group.addoption(
+        "--lgd-keep-graph-version",
+        action="store_true",
+        help="do not hide metadata['graph_version'] (shows which tests see only that key)",
+    )
+
+
+# Which fixture parameters exercise a Postgres checkpointer; everything else (memory,
+# sqlite, redis caches, non-memory stores, the shallow saver, which has no durable
+# counterpart) is deselected in both modes, so both run the same ids.
+_CHECKPOINTER_FIXTURES = ("sync_checkpointer", "async_checkpointer")
+_STORE_FIXTURES = ("sync_store", "async_store")
+
+
+def _keep(item: pytest.Item, suite: str) -> bool:
+    callspec = getattr(item, "callspec", None)
+    params: dict[str, Any] = callspec.params if callspec is not None else {}
+    if suite == "langgraph":
+        names = getattr(item, "fixturenames", ())
+        used = [f for f in _CHECKPOINTER_FIXTURES if f in names]
+        if not used:
+            return False  # no checkpointer at all: nothing of the saver under test
+        if any(not str(params.get(f, "")).startswith("postgres") for f in used):
+            return False
+        if any(f in params and params[f] != "in_memory" for f in _STORE_FIXTURES):
+            return False
+        if params.get("cache") == "redis":
+            return False
+        return True
+    return params.get("saver_name") != "shallow"
+
+
+def _suite_of(config: pytest.Config) -> str:
+    root = config.rootpath
+    return "checkpoint-postgres" if (root / "langgraph" / "checkpoint" / "postgres").is_dir() else "langgraph"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    suite = _suite_of(config)
+    keep, drop = [], []
+    for item in items:
+        (keep if _keep(item, suite) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+_scratch: list[str] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Point the suites at our server and, for durable, rebind their saver names. Runs after
+    every test module is imported (so their ``from x import y`` copies exist) and before any
+    fixture runs; under xdist each worker does it for itself."""
+    global _base, _normalise
+    config = session.config
+    _base = config.getoption("--lgd-base")
+    _normalise = not config.getoption("--lgd-keep-graph-version")
+    durable = config.getoption("--lgd-saver") == "durable"
+    mods = sys.modules
+    if _suite_of(config) == "langgraph":
+        for name in ("tests.conftest_checkpointer", "tests.conftest_store"):
+            if name in mods:
+                mods[name].DEFAULT_POSTGRES_URI = _base
+        conftest = mods.get("tests.conftest")
+        if durable and conftest is not None:
+            for name, builder in DURABLE_BUILDERS.items():
+                assert hasattr(conftest, name), f"tests.conftest has no {name}: suite changed"
+                setattr(conftest, name, builder)
+        return
+    # checkpoint-postgres: the autouse clear_test_db fixture empties tables in DEFAULT_URI's
+    # database; give each worker a scratch database of its own instead of 'postgres'.
+    scratch = f"lgd_suite_scratch_{secrets.token_hex(6)}"
+    with psycopg.connect(_base, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {scratch}")
+    _scratch.append(scratch)
+    if "tests.conftest" in mods:
+        mods["tests.conftest"].DEFAULT_POSTGRES_URI = _base
+        mods["tests.conftest"].DEFAULT_URI = _base + scratch
+    for name, cls, stock in (
+        ("tests.test_sync", SuiteDurablePostgresSaver, "PostgresSaver"),
+        ("tests.test_async", SuiteAsyncDurablePostgresSaver, "AsyncPostgresSaver"),
+    ):
+        mod = mods.get(name)
+        if mod is None:
+            continue
+        mod.DEFAULT_POSTGRES_URI = _base
+        if durable:
+            assert hasattr(mod, stock), f"{name} has no {stock}: suite changed"
+            setattr(mod, stock, cls)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for name in _scratch:
+        try:
+            with psycopg.connect(_base, autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        except psycopg.Error:
+            pass
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: hand its count to the controller
+        workeroutput["lgd_built"] = _built[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    _built[0] += getattr(node, "workeroutput", {}).get("lgd_built", 0)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    # A line run.py parses: which saver ran and how many durable savers were built.
+    terminalreporter.write_line(
+        f"lgd-suite saver={config.getoption('--lgd-saver')} durable_savers_built={_built[0]}"
+    )
