@@ -49,6 +49,7 @@ from langgraph_durable.errors import (
     UnsupportedLangGraphError,
 )
 from langgraph_durable.export import ExportReport, aexport_stock, export_stock
+from langgraph_durable.granularity import CheckpointPolicy, ReworkBudget
 from langgraph_durable.idempotency import (
     IdempotentTool,
     Ledger,
@@ -124,6 +125,8 @@ __all__ = [
     "InvalidIdentifierError",
     "InvalidThreadIdError",
     "JournaledRunnable",
+    "ReworkBudget",
+    "CheckpointPolicy",
     "Ledger",
     "LedgerEntry",
     "LeaseLostError",

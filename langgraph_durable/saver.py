@@ -120,6 +120,7 @@ from langgraph_durable.errors import (
     UnsupportedConnectionError,
     UnsupportedLangGraphError,
 )
+from langgraph_durable.granularity import CheckpointPolicy, Deferrals
 from langgraph_durable.retention import op_recompute_refs
 from langgraph_durable.versioning import (
     INHERIT_VERSION_SQL,
@@ -551,6 +552,18 @@ def _check_runnable(saved: CheckpointTuple | None) -> None:
 class _DurableBase(BasePostgresSaver):
     """Everything but I/O. Subclasses provide ``_run_op``/``_arun_op`` and the flow
     equivalents; every public method below is written once for both."""
+
+    # Checkpoint deferral (granularity.py); None: every checkpoint is written (stock).
+    _granularity: Deferrals | None = None
+
+    @property
+    def checkpoint_policy(self) -> CheckpointPolicy | None:
+        """Which checkpoints may be deferred (see langgraph_durable.granularity)."""
+        return None if self._granularity is None else self._granularity.policy
+
+    @checkpoint_policy.setter
+    def checkpoint_policy(self, policy: CheckpointPolicy | None) -> None:
+        self._granularity = None if policy is None or policy == "always" else Deferrals(policy)
 
     def __init__(
         self,
@@ -2041,6 +2054,11 @@ class _DurableBase(BasePostgresSaver):
                 _RUN_LEASE.set(outer if outer is not None and not outer.released else None)
 
         def sync_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+            if self._granularity is not None:  # deferred checkpoints, before the release
+                try:
+                    self._run_flow(self._granularity.exit_flow(self, lease))
+                except Exception:
+                    logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
             try:
                 self._run_flow(self._release_flow(lease, ctx.loop, exc))
             except Exception:
@@ -2049,6 +2067,11 @@ class _DurableBase(BasePostgresSaver):
             return False
 
         async def async_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+            if self._granularity is not None:
+                try:
+                    await self._arun_flow(self._granularity.exit_flow(self, lease))
+                except Exception:
+                    logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
             try:
                 await self._arun_flow(self._release_flow(lease, ctx.loop, exc))
             except Exception:
@@ -2248,6 +2271,8 @@ class _DurableBase(BasePostgresSaver):
                 outer = _RUN_LEASE.get()
                 saved, lease = self._run_flow(self._flow_run_start(config, ctx, _HANDOFF.get()))
                 self._attach_exit(ctx, lease, outer)
+                if self._granularity is not None:
+                    self._granularity.start(lease, ctx, saved)
                 _RUN_LEASE.set(lease)
                 self._bind_run(config, lease)
                 return cast("CheckpointTuple | None", saved)
@@ -2280,6 +2305,10 @@ class _DurableBase(BasePostgresSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         self._check_unrecognised_put(config, metadata)
+        if self._granularity is not None and (
+            flow := self._granularity.put_flow(self, config, checkpoint, metadata, new_versions)
+        ) is not None:
+            return cast(RunnableConfig, self._run_flow(flow))
         return cast(
             RunnableConfig,
             self._write(
@@ -2295,6 +2324,11 @@ class _DurableBase(BasePostgresSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
+        if self._granularity is not None and (
+            flow := self._granularity.writes_flow(self, config, writes, task_id, task_path)
+        ) is not None:
+            self._run_flow(flow)
+            return
         self._write(
             str(config["configurable"]["thread_id"]),
             lambda: self._op_put_writes(config, writes, task_id, task_path),
@@ -2328,6 +2362,8 @@ class _DurableBase(BasePostgresSaver):
                 outer = _RUN_LEASE.get()
                 saved, lease = await self._arun_flow(self._flow_run_start(config, ctx, _HANDOFF.get()))
                 self._attach_exit(ctx, lease, outer)
+                if self._granularity is not None:
+                    self._granularity.start(lease, ctx, saved)
                 _RUN_LEASE.set(lease)
                 self._bind_run(config, lease)
                 return cast("CheckpointTuple | None", saved)
@@ -2361,6 +2397,10 @@ class _DurableBase(BasePostgresSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         self._check_unrecognised_put(config, metadata)
+        if self._granularity is not None and (
+            flow := self._granularity.put_flow(self, config, checkpoint, metadata, new_versions)
+        ) is not None:
+            return cast(RunnableConfig, await self._arun_flow(flow))
         return cast(
             RunnableConfig,
             await self._awrite(
@@ -2376,6 +2416,11 @@ class _DurableBase(BasePostgresSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
+        if self._granularity is not None and (
+            flow := self._granularity.writes_flow(self, config, writes, task_id, task_path)
+        ) is not None:
+            await self._arun_flow(flow)
+            return
         await self._awrite(
             str(config["configurable"]["thread_id"]),
             lambda: self._op_put_writes(config, writes, task_id, task_path),
@@ -2645,6 +2690,7 @@ class DurablePostgresSaver(_DurableBase):
         leases: bool = True,
         takeover_dead_owners: bool = True,
         on_unrecognised_run: OnUnrecognisedRun = "raise",
+        checkpoint_policy: CheckpointPolicy | None = None,
     ) -> None:
         super().__init__(
             serde=serde, schema=schema, graph_version=graph_version,
@@ -2656,6 +2702,7 @@ class DurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
         )
+        self.checkpoint_policy = checkpoint_policy
         _check_conn("DurablePostgresSaver", conn, asynchronous=False)
         _check_pipe("DurablePostgresSaver", conn, pipe, ConnectionPool)
         self.conn = conn
@@ -2689,6 +2736,7 @@ class DurablePostgresSaver(_DurableBase):
         leases: bool = True,
         takeover_dead_owners: bool = True,
         on_unrecognised_run: OnUnrecognisedRun = "raise",
+        checkpoint_policy: CheckpointPolicy | None = None,
     ) -> Iterator[DurablePostgresSaver]:
         """Open a connection pool on ``conn_string`` (else
         ``LANGGRAPH_DURABLE_DSN``, else the embedded PostgreSQL) and yield a saver.
@@ -2726,7 +2774,7 @@ class DurablePostgresSaver(_DurableBase):
                 busy_timeout=busy_timeout, artifact_threshold=artifact_threshold,
                 compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
-                on_unrecognised_run=on_unrecognised_run,
+                on_unrecognised_run=on_unrecognised_run, checkpoint_policy=checkpoint_policy,
             )
             try:
                 yield saver
@@ -2804,6 +2852,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         leases: bool = True,
         takeover_dead_owners: bool = True,
         on_unrecognised_run: OnUnrecognisedRun = "raise",
+        checkpoint_policy: CheckpointPolicy | None = None,
     ) -> None:
         super().__init__(
             serde=serde, schema=schema, graph_version=graph_version,
@@ -2815,6 +2864,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
         )
+        self.checkpoint_policy = checkpoint_policy
         _check_conn("AsyncDurablePostgresSaver", conn, asynchronous=True)
         _check_pipe("AsyncDurablePostgresSaver", conn, pipe, AsyncConnectionPool)
         self.conn = conn
@@ -2849,6 +2899,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         leases: bool = True,
         takeover_dead_owners: bool = True,
         on_unrecognised_run: OnUnrecognisedRun = "raise",
+        checkpoint_policy: CheckpointPolicy | None = None,
     ) -> AsyncIterator[AsyncDurablePostgresSaver]:
         """Open an async pool and yield a saver (DSN resolved as the sync saver's).
         ``pipeline``: see ``DurablePostgresSaver.from_conn_string``."""
@@ -2877,7 +2928,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
                 busy_timeout=busy_timeout, artifact_threshold=artifact_threshold,
                 compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
-                on_unrecognised_run=on_unrecognised_run,
+                on_unrecognised_run=on_unrecognised_run, checkpoint_policy=checkpoint_policy,
             )
             try:
                 yield saver
