@@ -140,11 +140,13 @@ class Stats:
 class Deferrals:
     """The deferral state of a saver, shared by its ``bind``/``with_allowlist`` clones."""
 
-    def __init__(self, policy: CheckpointPolicy) -> None:
+    def __init__(self, policy: CheckpointPolicy | None) -> None:
         self.default: NodePolicy = "always"
         self.nodes: dict[str, NodePolicy] = {}
         self.budget: float | None = None
-        if isinstance(policy, ReworkBudget):
+        if policy is None:
+            pass  # the default: node metadata only; a graph without it is not tracked
+        elif isinstance(policy, ReworkBudget):
             self.budget = float(policy.seconds)
             self.nodes = dict(policy.nodes)
             self.default = "defer"
@@ -182,6 +184,8 @@ class Deferrals:
             wanted = (getattr(node, "metadata", None) or {}).get(METADATA_KEY)
             if wanted in NODE_POLICIES and name not in self.nodes:
                 node_policy[name] = wanted  # the saver's mapping wins over metadata
+        if self.default != "defer" and "defer" not in node_policy.values():
+            return  # nothing in this graph may be deferred: the run is written as usual
         durable_id = saved.checkpoint["id"] if saved is not None else None
         now = time.monotonic()
         run = _Run(

@@ -554,16 +554,20 @@ class _DurableBase(BasePostgresSaver):
     equivalents; every public method below is written once for both."""
 
     # Checkpoint deferral (granularity.py); None: every checkpoint is written (stock).
+    # Set per saver by checkpoint_policy (the class default serves savers built
+    # without __init__, e.g. by copy).
     _granularity: Deferrals | None = None
 
     @property
     def checkpoint_policy(self) -> CheckpointPolicy | None:
         """Which checkpoints may be deferred (see langgraph_durable.granularity)."""
-        return None if self._granularity is None else self._granularity.policy
+        return "always" if self._granularity is None else self._granularity.policy
 
     @checkpoint_policy.setter
     def checkpoint_policy(self, policy: CheckpointPolicy | None) -> None:
-        self._granularity = None if policy is None or policy == "always" else Deferrals(policy)
+        # None (the default) honours node metadata ({"checkpoint": "defer"}) only;
+        # "always" turns deferral off entirely.
+        self._granularity = None if policy == "always" else Deferrals(policy)
 
     def __init__(
         self,
