@@ -39,7 +39,9 @@ def setup(dsn: str) -> None:
             conn.execute(stmt)
 
 
-def build(dsn: str | None, *, cheap: float = 0.01, model: float = 0.2, log: bool = True) -> StateGraph:
+def build(
+    dsn: str | None, *, cheap: float = 0.01, model: float = 0.2, log: bool = True, ledger: Any = None
+) -> StateGraph:
     import os
 
     from langgraph.config import get_config
@@ -56,7 +58,7 @@ def build(dsn: str | None, *, cheap: float = 0.01, model: float = 0.2, log: bool
                 (thread_id, node, os.getpid(), seconds),
             )
 
-    @idempotent
+    @idempotent(ledger=ledger)
     def post_adjustment(amount: int) -> int:
         if dsn is not None:
             thread_id = get_config()["configurable"]["thread_id"]
