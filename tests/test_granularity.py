@@ -339,3 +339,80 @@ def test_sigkill_during_deferred_stretch(dsn: str) -> None:
             assert rework <= BUDGET + 0.15, (thread, rework, sorted(again & set(done_first)))
         assert _history_problems(dsn, thread) == []
     print("re-executed seconds after kills:", [round(r, 3) for r in reworks])
+
+
+# ---------------------------------------------------------------------- run end
+def _counting_chain(names: list[str], runs: list[str], fail_once: set[str]) -> StateGraph:
+    builder = StateGraph(Counter)
+    previous = START
+    for name in names:
+        def run(state: Counter, n: str = name) -> dict[str, Any]:
+            runs.append(n)
+            if n in fail_once:
+                fail_once.discard(n)
+                raise RuntimeError(f"{n} failed")
+            return {"log": [n]}
+
+        builder.add_node(name, run)
+        builder.add_edge(previous, name)
+        previous = name
+    builder.add_edge(previous, END)
+    return builder
+
+
+def test_error_exit_flushes_the_deferred_head(dsn: str) -> None:
+    names = ["a", "b", "c", "boom", "d"]
+    runs: list[str] = []
+    builder = _counting_chain(names, runs, {"boom"})
+    thread = f"err-{uuid.uuid4()}"
+    with DurablePostgresSaver.from_conn_string(dsn, checkpoint_policy="defer") as saver:
+        saver.setup()
+        graph = builder.compile(checkpointer=saver)
+        with pytest.raises(RuntimeError, match="boom failed"):
+            graph.invoke({"log": []}, _cfg(thread))
+    with DurablePostgresSaver.from_conn_string(dsn) as other:
+        state = builder.compile(checkpointer=other).get_state(_cfg(thread))
+        assert state.values == {"log": ["a", "b", "c"]} and state.next == ("boom",)
+        assert _counts(dsn, thread)[0] == 2  # input + the head flushed at the error exit
+    with DurablePostgresSaver.from_conn_string(dsn, checkpoint_policy="defer") as saver:
+        out = builder.compile(checkpointer=saver).invoke(None, _cfg(thread))
+    assert out == {"log": names}
+    assert runs == ["a", "b", "c", "boom", "boom", "d"]  # nothing before the error ran twice
+    assert _history_problems(dsn, thread) == []
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+async def test_hand_back_at_a_step_boundary_flushes(dsn: str, api: str) -> None:
+    """What a worker does on SIGTERM (RecoveryWorker._resume): close the run's stream at
+    a step boundary. The run's exit stores the deferred head before the lease goes."""
+    names = ["a", "b", "c", "d", "e"]
+    runs: list[str] = []
+    builder = _counting_chain(names, runs, set())
+    thread = f"hand-{api}-{uuid.uuid4()}"
+    if api == "sync":
+        with DurablePostgresSaver.from_conn_string(dsn, checkpoint_policy="defer") as saver:
+            saver.setup()
+            graph = builder.compile(checkpointer=saver)
+            stream = graph.stream({"log": []}, _cfg(thread), stream_mode="values")
+            for chunk in stream:
+                if chunk["log"] == ["a", "b"]:
+                    break
+            stream.close()
+    else:
+        async with AsyncDurablePostgresSaver.from_conn_string(dsn, checkpoint_policy="defer") as asaver:
+            await asaver.setup()
+            agraph = builder.compile(checkpointer=asaver)
+            astream = agraph.astream({"log": []}, _cfg(thread), stream_mode="values")
+            async for chunk in astream:
+                if chunk["log"] == ["a", "b"]:
+                    break
+            await astream.aclose()
+    with psycopg.connect(dsn) as conn:
+        status = conn.execute("SELECT status, lease_owner FROM durable_threads WHERE thread_id = %s", (thread,)).fetchone()
+    assert status == ("stopped", None)
+    with DurablePostgresSaver.from_conn_string(dsn) as other:
+        state = builder.compile(checkpointer=other).get_state(_cfg(thread))
+        assert state.values == {"log": ["a", "b"]} and state.next == ("c",)
+        out = builder.compile(checkpointer=other).invoke(None, _cfg(thread))
+    assert out == {"log": names} and runs == names  # nothing ran twice
+    assert _history_problems(dsn, thread) == []
