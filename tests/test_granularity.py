@@ -17,8 +17,10 @@ from typing import Annotated, Any, TypedDict
 
 import psycopg
 import pytest
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import _messages_delta_reducer
 from langgraph.types import Command, Send, interrupt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -416,3 +418,88 @@ async def test_hand_back_at_a_step_boundary_flushes(dsn: str, api: str) -> None:
         out = builder.compile(checkpointer=other).invoke(None, _cfg(thread))
     assert out == {"log": names} and runs == names  # nothing ran twice
     assert _history_problems(dsn, thread) == []
+
+
+# ---------------------------------------------------------------------- effects see a stored checkpoint
+def _stored(dsn: str, thread: str, checkpoint_id: str) -> bool:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s", (thread, checkpoint_id)
+        ).fetchone()
+    return row is not None and row[0] == 1
+
+
+@pytest.mark.parametrize("kind", ["idempotent-key", "journaled"])
+def test_an_effect_runs_only_from_a_stored_checkpoint(dsn: str, kind: str) -> None:
+    """Per-meaningful-side-effect granularity: in a stretch of deferred steps, the
+    checkpoint a task runs from is stored before its effect (explicit-key @idempotent:
+    no wait of its own) or its journaled model call; afterwards deferral goes on."""
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+    from langgraph.config import get_config
+
+    from langgraph_durable import idempotent, journaled
+
+    seen: list[bool] = []
+    thread = f"eff-{kind}-{uuid.uuid4()}"
+
+    def where() -> str:
+        runtime = get_config()["configurable"]["__pregel_runtime"]
+        return str(runtime.execution_info.checkpoint_id)
+
+    @idempotent(key=lambda order: f"order-{thread}-{order}")
+    def charge(order: int) -> int:
+        seen.append(_stored(dsn, thread, where()))
+        return order
+
+    model = journaled(FakeListChatModel(responses=["ok"]))
+
+    def effect(state: Counter) -> dict[str, Any]:
+        if kind == "journaled":
+            seen.append(_stored(dsn, thread, where()))  # before: deferred...
+            model.invoke("hi")
+            seen.append(_stored(dsn, thread, where()))  # ...after the call: stored
+        else:
+            charge(1)
+        return {"log": ["effect"]}
+
+    builder = _chain(["a", "b"], {})
+    builder.add_node("effect", effect)
+    builder.add_node("c", lambda s: {"log": ["c"]})
+    builder.add_node("d", lambda s: {"log": ["d"]})
+    builder.add_edge("b", "effect")
+    builder.edges.discard(("b", END))
+    builder.add_edge("effect", "c")
+    builder.add_edge("c", "d")
+    builder.add_edge("d", END)
+    with DurablePostgresSaver.from_conn_string(dsn, checkpoint_policy="defer") as saver:
+        saver.setup()
+        out = builder.compile(checkpointer=saver).invoke({"log": []}, _cfg(thread), durability="sync")
+    assert out == {"log": ["a", "b", "effect", "c", "d"]}
+    assert seen == ([False, True] if kind == "journaled" else [True])
+    assert _counts(dsn, thread)[0] == 3  # input, before the effect, the end
+    assert _history_problems(dsn, thread) == []
+
+
+class DeltaChat(TypedDict, total=False):
+    messages: Annotated[list, DeltaChannel(_messages_delta_reducer, snapshot_frequency=2)]
+
+
+def test_delta_channel_graphs_are_never_deferred(dsn: str) -> None:
+    builder = StateGraph(DeltaChat)
+    for name in ("a", "b", "c"):
+        builder.add_node(name, lambda s, n=name: {"messages": [("ai", n)]})
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    builder.add_edge("b", "c")
+    builder.add_edge("c", END)
+    counts = []
+    for policy in ("always", "defer"):
+        thread = f"delta-{uuid.uuid4()}"
+        with DurablePostgresSaver.from_conn_string(dsn, checkpoint_policy=policy) as saver:
+            saver.setup()
+            graph = builder.compile(checkpointer=saver)
+            out = graph.invoke({"messages": [("human", "hi")]}, _cfg(thread))
+            assert [m.content for m in out["messages"]] == ["hi", "a", "b", "c"]
+            assert [m.content for m in graph.get_state(_cfg(thread)).values["messages"]] == ["hi", "a", "b", "c"]
+        counts.append(_counts(dsn, thread)[0])
+    assert counts[0] == counts[1]  # the policy is refused for the DeltaChannel graph
