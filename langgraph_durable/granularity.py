@@ -316,6 +316,11 @@ class Deferrals:
             )
             run.last_put_at = now
             run.last_seen = dict(checkpoint.get("versions_seen") or {})
+            # Only the child of the deferred checkpoint supersedes it; anything else
+            # (not seen from LangGraph: defensive) stores it first, writes and all.
+            before: list[tuple[str, Any]] = []
+            if run.pending is not None and run.pending.checkpoint["id"] != parent_id:
+                before = self._take_pending(run)
             superseded = run.pending is not None and run.pending.checkpoint["id"] == parent_id
             if superseded:
                 assert run.pending is not None
@@ -329,14 +334,22 @@ class Deferrals:
                     "thread_id": str(configurable["thread_id"]), "checkpoint_ns": ns,
                     "checkpoint_id": checkpoint["id"],
                 }}
-                return _const(result)
+                return self._ops_then(saver, before, result) if before else _const(result)
             parent = run.durable_id if superseded else parent_id
             versions = _diff(checkpoint, run.durable_versions) if superseded else new_versions
             self._mark_durable(run, checkpoint)
             self.stats.written += 1
-            ops = [("put", (config, checkpoint, metadata, parent, versions))]
+            ops = [*before, ("put", (config, checkpoint, metadata, parent, versions))]
             ops.extend(("writes", w) for w in early)
-        return self._ops_flow(saver, ops)
+        return self._put_result(saver, ops)
+
+    def _ops_then(self, saver: _DurableBase, ops: list[tuple[str, Any]], value: Any) -> Flow[Any]:
+        yield from self._run_ops(saver, ops)
+        return value
+
+    def _put_result(self, saver: _DurableBase, ops: list[tuple[str, Any]]) -> Flow[Any]:
+        """Run ``ops``; the result is the config of the last put among them."""
+        return (yield from self._run_ops(saver, ops))
 
     def _then_put(
         self, saver: _DurableBase, ops: list[tuple[str, Any]], config: Any, checkpoint: Any,
@@ -426,7 +439,7 @@ class Deferrals:
                 out = yield from _write_tx(
                     saver, cfg, lambda c=cfg, cp=checkpoint, md=metadata, v=versions: saver._op_put(c, cp, md, v)
                 )
-                result = result if result is not None else out
+                result = out  # the config of the last put: what put() returns
             else:
                 config, writes, task_id, task_path = args
                 yield from _write_tx(

@@ -292,9 +292,9 @@ async def test_conformance_with_policy(dsn: str) -> None:
 BUDGET = 0.3
 
 
-def _run_child(dsn: str, thread: str, kill_after: float | None) -> str | None:
+def _run_child(dsn: str, thread: str, kill_after: float | None, durability: str = "sync") -> str | None:
     proc = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "_child_granularity.py"), dsn, thread, str(BUDGET)],
+        [sys.executable, os.path.join(HERE, "_child_granularity.py"), dsn, thread, str(BUDGET), durability],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     assert proc.stdout is not None
@@ -317,10 +317,11 @@ def test_sigkill_during_deferred_stretch(dsn: str) -> None:
         saver.setup()
     rng = random.Random(16)
     reworks = []
-    for i in range(5):
+    for i in range(6):
         thread = f"kill-{i}-{uuid.uuid4()}"
-        killed = _run_child(dsn, thread, rng.uniform(0.1, 1.2))
-        final = _run_child(dsn, thread, None)
+        durability = ("sync", "async")[i % 2]
+        killed = _run_child(dsn, thread, rng.uniform(0.1, 1.2), durability)
+        final = _run_child(dsn, thread, None, durability)
         assert final is not None
         assert json.loads(final) == expected_final()
         with psycopg.connect(dsn) as conn:
