@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         UnsupportedLangGraphError,
     )
     from langgraph_durable.export import ExportReport, aexport_stock, export_stock
+    from langgraph_durable.granularity import CheckpointPolicy, ReworkBudget
     from langgraph_durable.idempotency import (
         IdempotentTool,
         Ledger,
@@ -105,6 +106,8 @@ if TYPE_CHECKING:
 
 # public name -> the module defining it (a submodule itself when the name is the module's)
 _LAZY: dict[str, str] = {
+    "CheckpointPolicy": "langgraph_durable.granularity",
+    "ReworkBudget": "langgraph_durable.granularity",
     "poison": "langgraph_durable",
     "RestoreReport": "langgraph_durable.archive",
     "arestore": "langgraph_durable.archive",
@@ -268,6 +271,8 @@ __all__ = [
     "InvalidIdentifierError",
     "InvalidThreadIdError",
     "JournaledRunnable",
+    "ReworkBudget",
+    "CheckpointPolicy",
     "Ledger",
     "LedgerEntry",
     "LeaseLostError",

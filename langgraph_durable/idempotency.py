@@ -67,7 +67,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pydantic import ConfigDict, PrivateAttr
 
-from langgraph_durable import _sql
+from langgraph_durable import _sql, granularity
 from langgraph_durable._io import (
     CONNECTION_RETRIES,
     AsyncDriver,
@@ -1171,6 +1171,8 @@ def _enter(call: _Call) -> contextvars.Token[_Parent | None]:
 
 
 def _run(call: _Call) -> Any:
+    # A deferred checkpoint (checkpoint_policy) is stored before the key is claimed.
+    granularity.before_effect()
     if call.legacy_key is not None:
         _drive(call, _adopt_legacy_key(call))
     if call.spec.transactional:
@@ -1206,6 +1208,7 @@ def _drive(call: _Call, gen: Generator[Any, Any, Any]) -> Any:
 
 
 async def _arun(call: _Call) -> Any:
+    await granularity.abefore_effect()
     if call.legacy_key is not None:
         await _adrive(call, _adopt_legacy_key(call))
     if call.spec.transactional:

@@ -48,6 +48,7 @@ from langchain_core.runnables import (
     RunnableSequence,
 )
 
+from langgraph_durable import granularity
 from langgraph_durable._io import Batch, Stmt
 from langgraph_durable.errors import ConfigurationError, NoLedgerError, SerializationError
 from langgraph_durable.idempotency import (
@@ -288,6 +289,9 @@ def _protocol(entry: _Entry) -> Generator[Any, Any, tuple[bool, Any]]:
 
 
 def _drive(entry: _Entry, call: Callable[[], Any]) -> Any:
+    # Store a deferred checkpoint first (checkpoint_policy): the journal key hashes
+    # the task id, which only a stored checkpoint gives back on resume.
+    granularity.before_effect()
     gen = _protocol(entry)
     send: Any = None
     throw: BaseException | None = None
@@ -311,6 +315,7 @@ def _drive(entry: _Entry, call: Callable[[], Any]) -> Any:
 
 
 async def _adrive(entry: _Entry, call: Callable[[], Any]) -> Any:
+    await granularity.abefore_effect()
     gen = _protocol(entry)
     send: Any = None
     throw: BaseException | None = None

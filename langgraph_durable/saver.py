@@ -129,6 +129,7 @@ from langgraph_durable.errors import (
     UnsupportedConnectionError,
     UnsupportedLangGraphError,
 )
+from langgraph_durable.granularity import CheckpointPolicy, Deferrals
 from langgraph_durable.pooler import (
     Pooler,
     check_pooled_conn,
@@ -578,6 +579,22 @@ class _DurableBase(BasePostgresSaver):
     """Everything but I/O. Subclasses provide ``_run_op``/``_arun_op`` and the flow
     equivalents; every public method below is written once for both."""
 
+    # Checkpoint deferral (granularity.py); None: every checkpoint is written (stock).
+    # Set per saver by checkpoint_policy (the class default serves savers built
+    # without __init__, e.g. by copy).
+    _granularity: Deferrals | None = None
+
+    @property
+    def checkpoint_policy(self) -> CheckpointPolicy | None:
+        """Which checkpoints may be deferred (see langgraph_durable.granularity)."""
+        return "always" if self._granularity is None else self._granularity.policy
+
+    @checkpoint_policy.setter
+    def checkpoint_policy(self, policy: CheckpointPolicy | None) -> None:
+        # None (the default) honours node metadata ({"checkpoint": "defer"}) only;
+        # "always" turns deferral off entirely.
+        self._granularity = None if policy == "always" else Deferrals(policy)
+
     def __init__(
         self,
         *,
@@ -600,8 +617,10 @@ class _DurableBase(BasePostgresSaver):
         on_unrecognised_run: OnUnrecognisedRun = "raise",
         pooler: str | None = None,
         run_migrations: bool = True,
+        checkpoint_policy: CheckpointPolicy | None = None,
     ) -> None:
         super().__init__(serde=serde)
+        self.checkpoint_policy = checkpoint_policy
         self.schema = _sql.validate_schema(schema)
         if version_policy not in VERSION_POLICIES:
             raise ConfigurationError(f"unknown version_policy {version_policy!r}")
@@ -2135,6 +2154,11 @@ class _DurableBase(BasePostgresSaver):
                 _RUN_LEASE.set(outer if outer is not None and not outer.released else None)
 
         def sync_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+            if self._granularity is not None:  # deferred checkpoints, before the release
+                try:
+                    self._run_flow(self._granularity.exit_flow(self, lease))
+                except Exception:
+                    logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
             try:
                 self._run_flow(self._release_flow(lease, ctx.loop, exc))
             except Exception:
@@ -2143,6 +2167,11 @@ class _DurableBase(BasePostgresSaver):
             return False
 
         async def async_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+            if self._granularity is not None:
+                try:
+                    await self._arun_flow(self._granularity.exit_flow(self, lease))
+                except Exception:
+                    logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
             try:
                 await self._arun_flow(self._release_flow(lease, ctx.loop, exc))
             except Exception:
@@ -2342,6 +2371,8 @@ class _DurableBase(BasePostgresSaver):
                 outer = _RUN_LEASE.get()
                 saved, lease = self._run_flow(self._flow_run_start(config, ctx, _HANDOFF.get()))
                 self._attach_exit(ctx, lease, outer)
+                if self._granularity is not None:
+                    self._granularity.start(lease, ctx, saved)
                 _RUN_LEASE.set(lease)
                 self._bind_run(config, lease)
                 return cast("CheckpointTuple | None", saved)
@@ -2374,6 +2405,10 @@ class _DurableBase(BasePostgresSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         self._check_unrecognised_put(config, metadata)
+        if self._granularity is not None and (
+            flow := self._granularity.put_flow(self, config, checkpoint, metadata, new_versions)
+        ) is not None:
+            return cast(RunnableConfig, self._run_flow(flow))
         return cast(
             RunnableConfig,
             self._write(
@@ -2389,6 +2424,11 @@ class _DurableBase(BasePostgresSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
+        if self._granularity is not None and (
+            flow := self._granularity.writes_flow(self, config, writes, task_id, task_path)
+        ) is not None:
+            self._run_flow(flow)
+            return
         self._write(
             str(config["configurable"]["thread_id"]),
             lambda: self._op_put_writes(config, writes, task_id, task_path),
@@ -2422,6 +2462,8 @@ class _DurableBase(BasePostgresSaver):
                 outer = _RUN_LEASE.get()
                 saved, lease = await self._arun_flow(self._flow_run_start(config, ctx, _HANDOFF.get()))
                 self._attach_exit(ctx, lease, outer)
+                if self._granularity is not None:
+                    self._granularity.start(lease, ctx, saved)
                 _RUN_LEASE.set(lease)
                 self._bind_run(config, lease)
                 return cast("CheckpointTuple | None", saved)
@@ -2455,6 +2497,10 @@ class _DurableBase(BasePostgresSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         self._check_unrecognised_put(config, metadata)
+        if self._granularity is not None and (
+            flow := self._granularity.put_flow(self, config, checkpoint, metadata, new_versions)
+        ) is not None:
+            return cast(RunnableConfig, await self._arun_flow(flow))
         return cast(
             RunnableConfig,
             await self._awrite(
@@ -2470,6 +2516,11 @@ class _DurableBase(BasePostgresSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
+        if self._granularity is not None and (
+            flow := self._granularity.writes_flow(self, config, writes, task_id, task_path)
+        ) is not None:
+            await self._arun_flow(flow)
+            return
         await self._awrite(
             str(config["configurable"]["thread_id"]),
             lambda: self._op_put_writes(config, writes, task_id, task_path),
@@ -2747,6 +2798,7 @@ class DurablePostgresSaver(_DurableBase):
         on_unrecognised_run: OnUnrecognisedRun = "raise",
         pooler: str | None = None,
         run_migrations: bool = True,
+        checkpoint_policy: CheckpointPolicy | None = None,
     ) -> None:
         super().__init__(
             serde=serde, schema=schema, graph_version=graph_version,
@@ -2757,7 +2809,7 @@ class DurablePostgresSaver(_DurableBase):
             compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
-            pooler=pooler, run_migrations=run_migrations,
+            pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
         )
         _check_conn("DurablePostgresSaver", conn, asynchronous=False)
         _check_pipe("DurablePostgresSaver", conn, pipe, ConnectionPool)
@@ -2795,6 +2847,7 @@ class DurablePostgresSaver(_DurableBase):
         on_unrecognised_run: OnUnrecognisedRun = "raise",
         pooler: str | None = None,
         run_migrations: bool = True,
+        checkpoint_policy: CheckpointPolicy | None = None,
     ) -> Iterator[DurablePostgresSaver]:
         """Open a connection pool on ``conn_string`` (else
         ``LANGGRAPH_DURABLE_DSN``, else the embedded PostgreSQL) and yield a saver.
@@ -2835,7 +2888,7 @@ class DurablePostgresSaver(_DurableBase):
                 compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
                 on_unrecognised_run=on_unrecognised_run,
-                pooler=pooler, run_migrations=run_migrations,
+                pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
             )
             try:
                 yield saver
@@ -2921,6 +2974,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         on_unrecognised_run: OnUnrecognisedRun = "raise",
         pooler: str | None = None,
         run_migrations: bool = True,
+        checkpoint_policy: CheckpointPolicy | None = None,
     ) -> None:
         super().__init__(
             serde=serde, schema=schema, graph_version=graph_version,
@@ -2931,7 +2985,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
             compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
-            pooler=pooler, run_migrations=run_migrations,
+            pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
         )
         _check_conn("AsyncDurablePostgresSaver", conn, asynchronous=True)
         _check_pipe("AsyncDurablePostgresSaver", conn, pipe, AsyncConnectionPool)
@@ -2970,6 +3024,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         on_unrecognised_run: OnUnrecognisedRun = "raise",
         pooler: str | None = None,
         run_migrations: bool = True,
+        checkpoint_policy: CheckpointPolicy | None = None,
     ) -> AsyncIterator[AsyncDurablePostgresSaver]:
         """Open an async pool and yield a saver (DSN resolved as the sync saver's).
         ``pipeline``: see ``DurablePostgresSaver.from_conn_string``."""
@@ -3000,7 +3055,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
                 compression_level=compression_level, artifact_cache_bytes=artifact_cache_bytes,
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
                 on_unrecognised_run=on_unrecognised_run,
-                pooler=pooler, run_migrations=run_migrations,
+                pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
             )
             try:
                 yield saver
