@@ -163,6 +163,10 @@ from langgraph_durable.versioning import (
 
 logger = logging.getLogger("langgraph_durable")
 
+# Keys _op_load_rows adds to a checkpoint row for _load_checkpoint_tuple (not columns).
+_ROW_LOCAL = "__durable_local"
+_ROW_SENDS = "__durable_sends"
+
 # The put/put_writes call running in this context (see artifacts.WriteSession). A
 # ContextVar: it follows the op into asyncio.to_thread and into the same task, and ops
 # run where no call set it (e.g. a sync call of the async saver) simply do not dedup.
@@ -883,10 +887,17 @@ class _DurableBase(BasePostgresSaver):
                 raise
             except Exception as exc:  # an envelope that does not parse
                 raise _load_error(self._damaged_row(rows) or where, "an artifact envelope", exc) from exc
-        return [
-            self._load_tuple(row, local, legacy.get((row["thread_id"], row["parent_checkpoint_id"])))
-            for row in rows
-        ]
+        for row in rows:
+            row[_ROW_LOCAL] = local
+            row[_ROW_SENDS] = legacy.get((row["thread_id"], row["parent_checkpoint_id"]))
+        return [self._row_tuple(row) for row in rows]
+
+    def _row_tuple(self, row: Any) -> CheckpointTuple:
+        """One row to a tuple. The sync saver goes through the stock saver's name,
+        ``_load_checkpoint_tuple`` (LangGraph's own tests patch it on an instance to
+        alter the row first); the async one cannot (the stock async hook is a coroutine,
+        and ops do not await), so it converts directly."""
+        return self._load_tuple(row, row.get(_ROW_LOCAL), row.get(_ROW_SENDS))
 
     def _damaged_row(self, rows: list[Any]) -> Mapping[str, Any] | None:
         """The first of ``rows`` whose envelopes do not parse (error path only)."""
@@ -2774,6 +2785,15 @@ class DurablePostgresSaver(_DurableBase):
     cursor). ``pipe``: a ``psycopg.Pipeline`` of ``conn``, as the stock saver takes it;
     see ``_check_pipe`` for what it changes."""
 
+    def _load_checkpoint_tuple(self, value: Any) -> CheckpointTuple:
+        """The stock ``PostgresSaver``'s row-to-tuple hook, same name and signature;
+        what this saver adds (the artifacts a row needs, pre-v4 pending sends) rides in
+        the row (``_op_load_rows``)."""
+        return super()._row_tuple(value)
+
+    def _row_tuple(self, row: Any) -> CheckpointTuple:
+        return self._load_checkpoint_tuple(row)
+
     def __init__(
         self,
         conn: Connection[Any] | ConnectionPool[Any],
@@ -2949,6 +2969,11 @@ class AsyncDurablePostgresSaver(_DurableBase):
     ``AsyncConnection`` or ``AsyncConnectionPool`` (``autocommit=True``); an
     ``asyncpg`` pool is refused with ``UnsupportedConnectionError``. ``pipe``: an
     ``AsyncPipeline`` of ``conn`` (see ``_check_pipe``)."""
+
+    async def _load_checkpoint_tuple(self, value: Any) -> CheckpointTuple:
+        """The stock ``AsyncPostgresSaver``'s row-to-tuple hook (a coroutine there too),
+        kept for code written against it; this saver's reads do not go through it."""
+        return self._row_tuple(value)
 
     def __init__(
         self,

@@ -60,18 +60,9 @@ class Known:
 # dropin-api) and the GraphVersionMismatchError of test_delta_channel_to_plain.py and
 # test_large_cases.py::test_root_graph (issue 12 'Refuse what is incompatible', branch
 # dropin-versions).
-KNOWN_DIFFERENCES: list[Known] = [
-    Known(
-        "checkpoint-postgres",
-        "tests/test_*.py::test_get_checkpoint_no_channel_values[*]",
-        "the test monkeypatches PostgresSaver._load_checkpoint_tuple, a private method of the "
-        "stock saver that the durable saver does not have (AttributeError); the behaviour it "
-        "guards, a stored checkpoint without channel_values loading as {}, is asserted for the "
-        "durable savers by tests/langgraph_suites/test_suite_equivalents.py",
-        "none: a stock-private hook, not behaviour (issue 12 'LangGraph's own suites in CI' "
-        "allows no other difference, so it is listed here and tested equivalently)",
-    ),
-]
+# Empty: the durable savers route rows through the stock-named _load_checkpoint_tuple,
+# which the one test that patches it (test_get_checkpoint_no_channel_values) needs.
+KNOWN_DIFFERENCES: list[Known] = []
 
 
 @dataclass
