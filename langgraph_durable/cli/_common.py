@@ -24,12 +24,23 @@ class _LazyConsole:
         self._options = options
         self._console: Console | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def resolve(self) -> Console:
         if self._console is None:
             from rich.console import Console
 
             self._console = Console(**self._options)
-        return getattr(self._console, name)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.resolve(), name)
+
+    # Special methods bypass __getattr__: `with console.status(...)` works through the
+    # attribute, but `with console:` (a progress display) needs these.
+    def __enter__(self) -> Console:
+        return self.resolve().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.resolve().__exit__(*exc)
 
 
 console: Any = _LazyConsole()

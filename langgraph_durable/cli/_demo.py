@@ -64,7 +64,7 @@ def demo(
             kill_at=kill_at,
             lease_ttl=lease_ttl,
             speed=speed,
-            console=console,
+            console=console.resolve(),
             live=not json_out,
             target=target,
         )

@@ -56,7 +56,7 @@ def _progress(label: str, enabled: bool) -> Iterator[Callable[[int, int], None] 
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=err_console,
+        console=err_console.resolve(),
         transient=True,
     ) as bar:
         task = bar.add_task(label, total=None)

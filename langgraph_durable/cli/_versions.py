@@ -367,7 +367,7 @@ def migrate_cmd(
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[last]}"),
                 TimeElapsedColumn(),
-                console=console,
+                console=console.resolve(),
             ) as progress:
                 task = progress.add_task(verb, total=len(ids), last="")
                 report = v.migrate_threads(
