@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypedDict
 
@@ -196,11 +196,13 @@ def bench_writes(dsn: str, rounds: int, per_round: int) -> dict[str, dict[str, f
             "put_rt": c1["round_trips"], "put_stmts": c1["statements"],
             "pw_rt": c2["round_trips"], "pw_stmts": c2["statements"],
         }
-    for _ in range(rounds):
-        for name, w in writers.items():
-            for _ in range(per_round):
-                results[name]["put"].append(w.put())
-                results[name]["put_writes"].append(w.put_writes())
+    order = list(writers.items())
+    for r in range(rounds * per_round):
+        # Call by call, the contenders taking turns (rotating who goes first), so load
+        # from elsewhere on a shared machine hits them alike.
+        for name, w in order[r % len(order):] + order[: r % len(order)]:
+            results[name]["put"].append(w.put())
+            results[name]["put_writes"].append(w.put_writes())
     for c in conns.values():
         c.close()
     return {

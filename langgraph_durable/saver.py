@@ -1205,7 +1205,7 @@ class _DurableBase(BasePostgresSaver):
         # in the upsert itself, so a put sends the stock saver's statements. The order
         # check stays with leases=False too: a writer with a slow clock would otherwise
         # make the next load resume from an older head and run its steps again.
-        row = (thread_id, checkpoint_ns, checkpoint["id"], parent_id, cp_json, md_json)
+        row: tuple[Any, ...] = (thread_id, checkpoint_ns, checkpoint["id"], parent_id, cp_json, md_json)
         if VERSION_KEY not in md and parent_id:
             # No version known (a write outside a run, e.g. update_state from a script):
             # inherit the parent's, so editing a thread never makes it "unversioned".

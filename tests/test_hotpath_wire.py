@@ -99,8 +99,8 @@ def test_leases_off_invoke_costs_exactly_stock(dsn: str, stock: dict[str, int]) 
     assert off == stock
 
 
-def test_put_and_put_writes_send_one_statement_each_in_a_run(dsn: str) -> None:
-    """Inside a leased run, each checkpoint write is one round trip, like stock's."""
+def test_update_state_costs_exactly_stock(dsn: str) -> None:
+    """A write outside a run (foreign-lease check, version inheritance) costs stock's wire."""
     with _connect(dsn) as conn:
         saver = DurablePostgresSaver(conn)
         graph = _graph(saver)
@@ -110,10 +110,13 @@ def test_put_and_put_writes_send_one_statement_each_in_a_run(dsn: str) -> None:
             stock_graph = _graph(PostgresSaver(other))
             stid = f"ps-{uuid.uuid4().hex}"
             stock_graph.invoke({"n": 0}, {"configurable": {"thread_id": stid}})
+            # Once first: statements are prepared the first time they run (a round trip).
+            stock_graph.update_state({"configurable": {"thread_id": stid}}, {"n": 1})
             with _wire(other) as stock_put:
-                stock_graph.update_state({"configurable": {"thread_id": stid}}, {"n": 1})
+                stock_graph.update_state({"configurable": {"thread_id": stid}}, {"n": 2})
+        graph.update_state({"configurable": {"thread_id": tid}}, {"n": 1})
         with _wire(conn) as ours:
-            graph.update_state({"configurable": {"thread_id": tid}}, {"n": 1})
+            graph.update_state({"configurable": {"thread_id": tid}}, {"n": 2})
     # update_state outside a run: the foreign-lease check and the version inheritance
     # ride in the put's statements too.
     assert ours == stock_put, (ours, stock_put)
