@@ -124,10 +124,10 @@ class Writer:
             c["checkpoint_id"] = self.parent
         return {"configurable": c}
 
-    def put(self) -> float:
+    def put(self) -> tuple[float, float]:
         cp, md, versions = self._checkpoint()
         cfg = self.config()
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         if self.saver is None:
             # The floor: the stock statement with the stock saver's parameters.
             with self.conn.pipeline(), self.conn.cursor(binary=True) as cur:
@@ -137,15 +137,15 @@ class Writer:
                 )
         else:
             self.saver.put(cfg, cp, md, versions)
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         self.parent = cp["id"]
-        return dt
+        return dt, dc
 
-    def put_writes(self) -> float:
+    def put_writes(self) -> tuple[float, float]:
         cfg = self.config()
         task = str(uuid.uuid4())
         writes = [("n", self.i), ("note", f"w {self.i}")]
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         if self.saver is None:
             serde = PostgresSaver(self.conn).serde
             rows = []
@@ -156,7 +156,7 @@ class Writer:
                 cur.executemany(UPSERT_CHECKPOINT_WRITES_SQL, rows)
         else:
             self.saver.put_writes(cfg, writes, task, "")
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.thread_time() - c0
 
 
 def take_lease(w: Writer) -> None:
@@ -182,7 +182,9 @@ def bench_writes(dsn: str, rounds: int, per_round: int) -> dict[str, dict[str, f
     }
     writers = {n: Writer(n, conns[n], savers[n]) for n in conns}
     take_lease(writers["durable"])
-    results: dict[str, dict[str, list[float]]] = {n: {"put": [], "put_writes": []} for n in conns}
+    results: dict[str, dict[str, list[float]]] = {
+        n: {"put": [], "put_writes": [], "put_cpu": [], "pw_cpu": []} for n in conns
+    }
     counts: dict[str, dict[str, float]] = {}
     for w in writers.values():  # warm up (prepared statements, caches), then count once
         for _ in range(20):
@@ -201,14 +203,17 @@ def bench_writes(dsn: str, rounds: int, per_round: int) -> dict[str, dict[str, f
         # Call by call, the contenders taking turns (rotating who goes first), so load
         # from elsewhere on a shared machine hits them alike.
         for name, w in order[r % len(order):] + order[: r % len(order)]:
-            results[name]["put"].append(w.put())
-            results[name]["put_writes"].append(w.put_writes())
+            for key, (wall, cpu) in (("put", w.put()), ("pw", w.put_writes())):
+                results[name]["put_writes" if key == "pw" else "put"].append(wall)
+                results[name][f"{key}_cpu"].append(cpu)
     for c in conns.values():
         c.close()
     return {
         n: {
             "put": statistics.median(r["put"]) * 1000,
             "put_writes": statistics.median(r["put_writes"]) * 1000,
+            "put_cpu": statistics.median(r["put_cpu"]) * 1000,
+            "pw_cpu": statistics.median(r["pw_cpu"]) * 1000,
             **counts[n],
         }
         for n, r in results.items()
@@ -225,6 +230,7 @@ def bench_invoke(dsn: str, samples: int) -> dict[str, dict[str, float]]:
     }
     graphs = {n: build().compile(checkpointer=s) for n, s in savers.items()}
     times: dict[str, list[float]] = {n: [] for n in graphs}
+    cpus: dict[str, list[float]] = {n: [] for n in graphs}
     wires: dict[str, dict[str, int]] = {}
     tag = uuid.uuid4().hex[:6]
     for name, g in graphs.items():  # warm up, then count one invoke
@@ -236,13 +242,15 @@ def bench_invoke(dsn: str, samples: int) -> dict[str, dict[str, float]]:
     for i in range(samples):
         for name, g in graphs.items():
             cfg = {"configurable": {"thread_id": f"i-{tag}-{name}-{i}"}}
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             g.invoke({"n": 0, "note": ""}, cfg)
             times[name].append((time.perf_counter() - t0) * 1000)
+            cpus[name].append((time.process_time() - c0) * 1000)
     for c in conns.values():
         c.close()
     return {
-        n: {"ms": statistics.median(t), "round_trips": wires[n]["round_trips"],
+        n: {"ms": statistics.median(t), "cpu": statistics.median(cpus[n]),
+            "round_trips": wires[n]["round_trips"],
             "statements": wires[n]["statements"]}
         for n, t in times.items()
     }
@@ -320,19 +328,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average before: {_load()}")
         rounds, per = (4, 50) if args.quick else (10, 100)
         w = bench_writes(dsn, rounds, per)
-        print(f"\nwrites: median ms per call ({rounds} rounds x {per}, contenders taking turns)")
-        print(f"{'':12} {'put':>8} {'x floor':>8} {'rt':>3} {'stmts':>5}   {'put_writes':>10} {'x floor':>8} {'rt':>3} {'stmts':>5}")
+        print(f"\nwrites: median ms per call, {rounds * per} calls each, contenders taking turns call by call;"
+              " cpu = client CPU ms per call")
+        print(f"{'':12} {'put':>8} {'x floor':>8} {'cpu':>6} {'rt':>3} {'stmts':>5}"
+              f"   {'put_writes':>10} {'x floor':>8} {'cpu':>6} {'rt':>3} {'stmts':>5}")
+        f = w["floor"]
         for n, r in w.items():
             print(
-                f"{n:12} {r['put']:8.3f} {r['put'] / w['floor']['put']:8.2f} {r['put_rt']:3.0f} {r['put_stmts']:5.0f}"
-                f"   {r['put_writes']:10.3f} {r['put_writes'] / w['floor']['put_writes']:8.2f}"
+                f"{n:12} {r['put']:8.3f} {r['put'] / f['put']:8.2f} {r['put_cpu']:6.3f}"
+                f" {r['put_rt']:3.0f} {r['put_stmts']:5.0f}"
+                f"   {r['put_writes']:10.3f} {r['put_writes'] / f['put_writes']:8.2f} {r['pw_cpu']:6.3f}"
                 f" {r['pw_rt']:3.0f} {r['pw_stmts']:5.0f}"
             )
         inv = bench_invoke(dsn, 30 if args.quick else 100)
-        print(f"\ninvoke: {STEPS}-step loop graph, new thread each (median ms; wire per invoke)")
+        print(f"\ninvoke: {STEPS}-step loop graph, new thread each (median wall ms and process CPU ms;"
+              " wire per invoke)")
         for n, r in inv.items():
             print(
                 f"{n:12} {r['ms']:8.2f} ms  {r['ms'] - inv['stock']['ms']:+6.2f} ms vs stock"
+                f"  cpu {r['cpu']:6.2f} ms ({r['cpu'] - inv['stock']['cpu']:+5.2f})"
                 f"  {r['round_trips']:3} round trips  {r['statements']:3} statements"
             )
         if not args.skip_concurrent:
