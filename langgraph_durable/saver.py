@@ -168,6 +168,11 @@ def _as_is(text: Any) -> Any:
     return text
 
 
+# put_writes with up to this many writes sends the guard with every row (see
+# _op_put_writes): one statement text, one executemany, like the stock saver.
+_GUARD_EVERY_ROW = 8
+
+
 def _jsonb_now(obj: Any) -> Jsonb:
     """JSON dumped now, not when psycopg adapts the parameter: an error then, inside a
     pipeline sent as one implicit transaction, would leave the statements sent before
@@ -1281,16 +1286,19 @@ class _DurableBase(BasePostgresSaver):
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         stmts = list(art_stmts)
         if lease is not None or self.leases_enabled:
-            # The first row carries the guard (issue 14, see _sql.GUARDED_UPSERT_WRITE_SQL):
-            # it runs before any write row is inserted or locked. leases=False: no guard,
-            # the stock saver's statements exactly.
-            first = (
+            # The rows carry the guard (issue 14, see _sql.GUARDED_UPSERT_WRITE_SQL): it
+            # runs before the first write row is inserted or locked. A step's few writes
+            # all carry it (one executemany, as stock; re-checking a row this transaction
+            # already locked is cheap); a large fan-out only its first row. leases=False:
+            # no guard, the stock saver's statements exactly.
+            guarded = (
                 _sql.GUARDED_UPSERT_WRITE_SQL
                 if query is UPSERT_CHECKPOINT_WRITES_SQL
                 else _sql.GUARDED_INSERT_WRITE_SQL
             )
-            stmts.append(Stmt(first, (*rows[0], *guard)))
-            rows = rows[1:]
+            n = len(rows) if len(rows) <= _GUARD_EVERY_ROW else 1
+            stmts.append(Stmt(guarded, [(*r, *guard) for r in rows[:n]], many=True))
+            rows = rows[n:]
         if rows:
             stmts.append(Stmt(query, rows, many=True))
         try:
