@@ -293,6 +293,63 @@ MIGRATIONS: list[str] = [
             INSERT INTO durable_thread_counts SELECT status, count(*) FROM durable_threads GROUP BY status;
         END IF;
     END $$""",
+    # Issue 14 (writes at the floor): the fence (or, outside a run, the foreign-lease
+    # check) and the order check of a write, folded into the write's own statement
+    # (GUARDED_* below: ``INSERT ... SELECT ... WHERE durable_put_guard(...)``), so a
+    # leased put costs the stock saver's statements and round trips. Same predicates,
+    # row lock and SQLSTATEs as durable_fence / durable_foreign_lease /
+    # durable_checkpoint_order (inlined: a nested plpgsql call costs ~10 us each).
+    # p_owner NULL and p_foreign false: no lease check; p_id NULL: no order check.
+    """CREATE OR REPLACE FUNCTION durable_put_guard(
+        p_thread text, p_token bigint, p_owner text, p_foreign boolean, p_ns text, p_id text)
+    RETURNS boolean LANGUAGE plpgsql AS $$
+    DECLARE
+        v_owner text;
+        v_expires float8;
+        v_head text;
+    BEGIN
+        IF p_owner IS NOT NULL THEN
+            PERFORM 1 FROM durable_threads
+            WHERE thread_id = p_thread AND lease_token = p_token AND lease_owner = p_owner
+            FOR SHARE;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'LGD01',
+                    MESSAGE = format('lease on thread %s (token %s) was lost', p_thread, p_token);
+            END IF;
+        ELSIF p_foreign THEN
+            SELECT t.lease_owner, EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8
+            INTO v_owner, v_expires
+            FROM durable_threads t
+            WHERE t.thread_id = p_thread AND t.lease_owner IS NOT NULL AND t.lease_expires_at > now();
+            IF FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'LGD02',
+                    MESSAGE = format('thread %s is being run by %s', p_thread, v_owner),
+                    DETAIL = json_build_object('owner', v_owner, 'expires_in', v_expires)::text;
+            END IF;
+        END IF;
+        IF p_id IS NOT NULL THEN
+            SELECT checkpoint_id INTO v_head FROM checkpoints
+            WHERE thread_id = p_thread AND checkpoint_ns = p_ns
+            ORDER BY checkpoint_id DESC LIMIT 1;
+            IF v_head > p_id AND NOT EXISTS (
+                SELECT 1 FROM checkpoints
+                WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_id) THEN
+                RAISE EXCEPTION USING ERRCODE = 'LGD03',
+                    MESSAGE = format('checkpoint %s of thread %s would sort before its head %s',
+                                     p_id, p_thread, v_head),
+                    DETAIL = json_build_object('head', v_head)::text;
+            END IF;
+        END IF;
+        RETURN true;
+    END $$""",
+    # Issue 14 (one round trip per run start): the thread's state before the current
+    # lease, kept in the row by ACQUIRE_SQL, so an acquisition sent as one autocommit
+    # statement whose reply was lost still knows, when retried, what to give back if
+    # the run never starts (ABANDON_SQL). Before, an op memo filled between the
+    # statement and its COMMIT did that, at the price of BEGIN/COMMIT round trips.
+    """ALTER TABLE durable_threads
+        ADD COLUMN IF NOT EXISTS lease_prev_status TEXT,
+        ADD COLUMN IF NOT EXISTS lease_prev_version TEXT""",
 ]
 
 # --- leases / lifecycle --------------------------------------------------------------
@@ -311,19 +368,25 @@ MIGRATIONS: list[str] = [
 # taken. The conditional upsert is atomic: concurrent acquirers serialize on the row
 # lock and the loser re-evaluates the WHERE on the winner's row, so at most one owner
 # holds a live lease (no SELECT ... FOR UPDATE needed). prev_* report the row as it
-# was, to restore it if the run never starts.
+# was, to restore it if the run never starts; kept in lease_prev_*, so a retry reports
+# them too. With no checkpoint requested, the run starts from the thread's latest root
+# checkpoint, looked up in the same statement: the whole acquisition is one autocommit
+# statement, one round trip (issue 14).
 # Owner ids are unique per run, so a row already held by this owner is this very
 # acquisition, committed once already and retried by the driver because the COMMIT's
 # reply was lost: then nothing is counted or bumped again (retried = true), so a lost
 # acknowledgement can never push a healthy thread over max_resume_attempts.
 ACQUIRE_SQL = """
-WITH prev AS (SELECT status, graph_version, lease_owner
-              FROM durable_threads WHERE thread_id = %(thread_id)s)
+WITH prev AS (SELECT lease_owner FROM durable_threads WHERE thread_id = %(thread_id)s),
+head AS (SELECT COALESCE(%(checkpoint_id)s::text,
+                         (SELECT checkpoint_id FROM checkpoints
+                          WHERE thread_id = %(thread_id)s AND checkpoint_ns = ''
+                          ORDER BY checkpoint_id DESC LIMIT 1)) AS id)
 INSERT INTO durable_threads AS t (
     thread_id, status, graph_version, lease_owner, lease_token, lease_expires_at,
     attempts, attempts_checkpoint_id, updated_at)
 VALUES (%(thread_id)s, 'running', %(version)s, %(owner)s, 1,
-        now() + make_interval(secs => %(ttl)s), 1, %(checkpoint_id)s, now())
+        now() + make_interval(secs => %(ttl)s), 1, (SELECT id FROM head), now())
 ON CONFLICT (thread_id) DO UPDATE SET
     status = 'running',
     graph_version = COALESCE(EXCLUDED.graph_version, t.graph_version),
@@ -340,13 +403,17 @@ ON CONFLICT (thread_id) DO UPDATE SET
     last_error = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.last_error
                       WHEN t.attempts_checkpoint_id IS NOT DISTINCT FROM EXCLUDED.attempts_checkpoint_id
                       THEN t.last_error END,
+    lease_prev_status = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.lease_prev_status
+                             ELSE t.status END,
+    lease_prev_version = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.lease_prev_version
+                              ELSE t.graph_version END,
     updated_at = now()
 WHERE t.status <> 'quarantined'
   AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR t.lease_owner = EXCLUDED.lease_owner
        OR t.lease_owner = %(dead_owner)s
        OR (t.lease_owner = %(claim_owner)s AND t.lease_token = %(claim_token)s))
-RETURNING lease_token, attempts, last_error,
-          (SELECT status FROM prev) AS prev_status, (SELECT graph_version FROM prev) AS prev_version,
+RETURNING lease_token, attempts, last_error, attempts_checkpoint_id AS checkpoint_id,
+          lease_prev_status AS prev_status, lease_prev_version AS prev_version,
           COALESCE((SELECT lease_owner FROM prev) = %(owner)s, false) AS retried
 """
 
@@ -391,6 +458,49 @@ FENCE_BUSY_STATE = "LGD02"
 # A put's checkpoint id would sort before its thread's head (durable_checkpoint_order).
 ORDER_CHECK_SQL = "SELECT durable_checkpoint_order(%s, %s, %s) AS ok"
 ORDER_SKEW_STATE = "LGD03"
+
+# A put's checkpoint upsert and the first row of a put_writes with their guard
+# (durable_put_guard: fence or foreign-lease check, order check) folded in: the guard
+# runs before the row is inserted, so a failing guard aborts the write's implicit
+# transaction and a passing one holds the thread row FOR SHARE before the row's own
+# lock (the order delete_thread and migrations take them in). Same columns and ON
+# CONFLICT actions as the stock UPSERT_CHECKPOINTS_SQL / UPSERT_CHECKPOINT_WRITES_SQL
+# / INSERT_CHECKPOINT_WRITES_SQL. Guard parameters last: thread, token, owner,
+# foreign, ns, id (see durable_put_guard).
+GUARDED_UPSERT_CHECKPOINT_SQL = """
+INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+SELECT %s::text, %s::text, %s::text, %s::text, %s::jsonb, %s::jsonb
+WHERE durable_put_guard(%s, %s::bigint, %s, %s, %s, %s)
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
+"""
+# The same for a put with no graph version known (update_state from a script): the
+# checkpoint inherits its parent's version (what versioning.INHERIT_VERSION_SQL did as
+# a separate statement). Extra parameters after the metadata: thread, ns, parent.
+GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL = """
+INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+SELECT %s::text, %s::text, %s::text, %s::text, %s::jsonb,
+       %s::jsonb || COALESCE((SELECT jsonb_build_object('graph_version', p.metadata -> 'graph_version')
+                              FROM checkpoints p
+                              WHERE p.thread_id = %s AND p.checkpoint_ns = %s AND p.checkpoint_id = %s
+                                AND p.metadata ? 'graph_version'), '{}'::jsonb)
+WHERE durable_put_guard(%s, %s::bigint, %s, %s, %s, %s)
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
+"""
+GUARDED_UPSERT_WRITE_SQL = """
+INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+SELECT %s::text, %s::text, %s::text, %s::text, %s::text, %s::integer, %s::text, %s::text, %s::bytea
+WHERE durable_put_guard(%s, %s::bigint, %s, %s, %s, %s)
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+    channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob
+"""
+GUARDED_INSERT_WRITE_SQL = """
+INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+SELECT %s::text, %s::text, %s::text, %s::text, %s::text, %s::integer, %s::text, %s::text, %s::bytea
+WHERE durable_put_guard(%s, %s::bigint, %s, %s, %s, %s)
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
+"""
 
 # A write made outside a leased run (update_state, tools) is refused while another
 # process holds a live lease on the thread.

@@ -300,6 +300,7 @@ DURABLE_FUNCTIONS = (
     "durable_checkpoint_order(text, text, text)",
     "durable_thread_counts_row()",
     "durable_thread_counts_truncate()",
+    "durable_put_guard(text, bigint, text, boolean, text, text)",
 )
 DURABLE_INDEXES = ("durable_checkpoints_run_idx",)  # on the stock checkpoints table
 

@@ -31,6 +31,7 @@ FUNCTIONS = (
     "durable_fence(text, bigint, text)",
     "durable_foreign_lease(text)",
     "durable_checkpoint_order(text, text, text)",
+    "durable_put_guard(text, bigint, text, boolean, text, text)",
 )
 
 

@@ -66,7 +66,6 @@ from langgraph.checkpoint.postgres.base import (
     SELECT_SQL,
     UPSERT_CHECKPOINT_BLOBS_SQL,
     UPSERT_CHECKPOINT_WRITES_SQL,
-    UPSERT_CHECKPOINTS_SQL,
     BasePostgresSaver,
     _build_delta_stage1_sql,
     _build_delta_stage2_sql,
@@ -141,7 +140,6 @@ from langgraph_durable.pooler import (
 )
 from langgraph_durable.retention import op_recompute_refs
 from langgraph_durable.versioning import (
-    INHERIT_VERSION_SQL,
     INSERT_LOG_SQL,
     LOCK_CHECKPOINT_SQL,
     LOCK_THREAD_SQL,
@@ -199,6 +197,11 @@ def _jsonb(obj: Any) -> Jsonb:
 
 def _as_is(text: Any) -> Any:
     return text
+
+
+# put_writes with up to this many writes sends the guard with every row (see
+# _op_put_writes): one statement text, one executemany, like the stock saver.
+_GUARD_EVERY_ROW = 8
 
 
 def _jsonb_now(obj: Any) -> Jsonb:
@@ -1068,6 +1071,25 @@ class _DurableBase(BasePostgresSaver):
             return Stmt(_sql.FOREIGN_LEASE_RAISING_SQL, (thread_id,), fetch=True), None
         return Stmt(_sql.FOREIGN_LEASE_SQL, (thread_id,), fetch=True), None
 
+    def _guard(
+        self, thread_id: str, config: RunnableConfig, checkpoint_ns: str | None, checkpoint_id: str | None
+    ) -> tuple[tuple[Any, ...], Lease | None]:
+        """durable_put_guard's parameters for a put/put_writes (the fence folded into the
+        write's own statement, see _sql.GUARDED_UPSERT_CHECKPOINT_SQL) and the lease it
+        checks: the run's lease (same rule as ``_fence``), else the foreign-lease check
+        when leases are on, else none. ``checkpoint_id``: the order check (puts)."""
+        lease = _RUN_LEASE.get()
+        if lease is not None and (lease.released or lease.thread_id != thread_id):
+            lease = None
+        if lease is None:
+            runtime = (config.get("configurable") or {}).get(_RUNTIME_KEY)
+            lease = self._leases.for_runtime(runtime, thread_id)
+        if lease is not None:
+            if lease.lost:
+                raise LeaseLostError(thread_id, lease.token)
+            return (thread_id, lease.token, lease.owner, False, checkpoint_ns, checkpoint_id), lease
+        return (thread_id, None, None, self.leases_enabled, checkpoint_ns, checkpoint_id), None
+
     def _fence_error(self, thread_id: str, lease: Lease | None, exc: BaseException) -> DurableError | None:
         """The typed error for a raising fence's failure (None: not a fence failure)."""
         state = getattr(exc, "sqlstate", None)
@@ -1293,7 +1315,7 @@ class _DurableBase(BasePostgresSaver):
                 enc = self._encode(blob_values[k], where, _root(k))
                 artifacts.update(enc.artifacts)
                 blob_rows.append((thread_id, checkpoint_ns, k, cast(str, ver), enc.type, enc.data))
-        fence, lease = self._fence(thread_id, raising=True, config=config)
+        guard, lease = self._guard(thread_id, config, checkpoint_ns, checkpoint["id"])
         md = self._stamp(config, metadata, lease)
         try:
             cp_json, md_json = _jsonb_now(copy), _jsonb_now(md)
@@ -1304,26 +1326,26 @@ class _DurableBase(BasePostgresSaver):
                 **where, path=path, value_type=type(culprit).__name__, reason=reason
             ) from exc
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
-        lock = art_stmts[:1]
-        stmts = [*lock, fence, *art_stmts[1:]]
+        stmts = list(art_stmts)
         if blob_rows:
             stmts.append(Stmt(UPSERT_CHECKPOINT_BLOBS_SQL, blob_rows, many=True))
-        # Never behind the head (clock skew): see durable_checkpoint_order.
-        stmts.append(Stmt(_sql.ORDER_CHECK_SQL, (thread_id, checkpoint_ns, checkpoint["id"])))
-        stmts.append(
-            Stmt(
-                UPSERT_CHECKPOINTS_SQL,
-                (thread_id, checkpoint_ns, checkpoint["id"], parent_id, cp_json, md_json),
-            )
-        )
+        # The checkpoint row carries the guard (issue 14): fence (or foreign-lease check)
+        # and order check (never behind the head: clock skew, durable_checkpoint_order)
+        # in the upsert itself, so a put sends the stock saver's statements. The order
+        # check stays with leases=False too: a writer with a slow clock would otherwise
+        # make the next load resume from an older head and run its steps again.
+        row: tuple[Any, ...] = (thread_id, checkpoint_ns, checkpoint["id"], parent_id, cp_json, md_json)
         if VERSION_KEY not in md and parent_id:
             # No version known (a write outside a run, e.g. update_state from a script):
             # inherit the parent's, so editing a thread never makes it "unversioned".
-            ids = (thread_id, checkpoint_ns)
-            stmts.append(Stmt(INHERIT_VERSION_SQL, (*ids, parent_id, *ids, checkpoint["id"])))
+            sql = _sql.GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL
+            row = (*row, thread_id, checkpoint_ns, parent_id)
+        else:
+            sql = _sql.GUARDED_UPSERT_CHECKPOINT_SQL
+        stmts.append(Stmt(sql, (*row, *guard)))
         try:
             # The only batch: one pipeline, no BEGIN/COMMIT (_io._implicit).
-            rows = yield Batch(stmts, final=True)
+            yield Batch(stmts, final=True)
         except psycopg.Error as exc:
             err = self._fence_error(thread_id, lease, exc)
             if err is not None:
@@ -1334,7 +1356,6 @@ class _DurableBase(BasePostgresSaver):
             if err is None:
                 raise
             raise err from exc
-        self._check_fence(thread_id, lease, rows[len(lock)])
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
         return {
@@ -1385,11 +1406,27 @@ class _DurableBase(BasePostgresSaver):
                     enc.data,
                 )
             )
-        fence, lease = self._fence(thread_id, raising=True, config=config)
+        guard, lease = self._guard(thread_id, config, None, None)
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
-        lock = art_stmts[:1]
+        stmts = list(art_stmts)
+        if lease is not None or self.leases_enabled:
+            # The rows carry the guard (issue 14, see _sql.GUARDED_UPSERT_WRITE_SQL): it
+            # runs before the first write row is inserted or locked. A step's few writes
+            # all carry it (one executemany, as stock; re-checking a row this transaction
+            # already locked is cheap); a large fan-out only its first row. leases=False:
+            # no guard, the stock saver's statements exactly.
+            guarded = (
+                _sql.GUARDED_UPSERT_WRITE_SQL
+                if query is UPSERT_CHECKPOINT_WRITES_SQL
+                else _sql.GUARDED_INSERT_WRITE_SQL
+            )
+            n = len(rows) if len(rows) <= _GUARD_EVERY_ROW else 1
+            stmts.append(Stmt(guarded, [(*r, *guard) for r in rows[:n]], many=True))
+            rows = rows[n:]
+        if rows:
+            stmts.append(Stmt(query, rows, many=True))
         try:
-            result = yield Batch([*lock, fence, *art_stmts[1:], Stmt(query, rows, many=True)], final=True)
+            yield Batch(stmts, final=True)
         except psycopg.Error as exc:
             err = self._fence_error(thread_id, lease, exc)
             if err is not None:
@@ -1398,7 +1435,6 @@ class _DurableBase(BasePostgresSaver):
             if err is None:
                 raise
             raise err from exc
-        self._check_fence(thread_id, lease, result[len(lock)])
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
 
@@ -1682,23 +1718,12 @@ class _DurableBase(BasePostgresSaver):
                 logger.debug("could not fingerprint %r", ctx.graph, exc_info=True)
         return None
 
-    def _op_acquire(
-        self,
-        thread_id: str,
-        owner: str,
-        version: str | None,
-        checkpoint_id: str | None,
-        handoff: _Handoff | None = None,
-    ) -> Op[dict[str, Any]]:
-        """Take the lease. Safe to run again after a lost COMMIT reply (the driver
-        retries): ACQUIRE_SQL recognises its own owner and then counts no attempt and
-        bumps no token; the op memo (kept across the retries) restores what the committed
-        first execution saw of the thread before it (prev_status / prev_version)."""
-        if checkpoint_id is None:
-            rows = yield Batch([Stmt(_sql.LATEST_CHECKPOINT_ID_SQL, (thread_id,), fetch=True)])
-            checkpoint_id = rows[0][0]["checkpoint_id"] if rows[0] else None
+    def _acquire_params(
+        self, thread_id: str, owner: str, version: str | None, checkpoint_id: str | None,
+        handoff: _Handoff | None,
+    ) -> dict[str, Any]:
         mine = handoff if handoff is not None and handoff.thread_id == thread_id else None
-        params = {
+        return {
             "thread_id": thread_id,
             "owner": owner,
             "version": version,
@@ -1708,9 +1733,37 @@ class _DurableBase(BasePostgresSaver):
             "claim_owner": mine.owner if mine else None,
             "claim_token": mine.token if mine else None,
         }
-        rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)])
+
+    def _op_acquire(
+        self,
+        thread_id: str,
+        owner: str,
+        version: str | None,
+        checkpoint_id: str | None,
+        handoff: _Handoff | None = None,
+    ) -> Op[dict[str, Any]]:
+        """Take the lease: one autocommit statement, one round trip (ACQUIRE_SQL looks up
+        the latest checkpoint itself). Safe to run again after a lost COMMIT reply (the
+        driver retries): ACQUIRE_SQL recognises its own owner and then counts no attempt
+        and bumps no token, and reports the thread as it was before the first execution
+        (lease_prev_*). Not taken: the contended path, ``_op_acquire_contended``."""
+        params = self._acquire_params(thread_id, owner, version, checkpoint_id, handoff)
+        rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)], final=True)
         if rows[0]:
-            return self._acquired(rows[0][0], checkpoint_id)
+            return self._acquired(rows[0][0], rows[0][0]["checkpoint_id"])
+        return {"ok": False, "checkpoint_id": checkpoint_id, "contended": True}
+
+    def _op_acquire_contended(
+        self,
+        thread_id: str,
+        owner: str,
+        version: str | None,
+        checkpoint_id: str | None,
+        handoff: _Handoff | None = None,
+    ) -> Op[dict[str, Any]]:
+        """The lease is held (or the thread quarantined): who holds it, and a takeover
+        when the holder is a provably dead process of this machine."""
+        params = self._acquire_params(thread_id, owner, version, checkpoint_id, handoff)
         rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
         row = rows[0][0] if rows[0] else {}
         holder = row.get("lease_owner")
@@ -1728,7 +1781,7 @@ class _DurableBase(BasePostgresSaver):
             rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
             row = rows[0][0] if rows[0] else {}
             return {"ok": False, "checkpoint_id": checkpoint_id, **row}
-        return self._acquired(rows[0][0], checkpoint_id)
+        return self._acquired(rows[0][0], rows[0][0]["checkpoint_id"])
 
     @staticmethod
     def _acquired(row: Mapping[str, Any], checkpoint_id: str | None) -> dict[str, Any]:
@@ -1758,9 +1811,13 @@ class _DurableBase(BasePostgresSaver):
         undo: bool,
         error: str | None,
         checkpoint_id: str | None = None,
+        first: Sequence[Stmt] = (),
     ) -> Op[None]:
+        # One autocommit pipeline (no BEGIN/COMMIT): one round trip at run end. RELEASE
+        # matches owner and token, so a retry after a lost reply changes nothing.
         yield Batch(
             [
+                *first,
                 Stmt(
                     _sql.RELEASE_SQL,
                     {
@@ -1774,7 +1831,8 @@ class _DurableBase(BasePostgresSaver):
                         "owner": lease.owner,
                     },
                 )
-            ]
+            ],
+            final=True,
         )
 
     def _op_abandon(self, lease: Lease) -> Op[None]:
@@ -1851,6 +1909,10 @@ class _DurableBase(BasePostgresSaver):
             res = yield Tx(
                 lambda: self._op_acquire(thread_id, owner, version, requested, handoff)
             )
+            if res.get("contended"):
+                res = yield Tx(
+                    lambda: self._op_acquire_contended(thread_id, owner, version, requested, handoff)
+                )
             if res["ok"]:
                 break
             if res.get("status") == "quarantined":
@@ -1892,7 +1954,10 @@ class _DurableBase(BasePostgresSaver):
                 )
                 yield from self._flow_quarantine(lease, record)
             try:
-                saved = yield Tx(lambda: self._op_get_tuple(config))
+                # No BEGIN/COMMIT, as in get_tuple outside a run: each statement has its
+                # own snapshot either way (READ COMMITTED) and artifacts are immutable;
+                # with the lease held no other run writes the thread meanwhile.
+                saved = yield Tx(lambda: self._op_get_tuple(config), transaction=False)
                 _check_runnable(saved)
             except CheckpointLoadError as exc:
                 # Fail closed: a checkpoint we cannot read is never run on half a state,
@@ -2138,19 +2203,16 @@ class _DurableBase(BasePostgresSaver):
         if error is not None and moved:
             # The failure happened past the checkpoint the run started from: it is the
             # first failed attempt at the new head.
-            def op() -> Op[None]:
-                yield Batch(
-                    [
-                        Stmt(
-                            "UPDATE durable_threads SET attempts = 1, attempts_checkpoint_id = %s "
-                            "WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s",
-                            (head, lease.thread_id, lease.token, lease.owner),
-                        )
-                    ]
+            moved_to = Stmt(
+                "UPDATE durable_threads SET attempts = 1, attempts_checkpoint_id = %s "
+                "WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s",
+                (head, lease.thread_id, lease.token, lease.owner),
+            )
+            yield Tx(
+                lambda: self._op_release(
+                    lease, status, reset=False, undo=False, error=error, first=(moved_to,)
                 )
-                yield from self._op_release(lease, status, reset=False, undo=False, error=error)
-
-            yield Tx(op)
+            )
             return
         yield Tx(lambda: self._op_release(lease, status, reset=reset, undo=undo, error=error))
 

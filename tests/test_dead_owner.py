@@ -74,9 +74,13 @@ def _start_child(tmp_path: Path, dsn: str, thread_id: str) -> subprocess.Popen[b
     deadline = time.monotonic() + 60
     with psycopg.connect(dsn, autocommit=True) as conn:
         while time.monotonic() < deadline:
+            # The lease, and the checkpoint the node runs from: the lease is one
+            # autocommit statement now, committed well before the child's first put.
             row = conn.execute(
-                "SELECT lease_owner FROM durable_threads WHERE thread_id = %s AND status = 'running'",
-                (thread_id,),
+                "SELECT lease_owner FROM durable_threads WHERE thread_id = %s AND status = 'running'"
+                " AND EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s"
+                " AND (metadata ->> 'step')::int >= 0)",
+                (thread_id, thread_id),
             ).fetchone()
             if row and row[0]:
                 return proc

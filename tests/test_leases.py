@@ -210,7 +210,14 @@ def test_takeover_fences_late_writes_and_stops_the_run(db: str) -> None:
         t = threading.Thread(target=run)
         t.start()
         assert entered.wait(60)
+        # The checkpoint s1 runs from is put in the background (durability "async"):
+        # wait for it, or `before` may be the one before it (a race, also on main).
         before = graph.get_state(cfg("fence-1"))
+        for _ in range(200):
+            if before.next == ("s1",):
+                break
+            time.sleep(0.05)
+            before = graph.get_state(cfg("fence-1"))
         stalled = _stall_renewer(saver)
         try:
             _wait_expired(db, "fence-1")
