@@ -82,6 +82,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from langgraph_durable import _sql, _values
+from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import (
     AfterCommit,
     AsyncDriver,
@@ -825,6 +826,7 @@ class _DurableBase(BasePostgresSaver):
             return Stmt(_sql.FOREIGN_LEASE_RAISING_SQL, (thread_id,), fetch=True), None
         return Stmt(_sql.FOREIGN_LEASE_SQL, (thread_id,), fetch=True), None
 
+    @_telemetry.instrument("fence_error")
     def _fence_error(self, thread_id: str, lease: Lease | None, exc: BaseException) -> DurableError | None:
         """The typed error for a raising fence's failure (None: not a fence failure)."""
         state = getattr(exc, "sqlstate", None)
@@ -837,6 +839,7 @@ class _DurableBase(BasePostgresSaver):
             return ThreadBusyError(thread_id, info.get("owner"), info.get("expires_in"))
         return None
 
+    @_telemetry.instrument("check_fence")
     def _check_fence(self, thread_id: str, lease: Lease | None, rows: list[Any]) -> None:
         if lease is not None:
             if not rows:
@@ -856,6 +859,7 @@ class _DurableBase(BasePostgresSaver):
             return [], []
         digests = sorted(artifacts)
         new = sorted(self._known_refs.unknown(thread_id, digests))
+        _telemetry.count("artifacts_deduplicated", len(digests) - len(new))
         stmts = [Stmt(_sql.ARTIFACT_LOCK_SHARED_SQL, (_sql.ARTIFACT_LOCK_CLASS, thread_id))]
         if new:
             sealed = [self.codec.seal(artifacts[d], self.serde) for d in new]
@@ -991,6 +995,7 @@ class _DurableBase(BasePostgresSaver):
             raise UnencodableValueError(
                 **where, path=path, value_type=type(culprit).__name__, reason=reason
             ) from exc
+        _telemetry.checkpoint_bytes(cp_json, blob_rows)
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         lock = art_stmts[:1]
         stmts = [*lock, fence, *art_stmts[1:]]
@@ -1345,6 +1350,7 @@ class _DurableBase(BasePostgresSaver):
                 logger.debug("could not fingerprint %r", ctx.graph, exc_info=True)
         return None
 
+    @_telemetry.instrument("lease_acquire")
     def _op_acquire(
         self, thread_id: str, owner: str, version: str | None, checkpoint_id: str | None
     ) -> Op[dict[str, Any]]:
@@ -1373,6 +1379,7 @@ class _DurableBase(BasePostgresSaver):
                 thread_id, holder,
             )
             params["dead_owner"] = holder
+            _telemetry.count("leases_taken_over", reason="dead_owner")
             rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)])
             if not rows[0]:
                 rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
@@ -1459,6 +1466,7 @@ class _DurableBase(BasePostgresSaver):
             return guarded()
         return result
 
+    @_telemetry.instrument("quarantine")
     def _flow_quarantine(
         self, lease: Lease, record: PoisonRecord, cause: BaseException | None = None
     ) -> Flow[None]:
@@ -1474,6 +1482,7 @@ class _DurableBase(BasePostgresSaver):
             reason=record.reason,
         ) from cause
 
+    @_telemetry.instrument("run_start")
     def _flow_run_start(
         self, config: RunnableConfig, ctx: _RunContext
     ) -> Flow[tuple[CheckpointTuple | None, Lease]]:
@@ -1981,6 +1990,7 @@ class _DurableBase(BasePostgresSaver):
             raise LeaseLostError(lease.thread_id, lease.token)
 
     # ------------------------------------------------------------------ public API (sync)
+    @_telemetry.instrument("get")
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ctx = self._run_context(config)
         with _canceled_as_typed("get_tuple", config):
@@ -2008,6 +2018,7 @@ class _DurableBase(BasePostgresSaver):
             items = self._run_op(lambda: self._op_list(config, filter, before, limit), transaction=False)
         yield from items
 
+    @_telemetry.instrument("put")
     def put(
         self,
         config: RunnableConfig,
@@ -2024,6 +2035,7 @@ class _DurableBase(BasePostgresSaver):
             ),
         )
 
+    @_telemetry.instrument("put_writes")
     def put_writes(
         self,
         config: RunnableConfig,
@@ -2057,6 +2069,7 @@ class _DurableBase(BasePostgresSaver):
         )
 
     # ------------------------------------------------------------------ public API (async)
+    @_telemetry.instrument("get")
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ctx = self._run_context(config)
         with _canceled_as_typed("get_tuple", config):
@@ -2085,6 +2098,7 @@ class _DurableBase(BasePostgresSaver):
         for item in items:
             yield item
 
+    @_telemetry.instrument("put")
     async def aput(
         self,
         config: RunnableConfig,
@@ -2101,6 +2115,7 @@ class _DurableBase(BasePostgresSaver):
             ),
         )
 
+    @_telemetry.instrument("put_writes")
     async def aput_writes(
         self,
         config: RunnableConfig,
@@ -2223,6 +2238,7 @@ class _Renewer(threading.Thread):
         with self._conn_lock:
             self._close()
 
+    @_telemetry.instrument("lease_renew")
     def _renew(self, leases: list[Lease]) -> None:
         started = time.monotonic()
         if self._conn is None or self._conn.closed:
