@@ -82,17 +82,29 @@ _tracer: Any = None
 _metrics: dict[str, Any] = {}
 
 
-def _get_tracer() -> Any:
-    global _tracer, HAS_OTEL
-    if _tracer is None:
-        try:
-            from opentelemetry import trace
+_provider_set = False
+_trace: Any = None  # the opentelemetry.trace module, once imported
 
-            from langgraph_durable import __version__
-        except Exception:  # absent after all: stay silent, never break a run
-            HAS_OTEL = False
+
+def _get_tracer() -> Any:
+    """The package's tracer, or None while no TracerProvider is configured (the API's
+    default proxy would make no-op spans, at a few microseconds each on the hot path).
+    A provider, once set, stays set: after that the check is one global read."""
+    global _tracer, HAS_OTEL, _provider_set, _trace
+    if not _provider_set:
+        if _trace is None:
+            try:
+                from opentelemetry import trace
+            except Exception:  # absent after all: stay silent, never break a run
+                HAS_OTEL = False
+                return None
+            _trace = trace
+        if isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
             return None
-        _tracer = trace.get_tracer(PREFIX, __version__)
+        from langgraph_durable import __version__
+
+        _provider_set = True
+        _tracer = _trace.get_tracer(PREFIX, __version__)
     return _tracer
 
 
@@ -143,7 +155,7 @@ def _end(sp: Any, exc: BaseException | None = None, **attrs: Any) -> None:
 
 def annotate(**attrs: Any) -> None:
     """Set attributes on the current span (if any)."""
-    if not HAS_OTEL:
+    if not HAS_OTEL or _get_tracer() is None:
         return
     from opentelemetry import trace
 
@@ -206,18 +218,31 @@ def checkpoint_bytes(cp_json: Any, blob_rows: list[Any]) -> None:
 
 
 def _timed(fn: Any, name: str, metric: str | None, attrs_of: Callable[..., dict[str, Any]]) -> Any:
-    """A span around a sync or async function, its duration into ``metric``."""
+    """A span around a sync or async function, its duration into ``metric``. Without a
+    TracerProvider the attributes are not even computed: a put pays a clock read and a
+    histogram observation."""
+    full = f"{PREFIX}.{name}"
+
+    def start(args: Any, kwargs: Any) -> Any:
+        tracer = _get_tracer() if HAS_OTEL else None
+        if tracer is None:
+            return _NULL
+        return tracer.start_as_current_span(full, attributes=_attrs(_safely(attrs_of, *args, **kwargs) or {}))
+
+    def done(t0: float) -> None:
+        if metric is not None and HAS_PROMETHEUS:
+            _safely(observe, metric, time.perf_counter() - t0)
+
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def awrapper(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
-                with span(name, **(_safely(attrs_of, *args, **kwargs) or {})):
+                with start(args, kwargs):
                     return await fn(*args, **kwargs)
             finally:
-                if metric is not None:
-                    observe(metric, time.perf_counter() - t0)
+                done(t0)
 
         return awrapper
 
@@ -225,11 +250,10 @@ def _timed(fn: Any, name: str, metric: str | None, attrs_of: Callable[..., dict[
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         try:
-            with span(name, **(_safely(attrs_of, *args, **kwargs) or {})):
+            with start(args, kwargs):
                 return fn(*args, **kwargs)
         finally:
-            if metric is not None:
-                observe(metric, time.perf_counter() - t0)
+            done(t0)
 
     return wrapper
 
