@@ -65,6 +65,9 @@ def exporter() -> Iterator[InMemorySpanExporter]:
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
         pytest.skip("another test set a global tracer provider first")
     yield exp
+    # The provider stays global for the rest of this process: stop keeping its spans.
+    exp.shutdown()
+    exp.clear()
 
 
 def _sample(name: str, **labels: str) -> float:
