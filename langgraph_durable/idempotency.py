@@ -68,6 +68,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pydantic import ConfigDict, PrivateAttr
 
 from langgraph_durable import _sql, granularity
+from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import (
     CONNECTION_RETRIES,
     AsyncDriver,
@@ -959,6 +960,7 @@ def _encode(call: _Call, result: Any) -> tuple[str, bytes, Any]:
         ) from exc
 
 
+@_telemetry.instrument("ledger_judge")
 def _judge(call: _Call, row: Mapping[str, Any]) -> str:
     """What to do with someone else's row: 'replay', 'wait' or 'takeover' (raises the
     terminal outcomes)."""
@@ -1164,12 +1166,14 @@ def _tx_protocol(call: _Call) -> Generator[Any, Any, _Outcome]:
 # --- drivers ----------------------------------------------------------------------------
 
 
+@_telemetry.instrument("ledger_run")
 def _enter(call: _Call) -> contextvars.Token[_Parent | None]:
     outer = _PARENT.get()
     chain = (outer.chain if outer is not None else frozenset()) | {call.key}
     return _PARENT.set(_Parent(call.key, call.thread_id, call.origin, call.ttl, chain=chain))
 
 
+@_telemetry.instrument("idempotent")
 def _run(call: _Call) -> Any:
     # A deferred checkpoint (checkpoint_policy) is stored before the key is claimed.
     granularity.before_effect()
@@ -1207,6 +1211,7 @@ def _drive(call: _Call, gen: Generator[Any, Any, Any]) -> Any:
             throw = exc
 
 
+@_telemetry.instrument("idempotent")
 async def _arun(call: _Call) -> Any:
     await granularity.abefore_effect()
     if call.legacy_key is not None:

@@ -48,6 +48,7 @@ from typing import Any, Literal, cast
 
 from langchain_core.runnables import RunnableConfig
 
+from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import Batch, Op, Stmt
 from langgraph_durable.errors import (
     ConfigurationError,
@@ -563,6 +564,7 @@ class RecoveryWorker:
         configurable["thread_id"] = claim.thread_id
         return cast(RunnableConfig, {**self.config, "configurable": configurable})
 
+    @_telemetry.instrument("worker_claim")
     def _log_start(self, claim: Claim) -> None:
         logger.info(
             "recovering thread=%s checkpoint=%s attempt=%d previous_status=%s "
@@ -571,6 +573,7 @@ class RecoveryWorker:
             claim.graph_version, self.name,
         )
 
+    @_telemetry.instrument("worker_result")
     def _result(
         self,
         claim: Claim,

@@ -84,6 +84,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from langgraph_durable import _sql, _values
+from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import (
     AfterCommit,
     AsyncDriver,
@@ -1090,6 +1091,7 @@ class _DurableBase(BasePostgresSaver):
             return (thread_id, lease.token, lease.owner, False, checkpoint_ns, checkpoint_id), lease
         return (thread_id, None, None, self.leases_enabled, checkpoint_ns, checkpoint_id), None
 
+    @_telemetry.instrument("fence_error")
     def _fence_error(self, thread_id: str, lease: Lease | None, exc: BaseException) -> DurableError | None:
         """The typed error for a raising fence's failure (None: not a fence failure)."""
         state = getattr(exc, "sqlstate", None)
@@ -1117,6 +1119,7 @@ class _DurableBase(BasePostgresSaver):
         skew = (ahead - mine) / 1e7 if ahead is not None and mine is not None else None
         return ClockSkewError(thread_id, checkpoint_ns, checkpoint_id, head, skew)
 
+    @_telemetry.instrument("check_fence")
     def _check_fence(self, thread_id: str, lease: Lease | None, rows: list[Any]) -> None:
         if lease is not None:
             if not rows:
@@ -1142,6 +1145,7 @@ class _DurableBase(BasePostgresSaver):
             new = self._known_refs.reserve(session, thread_id, digests, wait=not session.force)
         else:
             new = sorted(self._known_refs.unknown(thread_id, digests))
+        _telemetry.count("artifacts_deduplicated", len(digests) - len(new))
         stmts = [Stmt(_sql.ARTIFACT_LOCK_SHARED_SQL, (_sql.ARTIFACT_LOCK_CLASS, thread_id))]
         if new:
             sealed = [self.codec.seal(artifacts[d], self.serde) for d in new]
@@ -1325,6 +1329,7 @@ class _DurableBase(BasePostgresSaver):
             raise UnencodableValueError(
                 **where, path=path, value_type=type(culprit).__name__, reason=reason
             ) from exc
+        _telemetry.checkpoint_bytes(cp_json, blob_rows)
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         stmts = list(art_stmts)
         if blob_rows:
@@ -1734,6 +1739,7 @@ class _DurableBase(BasePostgresSaver):
             "claim_token": mine.token if mine else None,
         }
 
+    @_telemetry.instrument("lease_acquire")
     def _op_acquire(
         self,
         thread_id: str,
@@ -1753,6 +1759,7 @@ class _DurableBase(BasePostgresSaver):
             return self._acquired(rows[0][0], rows[0][0]["checkpoint_id"])
         return {"ok": False, "checkpoint_id": checkpoint_id, "contended": True}
 
+    @_telemetry.instrument("lease_acquire")
     def _op_acquire_contended(
         self,
         thread_id: str,
@@ -1776,6 +1783,7 @@ class _DurableBase(BasePostgresSaver):
             "taking over", thread_id, holder,
         )
         params["dead_owner"] = holder
+        _telemetry.count("leases_taken_over", reason="dead_owner")
         rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)])
         if not rows[0]:
             rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
@@ -1877,6 +1885,7 @@ class _DurableBase(BasePostgresSaver):
             return guarded()
         return result
 
+    @_telemetry.instrument("quarantine")
     def _flow_quarantine(
         self, lease: Lease, record: PoisonRecord, cause: BaseException | None = None
     ) -> Flow[None]:
@@ -1892,6 +1901,7 @@ class _DurableBase(BasePostgresSaver):
             reason=record.reason,
         ) from cause
 
+    @_telemetry.instrument("run_start")
     def _flow_run_start(
         self, config: RunnableConfig, ctx: _RunContext, handoff: _Handoff | None = None
     ) -> Flow[tuple[CheckpointTuple | None, Lease]]:
@@ -2437,6 +2447,7 @@ class _DurableBase(BasePostgresSaver):
                 return
         self._leases.bind_runtime(runtime, lease)
 
+    @_telemetry.instrument("get")
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ctx = self._run_context(config)
         with _canceled_as_typed("get_tuple", config):
@@ -2470,6 +2481,7 @@ class _DurableBase(BasePostgresSaver):
             items = self._run_op(lambda: self._op_list(config, filter, before, limit), transaction=False)
         yield from items
 
+    @_telemetry.instrument("put")
     def put(
         self,
         config: RunnableConfig,
@@ -2490,6 +2502,7 @@ class _DurableBase(BasePostgresSaver):
             ),
         )
 
+    @_telemetry.instrument("put_writes")
     def put_writes(
         self,
         config: RunnableConfig,
@@ -2528,6 +2541,7 @@ class _DurableBase(BasePostgresSaver):
         )
 
     # ------------------------------------------------------------------ public API (async)
+    @_telemetry.instrument("get")
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ctx = self._run_context(config)
         with _canceled_as_typed("get_tuple", config):
@@ -2562,6 +2576,7 @@ class _DurableBase(BasePostgresSaver):
         for item in items:
             yield item
 
+    @_telemetry.instrument("put")
     async def aput(
         self,
         config: RunnableConfig,
@@ -2582,6 +2597,7 @@ class _DurableBase(BasePostgresSaver):
             ),
         )
 
+    @_telemetry.instrument("put_writes")
     async def aput_writes(
         self,
         config: RunnableConfig,
@@ -2709,6 +2725,7 @@ class _Renewer(threading.Thread):
         with self._conn_lock:
             self._close()
 
+    @_telemetry.instrument("lease_renew")
     def _renew(self, leases: list[Lease]) -> None:
         started = time.monotonic()
         if self._conn is None or self._conn.closed:

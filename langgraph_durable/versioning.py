@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import orjson
 
+from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx, op_memo
 from langgraph_durable.errors import (
     ConfigurationError,
@@ -950,6 +951,7 @@ LIMIT %(limit)s
 """
 
 
+@_telemetry.instrument("migration")
 def flow_migrate(
     saver: Any,
     saved: CheckpointTuple,

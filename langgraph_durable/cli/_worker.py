@@ -153,6 +153,17 @@ def register(app: typer.Typer) -> None:
                 "without DDL rights; the owner runs `langgraph-durable setup`).",
             ),
         ] = False,
+        metrics_port: Annotated[
+            int | None,
+            typer.Option(
+                "--metrics-port",
+                help="Serve Prometheus /metrics and a /healthz probe on this port "
+                "(needs the 'prometheus' extra for /metrics).",
+            ),
+        ] = None,
+        metrics_host: Annotated[
+            str, typer.Option("--metrics-host", help="Address the metrics endpoint binds.")
+        ] = "0.0.0.0",  # all interfaces: the kubelet probes the pod IP
     ) -> None:
         """Resume crashed, handed-back and queued threads; many workers may share one DB."""
         from langgraph_durable.embedded import resolve_dsn
@@ -183,12 +194,46 @@ def register(app: typer.Typer) -> None:
             "shutdown": shutdown,
         }
         size = pool_size or max(10, concurrency + 2)
+        endpoint = (metrics_host, metrics_port) if metrics_port is not None else None
         if use_async:
             import asyncio
 
-            asyncio.run(_arun(url, schema, size, options, objects, worker_options, until_idle))
+            asyncio.run(_arun(url, schema, size, options, objects, worker_options, until_idle, endpoint))
         else:
-            _run(url, schema, size, options, objects, worker_options, until_idle)
+            _run(url, schema, size, options, objects, worker_options, until_idle, endpoint)
+
+
+def _serve_metrics(endpoint: tuple[str, int] | None, url: str, saver: Any, worker: Any) -> Any:
+    """Start ``/metrics`` and ``/healthz`` (see langgraph_durable.telemetry.serve).
+    Healthy: the worker loop runs (not stopping, its thread alive) and a NEW connection
+    to the database answers ``SELECT 1`` within the timeout (a pooled connection could
+    still answer when the database no longer accepts clients)."""
+    if endpoint is None:
+        return None
+    import threading
+
+    import psycopg
+
+    from langgraph_durable import telemetry
+
+    loop_thread = threading.current_thread()
+
+    def health() -> tuple[bool, str]:
+        if worker.stopping or not loop_thread.is_alive():
+            return False, "worker loop stopped"
+        try:
+            with psycopg.connect(url, connect_timeout=2, autocommit=True) as conn:
+                conn.execute("SELECT 1")
+        except Exception as exc:
+            return False, f"database unreachable: {type(exc).__name__}: {exc}".splitlines()[0]
+        return True, "ok"
+
+    telemetry.register_queue_collector(saver)
+    server = telemetry.serve(endpoint[1], health, host=endpoint[0])
+    logging.getLogger("langgraph_durable.worker").info(
+        "metrics on http://%s:%d/metrics, probe on /healthz", *server.server_address[:2]
+    )
+    return server
 
 
 def _run(
@@ -199,6 +244,7 @@ def _run(
     objects: list[tuple[str, Any]],
     worker_options: dict[str, Any],
     until_idle: bool,
+    endpoint: tuple[str, int] | None = None,
 ) -> None:
     from langgraph_durable.recovery import RecoveryWorker
     from langgraph_durable.saver import DurablePostgresSaver
@@ -206,7 +252,13 @@ def _run(
     with DurablePostgresSaver.from_conn_string(url, schema=schema, pool_size=size, **options) as saver:
         saver.setup()
         graphs = [build_graph(obj, saver, spec) for spec, obj in objects]
-        RecoveryWorker(graphs, **worker_options).run(until_idle=until_idle)
+        worker = RecoveryWorker(graphs, **worker_options)
+        server = _serve_metrics(endpoint, url, saver, worker)
+        try:
+            worker.run(until_idle=until_idle)
+        finally:
+            if server is not None:
+                server.shutdown()
 
 
 async def _arun(
@@ -217,6 +269,7 @@ async def _arun(
     objects: list[tuple[str, Any]],
     worker_options: dict[str, Any],
     until_idle: bool,
+    endpoint: tuple[str, int] | None = None,
 ) -> None:
     from langgraph_durable.recovery import RecoveryWorker
     from langgraph_durable.saver import AsyncDurablePostgresSaver
@@ -226,4 +279,10 @@ async def _arun(
     ) as saver:
         await saver.setup()
         graphs = [build_graph(obj, saver, spec) for spec, obj in objects]
-        await RecoveryWorker(graphs, **worker_options).arun(until_idle=until_idle)
+        worker = RecoveryWorker(graphs, **worker_options)
+        server = _serve_metrics(endpoint, url, saver, worker)
+        try:
+            await worker.arun(until_idle=until_idle)
+        finally:
+            if server is not None:
+                server.shutdown()
