@@ -503,7 +503,7 @@ def test_cli_versions_list_classifies_against_a_graph(
     from langgraph_durable.cli import app
     from langgraph_durable.cli._common import console
 
-    monkeypatch.setattr(console, "width", 400)  # one line per row
+    monkeypatch.setattr(console.resolve(), "width", 400)  # one line per row
 
     runner = CliRunner()
     here = __file__

@@ -250,6 +250,8 @@ def restore_command(
 
     Every file is verified first (sha256, decoding, row counts); a damaged file, or a
     thread that already exists in the database, restores nothing."""
+    from rich.table import Table
+
     from langgraph_durable import archive as _archive
 
     if dry_run:
