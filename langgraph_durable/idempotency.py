@@ -85,6 +85,7 @@ from langgraph_durable.errors import (
     IdempotencyError,
     IdempotentCallFailedError,
     InvalidIdempotencyKeyError,
+    LeaseLostError,
     NoLedgerError,
     OutcomeUnknownError,
     SerializationError,
@@ -92,6 +93,7 @@ from langgraph_durable.errors import (
 )
 from langgraph_durable.pooler import session_schema
 from langgraph_durable.saver import (
+    _RUN_LEASE,
     AsyncDurablePostgresSaver,
     DurablePostgresSaver,
     _DurableBase,
@@ -229,6 +231,12 @@ RETURNING key
 # the thread and the id are enough; the namespace differs for subgraphs.)
 CHECKPOINT_STORED_SQL = """
 SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s) AS ok
+"""
+# While waiting for it: does the run still hold its lease? (delete_thread or a takeover
+# fenced it: the checkpoint will never be stored, so stop at once, not after wait_timeout)
+LEASE_HELD_SQL = """
+SELECT EXISTS (SELECT 1 FROM durable_threads
+               WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s) AS held
 """
 
 # A tool call recorded under the key scheme before task ids were part of tool keys
@@ -1006,6 +1014,14 @@ def _await_checkpoint(call: _Call) -> Generator[Any, Any, None]:
             if call.task_state is not None:
                 call.task_state.stored = True
             return
+        lease = _RUN_LEASE.get()
+        if lease is not None and lease.thread_id == call.await_checkpoint[0]:
+            held = yield _Op(
+                functools.partial(_op_one, LEASE_HELD_SQL, (lease.thread_id, lease.token, lease.owner))
+            )
+            if lease.lost or not (held and held[0]["held"]):
+                lease.lost = True
+                raise LeaseLostError(lease.thread_id, lease.token)
         waited = time.monotonic() - started
         if waited >= max(call.spec.wait_timeout, 1.0):
             raise UnstableKeyError(
