@@ -22,6 +22,9 @@ settings.register_profile(
     "ci",
     deadline=None,  # real Postgres and real processes: wall time varies with load
     max_examples=40,
+    # CI runs the same examples every time (a red CI names a reproducible case); the
+    # long profile keeps searching new ones.
+    derandomize=True,
     suppress_health_check=_SUPPRESS,
     print_blob=True,
 )

@@ -169,8 +169,9 @@ def well_formed(values: dict[str, Any]) -> str | None:
             return f"turn {t} unfinished but turn {max(turns)} started"
     last = max(turns) if turns else None
     if last is None:
-        # Turn 0 before n1 ran: the input checkpoint, whose pending trigger is n1's.
-        if turn == 0 and "branch:to:n1" in values:
+        # An input checkpoint before n1 ran (its pending trigger is n1's): turn 0, or a
+        # later turn after an operator's rewind or delete_for_runs rolled the log back.
+        if "branch:to:n1" in values:
             return None
         return f"turn={turn} but channel 'log' is {'missing' if 'log' not in values else 'empty'} (n1 ran)"
     complete = len(turns[last]) == len(cc.NODES)
