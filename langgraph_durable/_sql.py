@@ -455,8 +455,8 @@ FENCE_RAISING_SQL = "SELECT durable_fence(%s, %s, %s) AS ok"
 FOREIGN_LEASE_RAISING_SQL = "SELECT * FROM durable_foreign_lease(%s)"
 FENCE_LOST_STATE = "LGD01"
 FENCE_BUSY_STATE = "LGD02"
-# A put's checkpoint id would sort before its thread's head (durable_checkpoint_order).
-ORDER_CHECK_SQL = "SELECT durable_checkpoint_order(%s, %s, %s) AS ok"
+# A put's checkpoint id would sort before its thread's head (the order check, inlined in
+# durable_put_guard; durable_checkpoint_order is the older stand-alone function).
 ORDER_SKEW_STATE = "LGD03"
 
 # A put's checkpoint upsert and the first row of a put_writes with their guard
