@@ -66,6 +66,7 @@ from psycopg.types.json import Jsonb
 
 from langgraph_durable import _sql
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
+from langgraph_durable._view import SaverView
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import (
     ArchiveConflictError,
@@ -259,7 +260,7 @@ def _encode_rows(cols: list[list[Any]], records: list[dict[str, Any]]) -> list[l
     return out
 
 
-def _op_dump(saver: Any, ids: list[str]) -> Op[list[ThreadDump]]:
+def _op_dump(saver: SaverView, ids: list[str]) -> Op[list[ThreadDump]]:
     """Read the threads, one consistent snapshot (REPEATABLE READ: the fingerprint and
     the rows are the same state)."""
     from langgraph_durable.retention import _ENVELOPES_SQL, _op_closure
@@ -564,7 +565,7 @@ def _call(aio: bool, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def op_archive_batch(
-    saver: Any, store: Store, ids: list[str], aio: bool
+    saver: SaverView, store: Store, ids: list[str], aio: bool
 ) -> Flow[dict[str, dict[str, Any]]]:
     """Flow fragment of retention: archive ``ids``; thread id -> verified manifest.
     Raises (and so deletes nothing) if any file cannot be written or verified."""
@@ -656,7 +657,7 @@ def _json_rows(cols: list[list[Any]], rows: list[list[Any]], keep: list[str]) ->
     return out
 
 
-def _op_restore(saver: Any, items: list[tuple[str, ThreadDump]]) -> Op[RestoreReport]:
+def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[RestoreReport]:
     from langgraph_durable.retention import _lock
 
     ids = [d.thread_id for _, d in items]
@@ -733,7 +734,7 @@ def _op_restore(saver: Any, items: list[tuple[str, ThreadDump]]) -> Op[RestoreRe
     return report
 
 
-def _flow_restore(saver: Any, url: str, thread_ids: Sequence[str] | None, aio: bool) -> Flow[RestoreReport]:
+def _flow_restore(saver: SaverView, url: str, thread_ids: Sequence[str] | None, aio: bool) -> Flow[RestoreReport]:
     items, superseded = yield Hook(_call, (aio, _load, url, thread_ids))
     if not items:
         return RestoreReport(superseded=superseded)
@@ -749,7 +750,7 @@ def _check(url: str, thread_ids: Sequence[str] | None) -> list[str] | None:
     return None if thread_ids is None else list(thread_ids)
 
 
-def restore(saver: Any, url: str, thread_ids: Sequence[str] | None = None) -> RestoreReport:
+def restore(saver: SaverView, url: str, thread_ids: Sequence[str] | None = None) -> RestoreReport:
     """Load archived threads back (all under ``url``, or ``thread_ids``), in one
     transaction: every file is verified first, and a thread that already exists
     refuses the whole restore (``ArchiveConflictError``). ``url``: a directory or
@@ -758,7 +759,7 @@ def restore(saver: Any, url: str, thread_ids: Sequence[str] | None = None) -> Re
     return saver.run_flow(_flow_restore(saver, url, ids, False))
 
 
-async def arestore(saver: Any, url: str, thread_ids: Sequence[str] | None = None) -> RestoreReport:
+async def arestore(saver: SaverView, url: str, thread_ids: Sequence[str] | None = None) -> RestoreReport:
     ids = _check(url, thread_ids)
     return await saver.arun_flow(_flow_restore(saver, url, ids, True))
 

@@ -33,7 +33,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, cast
 
+from langchain_core.runnables import RunnableConfig
+
 from langgraph_durable._io import Batch, Flow, Op, Stmt, Tx
+from langgraph_durable._view import SaverView
 from langgraph_durable.versioning import (
     _END,
     _INTERRUPT,
@@ -458,7 +461,7 @@ def classify_saved(
 
 
 def _flow_classify_threads(
-    saver: Any, graph: Any, thread_ids: Sequence[str]
+    saver: SaverView, graph: Any, thread_ids: Sequence[str]
 ) -> Flow[dict[str, Compatibility]]:
     """Each thread's latest root checkpoint classified against ``graph`` (a thread at
     the graph's own version is ``identical``)."""
@@ -467,7 +470,7 @@ def _flow_classify_threads(
     current = graph_fingerprint(graph)
     loaded: dict[str, Any] = {}
     for tid in thread_ids:
-        cfg = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
+        cfg: RunnableConfig = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
         loaded[tid] = yield Tx(partial(saver._op_get_tuple, cfg))
     versions = sorted(
         {
@@ -493,7 +496,7 @@ def _flow_classify_threads(
     return out
 
 
-def classify_threads(saver: Any, graph: Any, thread_ids: Sequence[str]) -> dict[str, Compatibility]:
+def classify_threads(saver: SaverView, graph: Any, thread_ids: Sequence[str]) -> dict[str, Compatibility]:
     """How ``graph`` would treat each thread's latest checkpoint (sync saver)."""
     return cast(
         "dict[str, Compatibility]", saver.run_flow(_flow_classify_threads(saver, graph, thread_ids))
@@ -501,7 +504,7 @@ def classify_threads(saver: Any, graph: Any, thread_ids: Sequence[str]) -> dict[
 
 
 async def aclassify_threads(
-    saver: Any, graph: Any, thread_ids: Sequence[str]
+    saver: SaverView, graph: Any, thread_ids: Sequence[str]
 ) -> dict[str, Compatibility]:
     """``classify_threads`` for an ``AsyncDurablePostgresSaver``."""
     return cast(
@@ -510,7 +513,7 @@ async def aclassify_threads(
     )
 
 
-def recorded_versions(saver: Any) -> dict[str, dict[str, Any]]:
+def recorded_versions(saver: SaverView) -> dict[str, dict[str, Any]]:
     """Rows of ``durable_graph_versions`` by version (without the topology JSON)."""
 
     def op() -> Op[dict[str, dict[str, Any]]]:

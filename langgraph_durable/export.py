@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any, cast
 
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
+from langgraph_durable._view import SaverView
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import DurableError, ThreadBusyError
 from langgraph_durable.versioning import LOCK_THREAD_SQL
@@ -115,7 +116,7 @@ class ExportReport:
         }
 
 
-def op_export_thread(saver: Any, thread_id: str, dry_run: bool) -> Op[ThreadExport]:
+def op_export_thread(saver: SaverView, thread_id: str, dry_run: bool) -> Op[ThreadExport]:
     """Inline every by-reference value of one thread, in one transaction."""
     tid = str(thread_id)
     rows = yield Batch(
@@ -187,7 +188,7 @@ def op_thread_ids(thread_ids: Sequence[str] | None) -> Op[list[str]]:
 
 
 def _flow_export(
-    saver: Any,
+    saver: SaverView,
     thread_ids: Sequence[str] | None,
     dry_run: bool,
     on_progress: Callable[[str, str], Any] | None,
@@ -212,7 +213,7 @@ def _flow_export(
 
 
 def export_stock(
-    saver: Any,
+    saver: SaverView,
     *,
     thread_ids: Sequence[str] | None = None,
     dry_run: bool = False,
@@ -226,7 +227,7 @@ def export_stock(
 
 
 async def aexport_stock(
-    saver: Any,
+    saver: SaverView,
     *,
     thread_ids: Sequence[str] | None = None,
     dry_run: bool = False,
@@ -241,7 +242,7 @@ async def aexport_stock(
 # --- verification: read a thread back, checkpoint by checkpoint ---------------------------
 
 
-def snapshot_thread(saver: Any, thread_id: str) -> list[dict[str, Any]]:
+def snapshot_thread(saver: SaverView, thread_id: str) -> list[dict[str, Any]]:
     """Every checkpoint of a thread (all namespaces, newest first) as ``list`` returns
     it, through any ``BaseCheckpointSaver`` (the stock one or ours): config, checkpoint
     (values included), metadata, parent and pending writes."""

@@ -35,9 +35,11 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base.id import uuid6
 
 from langgraph_durable._io import Batch, Op, Stmt, op_memo
+from langgraph_durable._view import SaverView
 from langgraph_durable.errors import (
     CheckpointNotFoundError,
     NotQuarantinedError,
@@ -317,7 +319,7 @@ def _next_id(head: str | None) -> str:
     return new
 
 
-def _op_rewind(saver: Any, thread_id: str, to: str) -> Op[RewindResult]:
+def _op_rewind(saver: SaverView, thread_id: str, to: str) -> Op[RewindResult]:
     rows = yield Batch(
         [Stmt(LOCK_THREAD_SQL, (thread_id,), fetch=True), Stmt(HEAD_SQL, (thread_id,), fetch=True)]
     )
@@ -363,23 +365,23 @@ def _op_rewind(saver: Any, thread_id: str, to: str) -> Op[RewindResult]:
     return cast(RewindResult, memo["rewind"])
 
 
-def _target_config(thread_id: str, checkpoint_id: str) -> dict[str, Any]:
+def _target_config(thread_id: str, checkpoint_id: str) -> RunnableConfig:
     return {
         "configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
     }
 
 
 # ---------------------------------------------------------------------- public API
-def list_quarantined(saver: Any, *, limit: int | None = None) -> list[QuarantineEntry]:
+def list_quarantined(saver: SaverView, *, limit: int | None = None) -> list[QuarantineEntry]:
     """Quarantined threads, most recently quarantined first."""
     return list(saver.run_op(lambda: _op_list(limit)))
 
 
-async def alist_quarantined(saver: Any, *, limit: int | None = None) -> list[QuarantineEntry]:
+async def alist_quarantined(saver: SaverView, *, limit: int | None = None) -> list[QuarantineEntry]:
     return list(await saver.arun_op(lambda: _op_list(limit)))
 
 
-def show(saver: Any, thread_id: str, *, history: int = 10) -> ThreadReport:
+def show(saver: SaverView, thread_id: str, *, history: int = 10) -> ThreadReport:
     """A thread's lifecycle row, quarantine record and newest ``history`` root
     checkpoints. Raises ``CheckpointNotFoundError`` for a thread never seen."""
     tid = str(thread_id)
@@ -387,13 +389,13 @@ def show(saver: Any, thread_id: str, *, history: int = 10) -> ThreadReport:
     return report
 
 
-async def ashow(saver: Any, thread_id: str, *, history: int = 10) -> ThreadReport:
+async def ashow(saver: SaverView, thread_id: str, *, history: int = 10) -> ThreadReport:
     tid = str(thread_id)
     report: ThreadReport = await saver.arun_op(lambda: _op_show(tid, history))
     return report
 
 
-def release(saver: Any, thread_id: str) -> QuarantineEntry:
+def release(saver: SaverView, thread_id: str) -> QuarantineEntry:
     """Lift the quarantine of ``thread_id`` and reset its attempt count; the next run
     starts from the same checkpoint with ``max_resume_attempts`` fresh attempts. Returns
     the record that was lifted. Raises ``NotQuarantinedError`` otherwise."""
@@ -402,13 +404,13 @@ def release(saver: Any, thread_id: str) -> QuarantineEntry:
     return entry
 
 
-async def arelease(saver: Any, thread_id: str) -> QuarantineEntry:
+async def arelease(saver: SaverView, thread_id: str) -> QuarantineEntry:
     tid = str(thread_id)
     entry: QuarantineEntry = await saver.arun_op(lambda: _op_release(tid))
     return entry
 
 
-def rewind(saver: Any, thread_id: str, to: str) -> RewindResult:
+def rewind(saver: SaverView, thread_id: str, to: str) -> RewindResult:
     """Fork ``thread_id`` from its earlier root checkpoint ``to``: a copy of it becomes
     the head (history is kept), the count is reset and a quarantine lifted; the next
     ``invoke(None, {"configurable": {"thread_id": ...}})`` continues from there. Works
@@ -419,7 +421,7 @@ def rewind(saver: Any, thread_id: str, to: str) -> RewindResult:
     return result
 
 
-async def arewind(saver: Any, thread_id: str, to: str) -> RewindResult:
+async def arewind(saver: SaverView, thread_id: str, to: str) -> RewindResult:
     tid, cid = str(thread_id), str(to)
     result: RewindResult = await saver.arun_op(lambda: _op_rewind(saver, tid, cid))
     return result

@@ -41,6 +41,7 @@ from psycopg import sql
 
 from langgraph_durable import _sql
 from langgraph_durable._io import Batch, Op, Sleep, Stmt, Tx
+from langgraph_durable._view import SaverView
 from langgraph_durable.errors import ConfigurationError, SchemaNotReadyError
 
 POOLER_ENV = "LANGGRAPH_DURABLE_POOLER"
@@ -67,7 +68,7 @@ def prepare_threshold(pooler: Pooler) -> int | None:
     return None if pooler else 0
 
 
-def session_schema(saver: Any) -> str | None:
+def session_schema(saver: SaverView) -> str | None:
     """The schema a connection of ``saver`` should ``SET search_path`` to, per session:
     none behind a transaction pooler (the role's default search_path serves there)."""
     return None if getattr(saver, "pooler", None) else getattr(saver, "schema", None)
@@ -101,7 +102,7 @@ def _in_transaction(statement: str) -> str:
     return _CONCURRENTLY.sub("", statement)
 
 
-def _op_pooled_migrate(saver: Any, stock: list[str]) -> Op[bool]:
+def _op_pooled_migrate(saver: SaverView, stock: list[str]) -> Op[bool]:
     """One attempt: take the setup lock for this transaction or give up at once (False),
     then run every pending migration in this transaction. Never waits in the server for
     the lock: a waiter holds a snapshot, which a direct-connection setup's CREATE INDEX
@@ -124,13 +125,13 @@ def _op_pooled_migrate(saver: Any, stock: list[str]) -> Op[bool]:
     return True
 
 
-def flow_pooled_setup(saver: Any, stock: list[str]) -> Iterator[Any]:
+def flow_pooled_setup(saver: SaverView, stock: list[str]) -> Iterator[Any]:
     """``setup()`` behind a transaction pooler: polls ``_op_pooled_migrate``."""
     while not (yield Tx(lambda: _op_pooled_migrate(saver, stock))):
         yield Sleep(0.05)
 
 
-def _op_check_search_path(saver: Any) -> Op[None]:
+def _op_check_search_path(saver: SaverView) -> Op[None]:
     rows = yield Batch([Stmt("SELECT current_schema() AS s, current_user AS u", fetch=True)])
     current, role = rows[0][0]["s"], rows[0][0]["u"]
     if current != saver.schema:
@@ -143,7 +144,7 @@ def _op_check_search_path(saver: Any) -> Op[None]:
         )
 
 
-def op_check_schema(saver: Any, stock: list[str]) -> Op[None]:
+def op_check_schema(saver: SaverView, stock: list[str]) -> Op[None]:
     """``setup()`` with ``run_migrations=False``: read the recorded versions, run no DDL,
     raise ``SchemaNotReadyError`` when a table set is missing or behind this release."""
     if saver.pooler and saver.schema:

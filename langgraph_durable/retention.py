@@ -53,6 +53,7 @@ from langgraph_durable import _sql
 from langgraph_durable._completion import HEADS_SQL, effective_status
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx, op_memo
 from langgraph_durable._values import ISO_TS_RE
+from langgraph_durable._view import SaverView
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import CheckpointLoadError, ConfigurationError
 
@@ -298,7 +299,7 @@ def _lock(thread_id: str) -> Stmt:
     return Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, thread_id))
 
 
-def _op_closure(saver: Any, pairs: list[tuple[str, bytes]], where: dict[str, Any]) -> Op[set[bytes]]:
+def _op_closure(saver: SaverView, pairs: list[tuple[str, bytes]], where: dict[str, Any]) -> Op[set[bytes]]:
     """Every digest the envelopes reference, chunk children included (chunk artifacts
     are fetched, verified and expanded; a chunk that is gone has no children to keep)."""
     codec = saver.codec
@@ -317,7 +318,7 @@ def _op_closure(saver: Any, pairs: list[tuple[str, bytes]], where: dict[str, Any
         gone |= need - {bytes(d) for d, _ in found}
 
 
-def _op_recompute_locked(saver: Any, thread_id: str) -> Op[int]:
+def _op_recompute_locked(saver: SaverView, thread_id: str) -> Op[int]:
     """Raises ``CheckpointLoadError`` when an envelope or chunk does not decode: what it
     references is unknown then, so no reference row may be dropped."""
     rows = yield Batch(
@@ -363,7 +364,7 @@ def _op_recompute_locked(saver: Any, thread_id: str) -> Op[int]:
     return int(out[0][0]["n"])
 
 
-def op_recompute_refs(saver: Any, thread_id: str) -> Op[int]:
+def op_recompute_refs(saver: SaverView, thread_id: str) -> Op[int]:
     """Recompute one thread's reference rows from its remaining blobs and writes
     (under its exclusive artifact lock). Returns the number of rows dropped. A thread
     with a damaged envelope keeps every row (logged; 0 dropped): what it references is
@@ -378,7 +379,7 @@ def op_recompute_refs(saver: Any, thread_id: str) -> Op[int]:
 
 
 def _flow_recompute(
-    saver: Any, thread_ids: Sequence[str], damaged: list[CheckpointLoadError] | None
+    saver: SaverView, thread_ids: Sequence[str], damaged: list[CheckpointLoadError] | None
 ) -> Flow[int]:
     total = 0
     for tid in thread_ids:
@@ -392,13 +393,13 @@ def _flow_recompute(
     return total
 
 
-def _op_recompute_strict(saver: Any, thread_id: str) -> Op[int]:
+def _op_recompute_strict(saver: SaverView, thread_id: str) -> Op[int]:
     yield Batch([_lock(thread_id)])
     return (yield from _op_recompute_locked(saver, thread_id))
 
 
 def recompute_refs(
-    saver: Any, thread_ids: Sequence[str], *, damaged: list[CheckpointLoadError] | None = None
+    saver: SaverView, thread_ids: Sequence[str], *, damaged: list[CheckpointLoadError] | None = None
 ) -> int:
     """Recompute the reference rows of ``thread_ids`` (see the module docstring).
     Returns how many rows were dropped. ``prune`` does this by itself. A thread whose
@@ -408,7 +409,7 @@ def recompute_refs(
 
 
 async def arecompute_refs(
-    saver: Any, thread_ids: Sequence[str], *, damaged: list[CheckpointLoadError] | None = None
+    saver: SaverView, thread_ids: Sequence[str], *, damaged: list[CheckpointLoadError] | None = None
 ) -> int:
     return int(await saver.arun_flow(_flow_recompute(saver, _ids(thread_ids), damaged)))
 
@@ -454,7 +455,7 @@ def _one(rows: list[Any]) -> dict[str, Any]:
 
 
 def _flow_gc(
-    saver: Any, grace: float, batch_size: int, dry_run: bool, progress: Progress | None
+    saver: SaverView, grace: float, batch_size: int, dry_run: bool, progress: Progress | None
 ) -> Flow[GcReport]:
     report = GcReport(dry_run=dry_run)
 
@@ -537,7 +538,7 @@ def _flow_gc(
 
 
 def gc(
-    saver: Any,
+    saver: SaverView,
     *,
     grace: float | timedelta = 600.0,
     batch_size: int = 1000,
@@ -558,7 +559,7 @@ def gc(
 
 
 async def agc(
-    saver: Any,
+    saver: SaverView,
     *,
     grace: float | timedelta = 600.0,
     batch_size: int = 1000,
@@ -656,7 +657,7 @@ def _add_stats(report: RetentionReport, table: str, n: int, size: int) -> None:
 
 
 def _flow_retain(
-    saver: Any,
+    saver: SaverView,
     older_than: float,
     keep_last: int | None,
     statuses: frozenset[str],
@@ -940,7 +941,7 @@ def _retain_args(
 
 
 def retain(
-    saver: Any,
+    saver: SaverView,
     *,
     older_than_days: float | timedelta = 30,
     keep_last: int | None = None,
@@ -972,7 +973,7 @@ def retain(
 
 
 async def aretain(
-    saver: Any,
+    saver: SaverView,
     *,
     older_than_days: float | timedelta = 30,
     keep_last: int | None = None,

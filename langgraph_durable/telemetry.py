@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from langgraph_durable._view import SaverView
+
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -404,7 +406,7 @@ def _quarantine_attrs(self: Any, lease: Any, record: Any, *args: Any, **kwargs: 
             "attempts": record.attempts, "reason": record.reason}
 
 
-def _migration_attrs(saver: Any, saved: Any, stored: str, current: str, chain: Any, **kwargs: Any) -> dict[str, Any]:
+def _migration_attrs(saver: SaverView, saved: Any, stored: str, current: str, chain: Any, **kwargs: Any) -> dict[str, Any]:
     c = _configurable(saved.config)
     return {"thread_id": c.get("thread_id"), "checkpoint_id": c.get("checkpoint_id"),
             "from_version": stored, "to_version": current, "steps": len(chain),
@@ -497,7 +499,7 @@ class _QueueCollector:
     one grouped count under a statement timeout, cached for ``min_interval`` seconds so
     frequent scrapes (several Prometheus replicas) cost one query."""
 
-    def __init__(self, saver: Any, *, timeout: float = 2.0, min_interval: float = 5.0) -> None:
+    def __init__(self, saver: SaverView, *, timeout: float = 2.0, min_interval: float = 5.0) -> None:
         self.saver = saver
         self.timeout = timeout
         self.min_interval = min_interval
@@ -536,7 +538,7 @@ class _QueueCollector:
         yield family
 
 
-def register_queue_collector(saver: Any, **options: Any) -> Any:
+def register_queue_collector(saver: SaverView, **options: Any) -> Any:
     """Add the queue-depth gauge for ``saver``'s database to the default registry."""
     if not HAS_PROMETHEUS:
         return None

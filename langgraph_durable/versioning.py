@@ -43,9 +43,11 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import orjson
+from langchain_core.runnables import RunnableConfig
 
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx, op_memo
+from langgraph_durable._view import SaverView
 from langgraph_durable.errors import (
     ConfigurationError,
     DurableError,
@@ -953,7 +955,7 @@ LIMIT %(limit)s
 
 @_telemetry.instrument("migration")
 def flow_migrate(
-    saver: Any,
+    saver: SaverView,
     saved: CheckpointTuple,
     stored: str,
     current: str,
@@ -1035,7 +1037,7 @@ class MigrationReport:
 
 
 def _flow_migrate_thread(
-    saver: Any,
+    saver: SaverView,
     thread_id: str,
     from_version: str,
     to_version: str,
@@ -1043,7 +1045,7 @@ def _flow_migrate_thread(
     graph: Any,
     dry_run: bool,
 ) -> Flow[str]:
-    cfg = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    cfg: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
     saved = yield Tx(lambda: saver._op_get_tuple(cfg))
     if saved is None or (saved.metadata or {}).get(VERSION_KEY) != from_version:
         return "skipped"  # moved on (a run migrated or finished it) since the listing
@@ -1054,7 +1056,7 @@ def _flow_migrate_thread(
 
 
 def _flow_migrate_threads(
-    saver: Any,
+    saver: SaverView,
     from_version: str,
     to_version: str,
     chain: Sequence[Migration],
@@ -1086,7 +1088,7 @@ def _flow_migrate_threads(
 
 
 def migrate_threads(
-    saver: Any,
+    saver: SaverView,
     from_version: str,
     to_version: str | None = None,
     *,
@@ -1117,7 +1119,7 @@ def migrate_threads(
 
 
 async def amigrate_threads(
-    saver: Any,
+    saver: SaverView,
     from_version: str,
     to_version: str | None = None,
     *,
@@ -1141,7 +1143,7 @@ async def amigrate_threads(
 
 
 def _resolve(
-    saver: Any, from_version: str, to_version: str | None, graph: Any, registry: MigrationRegistry | None
+    saver: SaverView, from_version: str, to_version: str | None, graph: Any, registry: MigrationRegistry | None
 ) -> tuple[str, list[Migration]]:
     _check_name(from_version, "from_version")
     if to_version is None:
@@ -1188,7 +1190,7 @@ def _op_threads(
 
 
 def thread_ids_at(
-    saver: Any, version: str | None, *, thread_ids: Sequence[str] | None = None, limit: int | None = None
+    saver: SaverView, version: str | None, *, thread_ids: Sequence[str] | None = None, limit: int | None = None
 ) -> list[str]:
     """Threads whose latest checkpoint carries ``version`` (``None``: unversioned)."""
     rows = saver.run_op(lambda: _op_threads(version, False, None, thread_ids, limit))
@@ -1196,7 +1198,7 @@ def thread_ids_at(
 
 
 def list_threads(
-    saver: Any,
+    saver: SaverView,
     *,
     version: str | None = None,
     any_version: bool = True,
@@ -1208,7 +1210,7 @@ def list_threads(
     return list(saver.run_op(lambda: _op_threads(version, any_version, status, None, limit)))
 
 
-def version_summary(saver: Any) -> list[dict[str, Any]]:
+def version_summary(saver: SaverView) -> list[dict[str, Any]]:
     """Threads grouped by the graph version of their latest checkpoint: count, count
     per status (``durable_threads.status``; ``unknown`` when never run by this saver)
     and last activity, most recent version first."""
@@ -1238,7 +1240,7 @@ def version_summary(saver: Any) -> list[dict[str, Any]]:
     )
 
 
-def migration_log(saver: Any, *, thread_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+def migration_log(saver: SaverView, *, thread_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     """Rows of ``durable_migration_log`` (newest first), without the backup payloads."""
 
     def op() -> Op[list[dict[str, Any]]]:
@@ -1261,7 +1263,7 @@ WHERE l.id = %s AND e.type = %s AND e.blob IS NOT NULL
 _LOCK_ARTIFACTS_SQL = "SELECT digest FROM durable_artifacts WHERE digest = ANY(%b) FOR KEY SHARE"
 
 
-def _op_verify_backup(saver: Any, tid: str, log: Mapping[str, Any]) -> Op[list[bytes]]:
+def _op_verify_backup(saver: SaverView, tid: str, log: Mapping[str, Any]) -> Op[list[bytes]]:
     """Every artifact the backup's envelopes need (chunk children included) is stored
     and now locked; returns their digests. Else ``MigrationBackupError``, nothing done."""
     from langgraph_durable.artifacts import REF_TYPE
@@ -1294,7 +1296,7 @@ def op_undo(
     thread_id: str,
     migration_id: int | None = None,
     *,
-    saver: Any = None,
+    saver: SaverView | None = None,
     attempt: dict[str, Any] | None = None,
 ) -> Op[dict[str, Any]]:
     """Restore the rows a migration replaced, if the thread has not moved on since.
@@ -1421,7 +1423,7 @@ def op_undo(
     return result
 
 
-def undo_migration(saver: Any, thread_id: str, migration_id: int | None = None) -> dict[str, Any]:
+def undo_migration(saver: SaverView, thread_id: str, migration_id: int | None = None) -> dict[str, Any]:
     """Put back the checkpoint a migration rewrote (latest migration of the thread, or
     ``migration_id``), byte for byte, provided the thread has not run since."""
     return dict(
