@@ -237,7 +237,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-__version__ = "0.1.0"
+from langgraph_durable._version import __version__ as __version__
 
 __all__ = [
     "ArchiveConflictError",

@@ -76,6 +76,8 @@ from langgraph_durable.errors import (
     ArtifactError,
     ConfigurationError,
 )
+from langgraph_durable.ops._closure import artifact_lock, op_closure
+from langgraph_durable.sql.retention import THREAD_ENVELOPES_SQL
 
 FORMAT = "langgraph-durable-archive"
 VERSION = 1
@@ -263,7 +265,6 @@ def _encode_rows(cols: list[list[Any]], records: list[dict[str, Any]]) -> list[l
 def _op_dump(saver: SaverView, ids: list[str]) -> Op[list[ThreadDump]]:
     """Read the threads, one consistent snapshot (REPEATABLE READ: the fingerprint and
     the rows are the same state)."""
-    from langgraph_durable.retention import _ENVELOPES_SQL, _op_closure
 
     yield Batch([Stmt("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")])
     meta = yield Batch(
@@ -297,11 +298,11 @@ def _op_dump(saver: SaverView, ids: list[str]) -> Op[list[ThreadDump]]:
         # Artifacts: what the reference rows name, plus the closure of the envelopes
         # (a database written before reference rows were complete lacks some rows).
         digests = {bytes.fromhex(r["digest"][2:]) for r in recs.get("durable_artifact_refs", [])}
-        env = yield Batch([Stmt(_ENVELOPES_SQL, (tid, REF_TYPE) * 3, fetch=True, prepare=False)])
+        env = yield Batch([Stmt(THREAD_ENVELOPES_SQL, (tid, REF_TYPE) * 3, fetch=True, prepare=False)])
         pairs = [(REF_TYPE, bytes(r["blob"])) for r in env[0]]
         where = {"thread_id": tid, "checkpoint_ns": "", "checkpoint_id": None}
         try:
-            digests |= yield from _op_closure(saver, pairs, where)
+            digests |= yield from op_closure(saver, pairs, where)
         except ArtifactError:
             # A damaged chunk: archive what the reference rows name; the thread was
             # unloadable past that chunk before, and is the same after a restore.
@@ -658,12 +659,11 @@ def _json_rows(cols: list[list[Any]], rows: list[list[Any]], keep: list[str]) ->
 
 
 def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[RestoreReport]:
-    from langgraph_durable.retention import _lock
 
     ids = [d.thread_id for _, d in items]
     # Each thread's exclusive artifact lock (what deletes take), so a concurrent delete
     # or restore of the same thread waits; then refuse threads that exist.
-    yield Batch([_lock(t) for t in ids])
+    yield Batch([artifact_lock(t) for t in ids])
     meta, exists = yield Batch(
         [
             Stmt(_COLUMNS_SQL, (list((*TABLES, _ARTIFACTS)),), fetch=True, prepare=False),

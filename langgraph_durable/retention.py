@@ -56,6 +56,12 @@ from langgraph_durable._values import ISO_TS_RE
 from langgraph_durable._view import SaverView
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import CheckpointLoadError, ConfigurationError
+from langgraph_durable.ops._closure import artifact_lock, op_closure
+from langgraph_durable.sql.retention import (
+    COUNT_EXPIRED_LEDGER_KEYS_SQL,
+    PURGE_EXPIRED_LEDGER_KEYS_SQL,
+    THREAD_ENVELOPES_SQL,
+)
 
 logger = logging.getLogger("langgraph_durable")
 
@@ -69,22 +75,6 @@ _FK_RETRIES = 5
 
 # --------------------------------------------------------------------------- SQL
 
-# A thread's envelopes, with where they are (for an error naming a damaged one): its
-# blobs and writes, and the blobs and writes kept by its migration backups not yet undone
-# (durable_migration_log): undo_migration puts those back, so the artifacts they name
-# must outlive a prune + gc (issue 11, defect 2).
-_ENVELOPES_SQL = """
-SELECT blob, checkpoint_ns, channel, version, NULL::text AS checkpoint_id
-FROM checkpoint_blobs WHERE thread_id = %s AND type = %s AND blob IS NOT NULL
-UNION ALL
-SELECT blob, checkpoint_ns, channel, NULL, checkpoint_id
-FROM checkpoint_writes WHERE thread_id = %s AND type = %s
-UNION ALL
-SELECT decode(e.blob, 'base64'), l.checkpoint_ns, e.channel, NULL, l.checkpoint_id
-FROM durable_migration_log l,
-     jsonb_to_recordset(l.old_blobs || l.old_writes) AS e(type text, blob text, channel text)
-WHERE l.thread_id = %s AND l.undone_at IS NULL AND e.type = %s AND e.blob IS NOT NULL
-"""
 # Error path: the newest checkpoint that uses a blob's channel version.
 _BLOB_CHECKPOINT_SQL = """
 SELECT max(checkpoint_id) AS checkpoint_id FROM checkpoints
@@ -295,34 +285,11 @@ FROM durable_threads WHERE thread_id = %s FOR UPDATE
 # --------------------------------------------------------------------------- references
 
 
-def _lock(thread_id: str) -> Stmt:
-    return Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, thread_id))
-
-
-def _op_closure(saver: SaverView, pairs: list[tuple[str, bytes]], where: dict[str, Any]) -> Op[set[bytes]]:
-    """Every digest the envelopes reference, chunk children included (chunk artifacts
-    are fetched, verified and expanded; a chunk that is gone has no children to keep)."""
-    codec = saver.codec
-    local: dict[bytes, bytes] = {}
-    gone: set[bytes] = set()
-    while True:
-        seen, need = codec.referenced(pairs, local)
-        need -= gone
-        if not need:
-            return seen
-        rows = yield Batch(
-            [Stmt(_sql.FETCH_ARTIFACTS_SQL, (sorted(need),), fetch=True, prepare=False)]
-        )
-        found = [(r["digest"], r["data"]) for r in rows[0]]
-        codec.accept(found, serde=saver.serde, local=local, **where)
-        gone |= need - {bytes(d) for d, _ in found}
-
-
 def _op_recompute_locked(saver: SaverView, thread_id: str) -> Op[int]:
     """Raises ``CheckpointLoadError`` when an envelope or chunk does not decode: what it
     references is unknown then, so no reference row may be dropped."""
     rows = yield Batch(
-        [Stmt(_ENVELOPES_SQL, (thread_id, REF_TYPE) * 3, fetch=True, prepare=False)]
+        [Stmt(THREAD_ENVELOPES_SQL, (thread_id, REF_TYPE) * 3, fetch=True, prepare=False)]
     )
     where = {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": None}
     pairs = []
@@ -352,7 +319,7 @@ def _op_recompute_locked(saver: SaverView, thread_id: str) -> Op[int]:
                 checkpoint_id=cid,
             ) from exc
         pairs.append(pair)
-    keep = yield from _op_closure(saver, pairs, where)
+    keep = yield from op_closure(saver, pairs, where)
     digests = sorted(keep)
     out = yield Batch(
         [
@@ -370,7 +337,7 @@ def op_recompute_refs(saver: SaverView, thread_id: str) -> Op[int]:
     with a damaged envelope keeps every row (logged; 0 dropped): what it references is
     unknown, and dropping a row it needs would let GC delete live data."""
     tid = str(thread_id)
-    yield Batch([_lock(tid)])
+    yield Batch([artifact_lock(tid)])
     try:
         return (yield from _op_recompute_locked(saver, tid))
     except CheckpointLoadError as exc:
@@ -394,7 +361,7 @@ def _flow_recompute(
 
 
 def _op_recompute_strict(saver: SaverView, thread_id: str) -> Op[int]:
-    yield Batch([_lock(thread_id)])
+    yield Batch([artifact_lock(thread_id)])
     return (yield from _op_recompute_locked(saver, thread_id))
 
 
@@ -480,7 +447,7 @@ def _flow_gc(
 
             def sweep(part: list[str] = part) -> Op[int]:
                 rows = yield Batch(
-                    [_lock(t) for t in part] + [Stmt(_DELETE_ORPHAN_REFS_SQL, (part,), fetch=True)]
+                    [artifact_lock(t) for t in part] + [Stmt(_DELETE_ORPHAN_REFS_SQL, (part,), fetch=True)]
                 )
                 for t in part:
                     yield AfterCommit(partial(saver._known_refs.forget_thread, t))
@@ -717,7 +684,7 @@ def _flow_retain(
             # Lock every row (creating one for threads that have none, so a run that
             # starts meanwhile waits), then decide again under the locks.
             made = yield Batch(
-                [_lock(t) for t in part] + [Stmt(_ENSURE_ROWS_SQL, (part,), fetch=True)]
+                [artifact_lock(t) for t in part] + [Stmt(_ENSURE_ROWS_SQL, (part,), fetch=True)]
             )
             created = [r["thread_id"] for r in made[-1]]
             rows = yield Batch(
@@ -817,7 +784,7 @@ def _flow_retain(
             assert keep_last is not None
             params = {"tid": tid, "k": keep_last}
             if not dry_run:
-                yield Batch([_lock(tid)])
+                yield Batch([artifact_lock(tid)])
                 rows = yield Batch([Stmt(_THREAD_ROW_LOCK_SQL, (tid,), fetch=True)])
                 if rows[0]:
                     reason = _protected(rows[0][0]["status"], bool(rows[0][0]["leased"]))
@@ -894,14 +861,11 @@ def _flow_retain(
             yield Hook(progress, (done, total))
     # Ledger keys given with key= outlive their thread and expire only by their TTL:
     # the retention job purges the expired ones too (never a claim still in flight).
-    from langgraph_durable.idempotency import PURGE_EXPIRED_SQL
-
     def purge_keys() -> Op[int]:
         if dry_run:
-            sql = PURGE_EXPIRED_SQL.replace("DELETE FROM", "SELECT count(*) AS n FROM", 1)
-            rows = yield Batch([Stmt(sql, fetch=True)])
+            rows = yield Batch([Stmt(COUNT_EXPIRED_LEDGER_KEYS_SQL, fetch=True)])
             return int(rows[0][0]["n"])
-        rows = yield Batch([Stmt(PURGE_EXPIRED_SQL + " RETURNING key", fetch=True)])
+        rows = yield Batch([Stmt(PURGE_EXPIRED_LEDGER_KEYS_SQL, fetch=True)])
         return len(rows[0])
 
     report.ledger_keys_expired = yield Tx(purge_keys)

@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from langgraph_durable._view import SaverView
@@ -103,7 +103,7 @@ def _get_tracer() -> Any:
             _trace = trace
         if isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
             return None
-        from langgraph_durable import __version__
+        from langgraph_durable._version import __version__
 
         _provider_set = True
         _tracer = _trace.get_tracer(PREFIX, __version__)
@@ -492,61 +492,6 @@ def instrument(kind: str) -> Callable[[F], F]:
 
 
 # --------------------------------------------------------------------------- worker endpoints
-
-
-class _QueueCollector:
-    """Threads by status (``langgraph_durable_threads{status=...}``), queried on scrape:
-    one grouped count under a statement timeout, cached for ``min_interval`` seconds so
-    frequent scrapes (several Prometheus replicas) cost one query."""
-
-    def __init__(self, saver: SaverView, *, timeout: float = 2.0, min_interval: float = 5.0) -> None:
-        self.saver = saver
-        self.timeout = timeout
-        self.min_interval = min_interval
-        self._cached: tuple[float, dict[str, int]] | None = None
-        self._lock = threading.Lock()
-
-    def _counts(self) -> dict[str, int] | None:
-        from langgraph_durable._io import Batch, Stmt
-        from langgraph_durable.recovery import _op_status_counts
-
-        def op() -> Any:
-            ms = max(int(self.timeout * 1000), 1)
-            yield Batch([Stmt("SELECT set_config('statement_timeout', %s, true)", (f"{ms}ms",))])
-            return (yield from _op_status_counts())
-
-        with self._lock:
-            now = time.monotonic()
-            if self._cached is not None and now - self._cached[0] < self.min_interval:
-                return self._cached[1]
-            try:
-                counts = self.saver.run_op(op)
-            except Exception as exc:
-                logger.warning("queue depth query failed: %s", exc)
-                return self._cached[1] if self._cached is not None else None
-            self._cached = (now, counts)
-            return counts
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        family = GaugeMetricFamily(
-            f"{PREFIX}_threads", "Threads by status (queue depth), counted on scrape.", labels=["status"]
-        )
-        for status, n in sorted((self._counts() or {}).items()):
-            family.add_metric([status], n)
-        yield family
-
-
-def register_queue_collector(saver: SaverView, **options: Any) -> Any:
-    """Add the queue-depth gauge for ``saver``'s database to the default registry."""
-    if not HAS_PROMETHEUS:
-        return None
-    from prometheus_client import REGISTRY
-
-    collector = _QueueCollector(saver, **options)
-    REGISTRY.register(collector)
-    return collector
 
 
 def serve(port: int, health: Callable[[], tuple[bool, str]], host: str = "0.0.0.0") -> Any:

@@ -1267,14 +1267,14 @@ def _op_verify_backup(saver: SaverView, tid: str, log: Mapping[str, Any]) -> Op[
     """Every artifact the backup's envelopes need (chunk children included) is stored
     and now locked; returns their digests. Else ``MigrationBackupError``, nothing done."""
     from langgraph_durable.artifacts import REF_TYPE
-    from langgraph_durable.retention import _op_closure
+    from langgraph_durable.ops._closure import op_closure
 
     rows = yield Batch([Stmt(_BACKUP_ENVELOPES_SQL, (log["id"], REF_TYPE), fetch=True, prepare=False)])
     pairs = [(REF_TYPE, bytes(r["blob"])) for r in rows[0]]
     if not pairs:
         return []
     where = {"thread_id": tid, "checkpoint_ns": log["checkpoint_ns"], "checkpoint_id": log["checkpoint_id"]}
-    need = sorted((yield from _op_closure(saver, pairs, where)))
+    need = sorted((yield from op_closure(saver, pairs, where)))
     found = yield Batch([Stmt(_LOCK_ARTIFACTS_SQL, (need,), fetch=True, prepare=False)])
     missing = sorted(set(need) - {bytes(r["digest"]) for r in found[0]})
     if missing:

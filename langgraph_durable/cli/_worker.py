@@ -228,7 +228,9 @@ def _serve_metrics(endpoint: tuple[str, int] | None, url: str, saver: Any, worke
             return False, f"database unreachable: {type(exc).__name__}: {exc}".splitlines()[0]
         return True, "ok"
 
-    telemetry.register_queue_collector(saver)
+    from langgraph_durable.ops.metrics import register_queue_collector
+
+    register_queue_collector(saver)
     server = telemetry.serve(endpoint[1], health, host=endpoint[0])
     logging.getLogger("langgraph_durable.worker").info(
         "metrics on http://%s:%d/metrics, probe on /healthz", *server.server_address[:2]
