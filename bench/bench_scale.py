@@ -34,7 +34,7 @@ from psycopg import conninfo as ci
 from psycopg.rows import dict_row
 
 from langgraph_durable import DurablePostgresSaver, recovery
-from langgraph_durable import inspect as lgi
+from langgraph_durable.ops import inspection as lgi
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}

@@ -466,6 +466,12 @@ class CheckpointNotFoundError(DurableError, LookupError):
         )
 
 
+class InspectError(DurableError, LookupError):
+    """A thread or checkpoint named on the command line (or to
+    ``langgraph_durable.ops.inspection``) does not exist, or a checkpoint-id prefix is
+    ambiguous."""
+
+
 # --- leases ------------------------------------------------------------------------
 
 
@@ -632,6 +638,7 @@ __all__ = [
     "IdempotencyConflictError",
     "IdempotencyError",
     "IdempotentCallFailedError",
+    "InspectError",
     "InsufficientPrivilegeError",
     "InvalidIdempotencyKeyError",
     "InvalidThreadIdError",

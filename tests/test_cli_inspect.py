@@ -22,8 +22,8 @@ from langgraph.types import Command, interrupt
 from typer.testing import CliRunner
 
 from langgraph_durable import DurablePostgresSaver, PoisonCheckpointError
-from langgraph_durable import inspect as lgi
 from langgraph_durable.cli import app
+from langgraph_durable.ops import inspection as lgi
 
 runner = CliRunner()
 

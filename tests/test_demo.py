@@ -20,7 +20,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from langgraph_durable import DurablePostgresSaver
-from langgraph_durable.demo import STEPS, has_idempotent
+from langgraph_durable.cli.demo import STEPS
 
 CLI = str(Path(sys.executable).with_name("langgraph-durable"))
 
@@ -108,7 +108,6 @@ def test_demo_kills_resumes_and_charges_once(dsn: str) -> None:
     assert values["report"].startswith("# warehouse automation")
 
 
-@pytest.mark.skipif(not has_idempotent(), reason="@idempotent is not in this installation")
 def test_demo_json_kill_inside_the_payment_step(dsn: str) -> None:
     """Killed inside charge_customer, after the charge committed and before the step's
     writes were checkpointed: the step runs again in worker 2 and @idempotent replays
@@ -154,7 +153,7 @@ def test_demo_refuses_a_used_thread_and_bad_kill_point(dsn: str) -> None:
 def test_worker_entry_point_needs_its_arguments(argv: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if k != "LANGGRAPH_DURABLE_DSN"}
     proc = subprocess.run(
-        [sys.executable, "-m", "langgraph_durable.demo", *argv],
+        [sys.executable, "-m", "langgraph_durable.cli.demo", *argv],
         capture_output=True,
         text=True,
         env=env,

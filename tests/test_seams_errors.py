@@ -45,9 +45,9 @@ from langgraph_durable import (
     UnencodableValueError,
     retention,
 )
-from langgraph_durable import inspect as lgi
 from langgraph_durable._values import find_unencodable, serializer_reject, text_reject
 from langgraph_durable.cli import app
+from langgraph_durable.ops import inspection as lgi
 
 runner = CliRunner()
 

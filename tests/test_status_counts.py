@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from langgraph_durable import DurablePostgresSaver, status_counts
-from langgraph_durable import inspect as lgi
+from langgraph_durable.ops import inspection as lgi
 from langgraph_durable.recovery import STATUS_FOLD_ROWS, STATUS_KINDS
 
 # The query status_counts ran before issue 14: it scans every thread.

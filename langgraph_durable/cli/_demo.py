@@ -19,7 +19,7 @@ def demo(
         str,
         typer.Option(
             "--kill-at",
-            help="Step during which worker 1 is killed (any step but the two side effects).",
+            help="Step during which worker 1 is killed (any step, the two side effects too).",
         ),
     ] = "draft_recommendations",
     lease_ttl: Annotated[
@@ -42,7 +42,7 @@ def demo(
     counts the payments: the customer is charged exactly once. Uses the embedded
     PostgreSQL unless --dsn or LANGGRAPH_DURABLE_DSN names a server.
     """
-    from langgraph_durable import demo as demo_mod
+    from langgraph_durable.cli import demo as demo_mod
     from langgraph_durable.embedded import resolve_dsn
 
     if speed <= 0:

@@ -1,7 +1,7 @@
 """CLI commands: ``threads list|show|history|diff|status`` and ``stats``.
 
 Rich tables for people, ``--json`` for scripts. The queries live in
-``langgraph_durable.inspect`` (plain dicts, usable from Python); this module only
+``langgraph_durable.ops.inspection`` (plain dicts, usable from Python); this module only
 formats them.
 """
 
@@ -89,7 +89,7 @@ def _state(state: str | None, status: str | None = None) -> Text:
 
 def _channel_labels(channels: list[str]) -> list[str]:
     """State channels as they are; of LangGraph's internal ones only the telling ones."""
-    from langgraph_durable import inspect as lgi
+    from langgraph_durable.ops import inspection as lgi
     marks = {"__interrupt__": "(interrupt)", "__error__": "(error)"}
     return [marks.get(ch, ch) for ch in channels if ch in marks or not lgi.is_internal(ch)]
 
@@ -151,7 +151,7 @@ def threads_list(
     and last activity."""
     from rich.table import Table
 
-    from langgraph_durable import inspect as lgi
+    from langgraph_durable.ops import inspection as lgi
     with _saver(dsn, schema) as saver:
         rows = lgi.list_threads(saver, status=status, prefix=prefix, limit=limit, after=after)
     if json_out:
@@ -199,7 +199,7 @@ def threads_show(
     from rich.table import Table
     from rich.text import Text
 
-    from langgraph_durable import inspect as lgi
+    from langgraph_durable.ops import inspection as lgi
     with _saver(dsn, schema) as saver:
         info = lgi.show_thread(saver, thread_id)
     if json_out:
@@ -296,7 +296,7 @@ def threads_history(
     """Checkpoints of a thread: step, source, graph version, updated channels, writes."""
     from rich.table import Table
 
-    from langgraph_durable import inspect as lgi
+    from langgraph_durable.ops import inspection as lgi
     with _saver(dsn, schema) as saver:
         rows = lgi.thread_history(saver, thread_id, limit=limit)
     if json_out:
@@ -363,7 +363,7 @@ def threads_diff(
     from rich.table import Table
     from rich.text import Text
 
-    from langgraph_durable import inspect as lgi
+    from langgraph_durable.ops import inspection as lgi
     with _saver(dsn, schema) as saver:
         diff = lgi.diff_checkpoints(saver, thread_id, cp1, cp2)
     if json_out:
@@ -413,7 +413,7 @@ def _print_status(dsn: str | None, schema: str | None, json_out: bool) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from langgraph_durable import inspect as lgi
+    from langgraph_durable.ops import inspection as lgi
     with _saver(dsn, schema) as saver:
         counts = lgi.thread_status_counts(saver)
     if json_out:
@@ -460,7 +460,7 @@ def stats(
     from rich.table import Table
     from rich.text import Text
 
-    from langgraph_durable import inspect as lgi
+    from langgraph_durable.ops import inspection as lgi
     with _saver(dsn, schema) as saver:
         data = lgi.storage_stats(saver)
     if json_out:

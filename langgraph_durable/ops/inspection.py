@@ -40,7 +40,7 @@ from langgraph_durable.artifacts import (
     _envelope_items,
     _payload_items,
 )
-from langgraph_durable.errors import CheckpointLoadError, DurableError
+from langgraph_durable.errors import CheckpointLoadError, InspectError
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -76,11 +76,6 @@ DURABLE_TABLES = (
 # Channels LangGraph uses for control flow rather than state.
 _INTERNAL_PREFIXES = ("branch:to:", "join:", "__")
 _PULL_PREFIX = "~__pregel_pull, "
-
-
-class InspectError(DurableError, LookupError):
-    """A thread or checkpoint named on the command line does not exist (or a
-    checkpoint-id prefix is ambiguous)."""
 
 
 _TS_RE = ISO_TS_RE
