@@ -80,10 +80,17 @@ def test_roles_end_to_end(roles: dict[str, str]) -> None:
         conn.execute(f"CREATE TABLE {SCHEMA}.nope (x int)")
 
     runner = CliRunner()
+    # Every read-only command: the role has no CREATE right and SELECT only, so any DDL
+    # (or any write) on the way would fail the command.
     for args in (["threads", "list"], ["stats"], ["ledger", "list"], ["quarantine", "list"],
                  ["versions", "list"], ["threads", "status"], ["versions", "log"]):
         res = runner.invoke(app, [*args, "--dsn", roles["ro"], "--schema", SCHEMA])
         assert res.exit_code == 0, (args, res.output)
+    # Retention deleted the workload's threads: the per-thread read commands open the
+    # saver (no DDL) and then report the missing thread, not a privilege error.
+    for args in (["threads", "show", "wl-gone"], ["threads", "history", "wl-gone"]):
+        res = runner.invoke(app, [*args, "--dsn", roles["ro"], "--schema", SCHEMA])
+        assert res.exit_code == 1 and "'wl-gone' not found" in res.output, (args, res.output)
     res = runner.invoke(app, ["ledger", "list", "--dsn", roles["ro"], "--schema", SCHEMA, "--json"])
     assert res.exit_code == 0 and '"key"' in res.output, res.output
     # A write as the read-only role: a typed error naming the role, exit 1.
