@@ -2,7 +2,8 @@
 """Two commands for a fresh machine with only Python 3.11+ (no Postgres, no Docker):
 
     python3 dev.py demo         # crash a research pipeline with SIGKILL, resume it
-    python3 dev.py test         # ruff + mypy + the whole test suite
+    python3 dev.py test         # ruff + mypy + lint-imports + the whole test suite
+    python3 dev.py lint         # ruff + mypy + lint-imports (the layers contract)
     python3 dev.py test --long  # the hypothesis tests only, long profile (many examples)
     python3 dev.py suites       # LangGraph's own test suites, stock vs durable savers
     python3 dev.py test-oldest  # the oldest supported LangGraph: the drop-in suites
@@ -128,6 +129,10 @@ def main(argv: list[str]) -> int:
     if _run(PY, "-m", "ruff", "check", *lint_dirs) != 0:
         return 1
     if _run(PY, "-m", "mypy") != 0:
+        return 1
+    # The layers contract ([tool.importlinter] in pyproject.toml): no module imports a
+    # layer above its own.
+    if _run(BIN / "lint-imports", "--no-cache") != 0:
         return 1
     if command == "lint":
         return 0
