@@ -67,6 +67,13 @@ if TYPE_CHECKING:
         purge_expired_keys,
     )
     from langgraph_durable.journal import JournaledRunnable, journaled
+    from langgraph_durable.ops.migrations import (
+        MigrationReport,
+        amigrate_threads,
+        aundo_migration,
+        migrate_threads,
+        undo_migration,
+    )
     from langgraph_durable.poison import QuarantineEntry, RewindResult, ThreadReport
     from langgraph_durable.recovery import (
         RecoveryResult,
@@ -97,11 +104,7 @@ if TYPE_CHECKING:
     from langgraph_durable.versioning import (
         Migration,
         MigrationRegistry,
-        MigrationReport,
-        amigrate_threads,
         graph_fingerprint,
-        migrate_threads,
-        undo_migration,
     )
 
 # public name -> the module defining it (a submodule itself when the name is the module's)
@@ -190,11 +193,12 @@ _LAZY: dict[str, str] = {
     "PoisonRecord": "langgraph_durable.saver",
     "Migration": "langgraph_durable.versioning",
     "MigrationRegistry": "langgraph_durable.versioning",
-    "MigrationReport": "langgraph_durable.versioning",
-    "amigrate_threads": "langgraph_durable.versioning",
+    "MigrationReport": "langgraph_durable.ops.migrations",
+    "amigrate_threads": "langgraph_durable.ops.migrations",
+    "aundo_migration": "langgraph_durable.ops.migrations",
     "graph_fingerprint": "langgraph_durable.versioning",
-    "migrate_threads": "langgraph_durable.versioning",
-    "undo_migration": "langgraph_durable.versioning",
+    "migrate_threads": "langgraph_durable.ops.migrations",
+    "undo_migration": "langgraph_durable.ops.migrations",
 }
 
 
@@ -306,6 +310,7 @@ __all__ = [
     "agc",
     "aexport_stock",
     "amigrate_threads",
+    "aundo_migration",
     "arecompute_refs",
     "arecover",
     "aretain",

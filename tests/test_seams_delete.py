@@ -43,7 +43,7 @@ from langgraph_durable._io import SyncDriver
 from langgraph_durable.artifacts import REF_TYPE, ArtifactCodec
 from langgraph_durable.errors import MigrationBackupError, MigrationError
 from langgraph_durable.retention import gc, retain
-from langgraph_durable.versioning import migrate_threads, undo_migration
+from langgraph_durable.ops.migrations import migrate_threads, undo_migration
 
 THRESHOLD = 256
 

@@ -33,11 +33,13 @@ from langgraph_durable import (
     MigrationRegistry,
     OrphanedWorkError,
     amigrate_threads,
+    aundo_migration,
     graph_fingerprint,
     migrate_threads,
     undo_migration,
 )
-from langgraph_durable.versioning import apply_migrations, list_threads, migration_log
+from langgraph_durable.ops.migrations import list_threads, migration_log
+from langgraph_durable.versioning import apply_migrations
 
 HERE = Path(__file__).parent
 GRAPHS_FILE = str(HERE / "_child_versioning_graphs.py")
@@ -502,6 +504,28 @@ async def test_async_batch_migration_reports_progress(dsn: str) -> None:
         g2 = G.build_v2().compile(checkpointer=saver.bind(graph_version="v2"))
         out = await g2.ainvoke(Command(resume="yes"), cfg(tids[0]))
         assert out["log"] == ["fetch", "approve", "summarize"]
+
+
+async def test_async_undo_migration_restores_the_stored_version(dsn: str) -> None:
+    """aundo_migration, undo_migration's async twin: the thread is back on v1 with the
+    pre-migration checkpoint, and a second undo has nothing left to undo."""
+    tid = "aundo-1"
+    async with AsyncDurablePostgresSaver.from_conn_string(dsn) as saver:
+        g1 = G.build_v1().compile(checkpointer=saver.bind(graph_version="v1"))
+        await g1.ainvoke({"log": [], "topic": "urgent"}, cfg(tid))
+        before = await saver.aget_tuple(cfg(tid))
+        assert before is not None
+        report = await amigrate_threads(
+            saver, "v1", "v2", graph=G.graph_v2, registry=G.registry, thread_ids=[tid]
+        )
+        assert report.migrated == [tid]
+        undone = await aundo_migration(saver, tid)
+        assert (undone["restored_version"], undone["undone_version"]) == ("v1", "v2")
+        after = await saver.aget_tuple(cfg(tid))
+        assert after is not None and after.checkpoint == before.checkpoint
+        assert after.metadata["graph_version"] == "v1"
+        with pytest.raises(MigrationError, match="no migration to undo"):
+            await aundo_migration(saver, tid)
 
 
 # --- batch migration, interrupt ids, busy threads, undo ---------------------------------

@@ -206,7 +206,7 @@ def list_cmd(
     from rich.table import Table
 
     from langgraph_durable import compat
-    from langgraph_durable import versioning as v
+    from langgraph_durable.ops import migrations as mig
 
     if version is not None and unversioned:
         raise _fail("--version and --unversioned exclude each other")
@@ -215,7 +215,7 @@ def list_cmd(
     with open_saver(dsn, schema, readonly=True) as saver:
         recorded = compat.recorded_versions(saver)
         if not per_thread:
-            groups = v.version_summary(saver)
+            groups = mig.version_summary(saver)
             for grp in groups:
                 row = recorded.get(grp["graph_version"] or "")
                 grp["topology"] = (
@@ -254,7 +254,7 @@ def list_cmd(
             if not groups:
                 console.print("no threads")
             return
-        rows = v.list_threads(
+        rows = mig.list_threads(
             saver,
             version=None if unversioned else version,
             any_version=version is None and not unversioned,
@@ -295,9 +295,9 @@ def list_cmd(
 def _classify_all(saver: Any, graph: Any) -> list[tuple[str | None, str]]:
     """(stored version, verdict) of every thread, classified against ``graph``."""
     from langgraph_durable import compat
-    from langgraph_durable import versioning as v
+    from langgraph_durable.ops import migrations as mig
 
-    rows = v.list_threads(saver, any_version=True)
+    rows = mig.list_threads(saver, any_version=True)
     found = compat.classify_threads(saver, graph, [r["thread_id"] for r in rows])
     return [(r["graph_version"], found[r["thread_id"]].verdict) for r in rows if r["thread_id"] in found]
 
@@ -342,6 +342,7 @@ def migrate_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from langgraph_durable import versioning as v
+    from langgraph_durable.ops import migrations as mig
 
     g, module = _graph(graph)
     registry = find_registry(migrations, g, module)
@@ -353,9 +354,9 @@ def migrate_cmd(
             f"(registered: {[m.label for m in registry]})"
         )
     with open_saver(dsn, schema) as saver:
-        ids = v.thread_ids_at(saver, from_version, thread_ids=thread or None, limit=limit)
+        ids = mig.thread_ids_at(saver, from_version, thread_ids=thread or None, limit=limit)
         if as_json:
-            report = v.migrate_threads(
+            report = mig.migrate_threads(
                 saver, from_version, target, graph=g, registry=registry, dry_run=dry_run,
                 thread_ids=ids,
             )
@@ -370,7 +371,7 @@ def migrate_cmd(
                 console=console.resolve(),
             ) as progress:
                 task = progress.add_task(verb, total=len(ids), last="")
-                report = v.migrate_threads(
+                report = mig.migrate_threads(
                     saver, from_version, target, graph=g, registry=registry, dry_run=dry_run,
                     thread_ids=ids,
                     on_progress=lambda tid, outcome: progress.update(
@@ -404,10 +405,10 @@ def log_cmd(
     """Migrations applied (newest first), each with a backup of the rows it replaced."""
     from rich.table import Table
 
-    from langgraph_durable import versioning as v
+    from langgraph_durable.ops import migrations as mig
 
     with open_saver(dsn, schema, readonly=True) as saver:
-        rows = v.migration_log(saver, thread_id=thread, limit=limit)
+        rows = mig.migration_log(saver, thread_id=thread, limit=limit)
     if as_json:
         print_json(rows)
         return
@@ -433,11 +434,11 @@ def undo_cmd(
 ) -> None:
     """Put back the checkpoint a migration rewrote, byte for byte (only while the thread
     has not run since: its latest checkpoint must still be the migrated one)."""
-    from langgraph_durable import versioning as v
+    from langgraph_durable.ops import migrations as mig
 
     with open_saver(dsn, schema) as saver:
         try:
-            out = v.undo_migration(saver, thread_id, migration_id)
+            out = mig.undo_migration(saver, thread_id, migration_id)
         except DurableError as exc:
             raise _fail(str(exc), 1) from None
     if as_json:
