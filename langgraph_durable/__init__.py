@@ -12,7 +12,6 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from langgraph_durable import poison
     from langgraph_durable.archive import RestoreReport, arestore, restore
     from langgraph_durable.artifacts import ArtifactConfig
     from langgraph_durable.embedded import embedded_dsn, resolve_dsn, stop_embedded
@@ -67,6 +66,7 @@ if TYPE_CHECKING:
         purge_expired_keys,
     )
     from langgraph_durable.journal import JournaledRunnable, journaled
+    from langgraph_durable.ops import poison
     from langgraph_durable.ops.migrations import (
         MigrationReport,
         amigrate_threads,
@@ -74,7 +74,17 @@ if TYPE_CHECKING:
         migrate_threads,
         undo_migration,
     )
-    from langgraph_durable.poison import QuarantineEntry, RewindResult, ThreadReport
+    from langgraph_durable.ops.poison import QuarantineEntry, RewindResult, ThreadReport
+    from langgraph_durable.ops.retention import (
+        GcReport,
+        RetentionReport,
+        agc,
+        arecompute_refs,
+        aretain,
+        gc,
+        recompute_refs,
+        retain,
+    )
     from langgraph_durable.recovery import (
         RecoveryResult,
         RecoveryWorker,
@@ -85,16 +95,6 @@ if TYPE_CHECKING:
         recover,
         status_counts,
         submit,
-    )
-    from langgraph_durable.retention import (
-        GcReport,
-        RetentionReport,
-        agc,
-        arecompute_refs,
-        aretain,
-        gc,
-        recompute_refs,
-        retain,
     )
     from langgraph_durable.saver import (
         AsyncDurablePostgresSaver,
@@ -111,7 +111,7 @@ if TYPE_CHECKING:
 _LAZY: dict[str, str] = {
     "CheckpointPolicy": "langgraph_durable.granularity",
     "ReworkBudget": "langgraph_durable.granularity",
-    "poison": "langgraph_durable",
+    "poison": "langgraph_durable.ops.poison",
     "RestoreReport": "langgraph_durable.archive",
     "arestore": "langgraph_durable.archive",
     "restore": "langgraph_durable.archive",
@@ -168,9 +168,9 @@ _LAZY: dict[str, str] = {
     "purge_expired_keys": "langgraph_durable.idempotency",
     "JournaledRunnable": "langgraph_durable.journal",
     "journaled": "langgraph_durable.journal",
-    "QuarantineEntry": "langgraph_durable.poison",
-    "RewindResult": "langgraph_durable.poison",
-    "ThreadReport": "langgraph_durable.poison",
+    "QuarantineEntry": "langgraph_durable.ops.poison",
+    "RewindResult": "langgraph_durable.ops.poison",
+    "ThreadReport": "langgraph_durable.ops.poison",
     "RecoveryResult": "langgraph_durable.recovery",
     "RecoveryWorker": "langgraph_durable.recovery",
     "WorkerStats": "langgraph_durable.recovery",
@@ -180,14 +180,14 @@ _LAZY: dict[str, str] = {
     "recover": "langgraph_durable.recovery",
     "status_counts": "langgraph_durable.recovery",
     "submit": "langgraph_durable.recovery",
-    "GcReport": "langgraph_durable.retention",
-    "RetentionReport": "langgraph_durable.retention",
-    "agc": "langgraph_durable.retention",
-    "arecompute_refs": "langgraph_durable.retention",
-    "aretain": "langgraph_durable.retention",
-    "gc": "langgraph_durable.retention",
-    "recompute_refs": "langgraph_durable.retention",
-    "retain": "langgraph_durable.retention",
+    "GcReport": "langgraph_durable.ops.retention",
+    "RetentionReport": "langgraph_durable.ops.retention",
+    "agc": "langgraph_durable.ops.retention",
+    "arecompute_refs": "langgraph_durable.ops.retention",
+    "aretain": "langgraph_durable.ops.retention",
+    "gc": "langgraph_durable.ops.retention",
+    "recompute_refs": "langgraph_durable.ops.retention",
+    "retain": "langgraph_durable.ops.retention",
     "AsyncDurablePostgresSaver": "langgraph_durable.saver",
     "DurablePostgresSaver": "langgraph_durable.saver",
     "PoisonRecord": "langgraph_durable.saver",
@@ -225,8 +225,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if module not in _NO_LANGGRAPH:
         _check_langgraph()
-    if module == __name__:  # a submodule: `from langgraph_durable import poison`
-        value: Any = importlib.import_module(f"{__name__}.{name}")
+    if module.rsplit(".", 1)[-1] == name:  # a submodule: `from langgraph_durable import poison`
+        value: Any = importlib.import_module(module)
     else:
         value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups skip __getattr__

@@ -66,6 +66,7 @@ from psycopg.types.json import Jsonb
 
 from langgraph_durable import _sql
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
+from langgraph_durable._refs import artifact_lock, op_closure
 from langgraph_durable._view import SaverView
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import (
@@ -76,7 +77,6 @@ from langgraph_durable.errors import (
     ArtifactError,
     ConfigurationError,
 )
-from langgraph_durable.ops._closure import artifact_lock, op_closure
 from langgraph_durable.sql.retention import THREAD_ENVELOPES_SQL
 
 FORMAT = "langgraph-durable-archive"

@@ -99,6 +99,7 @@ from langgraph_durable._io import (
     op_memo,
 )
 from langgraph_durable._pool import AsyncDurableConnectionPool, DurableConnectionPool
+from langgraph_durable._refs import op_recompute_refs
 from langgraph_durable.artifacts import (
     ArtifactCodec,
     ArtifactConfig,
@@ -139,7 +140,6 @@ from langgraph_durable.pooler import (
     resolve_pooler,
     session_schema,
 )
-from langgraph_durable.retention import op_recompute_refs
 from langgraph_durable.versioning import (
     INSERT_LOG_SQL,
     LOCK_CHECKPOINT_SQL,

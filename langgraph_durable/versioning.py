@@ -514,6 +514,33 @@ def _interrupt_id(ns: str, answered: int) -> str:
     return xxh3_128_hexdigest((f"{ns}|{answered}" if answered else ns).encode())
 
 
+@dataclass
+class _Work:
+    """The checkpoint being migrated, as the steps of ``apply_migrations`` change it
+    (copies: nothing stored or passed in is modified)."""
+
+    values: dict[str, Any]
+    versions: dict[str, Any]
+    seen: dict[str, dict[str, Any]]
+    updated: list[str]
+    writes: list[tuple[str, str, Any]]
+    send_pos: list[int | None]  # original Send index -> current index (None: dropped)
+    current_of: dict[str, str | None] = field(default_factory=dict)  # original node -> current
+    changed: set[str] = field(default_factory=set)
+    merged: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _TaskMoves:
+    """Pending writes that change task: old id -> new id (and its path), dropped ids,
+    and the interrupt namespaces that move with them."""
+
+    task_ids: dict[str, str] = field(default_factory=dict)
+    task_paths: dict[str, str] = field(default_factory=dict)
+    dropped: set[str] = field(default_factory=set)
+    interrupt_ns: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
 def apply_migrations(
     chain: Sequence[Migration],
     checkpoint: Mapping[str, Any],
@@ -530,250 +557,294 @@ def apply_migrations(
     pending work left for nodes it lacks raises; ``metadata["step"]`` locates the tasks
     of the paused step. Raises ``_OrphanedWork`` or whatever a migration fn raises.
     """
-    from langgraph.types import Interrupt, Send
+    from langgraph.types import Send
 
-    cp: dict[str, Any] = dict(checkpoint)
     values: dict[str, Any] = dict(checkpoint.get("channel_values") or {})
-    versions: dict[str, Any] = dict(checkpoint.get("channel_versions") or {})
-    seen: dict[str, dict[str, Any]] = {
-        n: dict(s) for n, s in (checkpoint.get("versions_seen") or {}).items()
-    }
-    updated = list(checkpoint.get("updated_channels") or [])
     writes: list[tuple[str, str, Any]] = [(str(t), c, v) for t, c, v in pending_writes]
     orig_writes = list(writes)
     orig_sends = list(values.get(_TASKS) or []) if isinstance(values.get(_TASKS), list) else []
-    send_pos: list[int | None] = list(range(len(orig_sends)))  # original idx -> current idx
-    current_of: dict[str, str | None] = {}  # original node -> current name (None: dropped)
-    changed: set[str] = set()
-    merged: set[str] = set()
-
+    w = _Work(
+        values=values,
+        versions=dict(checkpoint.get("channel_versions") or {}),
+        seen={n: dict(s) for n, s in (checkpoint.get("versions_seen") or {}).items()},
+        updated=list(checkpoint.get("updated_channels") or []),
+        writes=writes,
+        send_pos=list(range(len(orig_sends))),
+    )
     for m in chain:
-        # 1. State key renames.
         if m.rename_channels:
-            rc = m.rename_channels
-            for old, new in rc.items():
-                if new in versions and new not in rc and (old in versions or old in values):
-                    raise ValueError(f"migration {m.label}: cannot rename {old!r} onto existing {new!r}")
-            values = {rc.get(k, k): v for k, v in values.items()}
-            versions = {rc.get(k, k): v for k, v in versions.items()}
-            seen = {n: {rc.get(c, c): v for c, v in s.items()} for n, s in seen.items()}
-            updated = [rc.get(c, c) for c in updated]
-            writes = [(t, rc.get(c, c), v) for t, c, v in writes]
-            changed = {rc.get(c, c) for c in changed}
-
-        # 2. Node renames / drops: routing channels, versions_seen, Sends, writes.
+            _rename_state_keys(w, m)
         if m.rename_nodes or m.drop_nodes:
-            r, drop = m.rename_nodes, m.drop_nodes
-            tracked = {c for c in current_of.values() if c is not None}
-            for orig, cur in list(current_of.items()):
-                if cur is not None and cur in drop:
-                    current_of[orig] = None
-                elif cur is not None and cur in r:
-                    current_of[orig] = r[cur]
-            for name in set(r) | drop:
-                if name not in tracked and name not in current_of:
-                    current_of[name] = None if name in drop else r[name]
-
-            def dropped(ch: str, drop: frozenset[str] = drop) -> bool:
-                target = _target_node(ch)
-                return target is not None and target in drop
-
-            new_values: dict[str, Any] = {}
-            for k, v in values.items():
-                if dropped(k):
-                    continue
-                nk = rename_channel(k, r)
-                if nk.startswith("join:") and isinstance(v, set | frozenset):
-                    renamed_set = type(v)(r.get(x, x) for x in v)
-                    if renamed_set != v:
-                        changed.add(nk)  # a new value: stored under a new version
-                    v = renamed_set
-                if k == _TASKS and isinstance(v, list):
-                    sends = _rename_sends(v, r, drop, send_pos, Send)
-                    if sends != v:
-                        changed.add(nk)
-                    v = sends
-                if nk in new_values:
-                    # Two nodes merged into one (e.g. a removed node's work mapped onto
-                    # an existing node): the channel is re-versioned below so it fires.
-                    merged.add(nk)
-                    prev = new_values[nk]
-                    if isinstance(v, set | frozenset) and isinstance(prev, set | frozenset):
-                        v = prev | v
-                new_values[nk] = v
-            values = new_values
-            new_versions: dict[str, Any] = {}
-            for k, v in versions.items():
-                if dropped(k):
-                    continue
-                nk = rename_channel(k, r)
-                if nk in new_versions:
-                    merged.add(nk)
-                    v = _max_version([v, new_versions[nk]])
-                new_versions[nk] = v
-            versions = new_versions
-            new_seen: dict[str, dict[str, Any]] = {}
-            for n, s in seen.items():
-                if n in drop:
-                    continue
-                renamed = {rename_channel(c, r): v for c, v in s.items() if not dropped(c)}
-                target = r.get(n, n)
-                if target in new_seen:
-                    for c, v in renamed.items():
-                        prev = new_seen[target].get(c)
-                        new_seen[target][c] = v if prev is None else min(prev, v)
-                else:
-                    new_seen[target] = renamed
-            seen = new_seen
-            updated = [rename_channel(c, r) for c in updated if not dropped(c)]
-            new_writes = []
-            for t, c, v in writes:
-                if dropped(c):
-                    continue
-                if c == _TASKS and isinstance(v, Send):
-                    if v.node in drop:
-                        continue
-                    if v.node in r:
-                        v = Send(r[v.node], v.arg)
-                if c.startswith("join:") and isinstance(v, str):
-                    v = r.get(v, v)  # a barrier write names the node that finished
-                new_writes.append((t, rename_channel(c, r), v))
-            writes = new_writes
-
-        # 3. State: the user's fn sees only state channels (after rename_channels), as
-        #    a deep copy.
+            _rename_nodes(w, m)
         if m.fn is not None:
-            state = {k: v for k, v in values.items() if not is_routing_channel(k)}
-            new_state = m.fn(copy.deepcopy(state))
-            if not isinstance(new_state, dict):
-                raise TypeError(
-                    f"migration {m.label} must return a dict of state values, "
-                    f"got {type(new_state).__name__}"
-                )
-            if bad := sorted(k for k in new_state if not isinstance(k, str) or is_routing_channel(k)):
-                raise ValueError(f"migration {m.label} returned LangGraph channel(s) {bad}")
-            for k in set(state) | set(new_state):
-                if k not in new_state or k not in state or not _same(state[k], new_state[k]):
-                    changed.add(k)
-            values = {k: v for k, v in values.items() if is_routing_channel(k)} | new_state
-            for k in set(state) - set(new_state):
-                versions.pop(k, None)
-
-    # Re-version what changed: a version above every other one, and versions_seen
-    # entries that had seen the old version move along, so no node triggers on a
-    # migrated value it had already consumed.
-    bump = sorted((changed & set(values)) | merged)
-    if bump:
-        base = _max_version(versions.values())
-        for k in bump:
-            old_v = versions.get(k)
-            new_v = next_version(base)
-            base = new_v
-            versions[k] = new_v
-            if k in changed:
-                for s in seen.values():
-                    if old_v is not None and s.get(k) == old_v:
-                        s[k] = new_v
-    for k in changed - set(values):
-        versions.pop(k, None)
-
-    # Task ids of the paused step: hash(checkpoint id, ns, step, node, triggers) for
-    # pulled nodes, (..., node, PUSH, index) for Sends. Renamed nodes and re-indexed
-    # Sends get new ids; their stored writes (finished work, interrupts, resume
-    # values) move to them so they are handed back instead of being re-run.
-    task_ids: dict[str, str] = {}
-    task_paths: dict[str, str] = {}
-    dropped_tasks: set[str] = set()
-    interrupt_ns: dict[str, tuple[str, str]] = {}
-    id_fn = _task_id_fn(checkpoint)
-    step = (metadata or {}).get("step")
-    cid = checkpoint.get("id")
+            _apply_fn(w, m)
+    _reversion(w, next_version)
     compiled = compiled_graph(graph) if graph is not None else None
-    write_tids = {t for t, _, _ in orig_writes}
-    if id_fn is not None and isinstance(step, int) and isinstance(cid, str) and write_tids:
-        cid_bytes = binascii.unhexlify(cid.replace("-", ""))
-        step_s = str(step + 1)
-        old_joins = [k for k in (checkpoint.get("channel_versions") or {}) if k.startswith("join:")]
-        for orig, final in current_of.items():
-            if final == orig:
-                continue
-            own_joins = sorted(j for j in old_joins if _target_node(j) == orig)
-            candidates = [[f"branch:to:{orig}"]]
-            if own_joins:
-                candidates.append(sorted([f"branch:to:{orig}", *own_joins]))
-            for trig in candidates:
-                old_tid = id_fn(cid_bytes, orig, step_s, orig, _PULL, *trig)
-                if old_tid not in write_tids:
-                    continue
-                if final is None:
-                    dropped_tasks.add(old_tid)
-                    break
-                if compiled is not None and final in compiled.nodes:
-                    new_trig = sorted(compiled.nodes[final].triggers)
-                else:
-                    composed = {o: c for o, c in current_of.items() if c is not None}
-                    new_trig = sorted(rename_channel(t, composed) for t in trig)
-                new_tid = id_fn(cid_bytes, final, step_s, final, _PULL, *new_trig)
-                task_ids[old_tid] = new_tid
-                task_paths[new_tid] = _task_path(_PULL, final)
-                interrupt_ns[old_tid] = (f"{orig}:{old_tid}", f"{final}:{new_tid}")
-                break
-        tasks_now = values.get(_TASKS)
-        cur_sends: list[Any] = tasks_now if isinstance(tasks_now, list) else []
-        for i, send in enumerate(orig_sends):
-            if not isinstance(send, Send):
-                continue
-            old_tid = id_fn(cid_bytes, send.node, step_s, send.node, _PUSH, str(i))
-            if old_tid not in write_tids:
-                continue
-            j = send_pos[i]
-            if j is None:
-                dropped_tasks.add(old_tid)
-                continue
-            new_node = cur_sends[j].node
-            if (new_node, j) == (send.node, i):
-                continue
-            new_tid = id_fn(cid_bytes, new_node, step_s, new_node, _PUSH, str(j))
-            task_ids[old_tid] = new_tid
-            task_paths[new_tid] = _task_path(_PUSH, j, False)
-            interrupt_ns[old_tid] = (f"{send.node}:{old_tid}", f"{new_node}:{new_tid}")
-
-    if task_ids or dropped_tasks:
-        remapped = []
-        for t, c, v in writes:
-            if t in dropped_tasks:
-                continue
-            if t in task_ids:
-                if c == _INTERRUPT and isinstance(v, list | tuple):
-                    old_ns, new_ns = interrupt_ns[t]
-                    v = type(v)(_remap_interrupt(i, old_ns, new_ns, Interrupt) for i in v)
-                t = task_ids[t]
-            remapped.append((t, c, v))
-        writes = remapped
-
+    moves = _task_moves(w, checkpoint, metadata, compiled, orig_writes, orig_sends)
+    if moves.task_ids or moves.dropped:
+        _move_writes(w, moves)
     if compiled is not None:
-        orphans = _orphaned_nodes(values, writes, set(compiled.nodes), Send)
+        orphans = _orphaned_nodes(w.values, w.writes, set(compiled.nodes), Send)
         if orphans:
             raise _OrphanedWork(orphans)
 
-    cp["channel_values"] = values
-    cp["channel_versions"] = versions
-    cp["versions_seen"] = seen
+    cp: dict[str, Any] = dict(checkpoint)
+    cp["channel_values"] = w.values
+    cp["channel_versions"] = w.versions
+    cp["versions_seen"] = w.seen
     if "updated_channels" in checkpoint:
-        cp["updated_channels"] = updated
-    writes_changed = len(writes) != len(orig_writes) or any(
-        a[0] != b[0] or a[1] != b[1] or a[2] is not b[2] for a, b in zip(writes, orig_writes, strict=False)
+        cp["updated_channels"] = w.updated
+    writes_changed = len(w.writes) != len(orig_writes) or any(
+        a[0] != b[0] or a[1] != b[1] or a[2] is not b[2] for a, b in zip(w.writes, orig_writes, strict=False)
     )
     return MigrationResult(
         checkpoint=cp,
-        writes=writes,
-        changed=changed,
+        writes=w.writes,
+        changed=w.changed,
         writes_changed=writes_changed,
-        task_ids=task_ids,
-        task_paths=task_paths,
-        dropped_tasks=dropped_tasks,
+        task_ids=moves.task_ids,
+        task_paths=moves.task_paths,
+        dropped_tasks=moves.dropped,
         steps=[m.label for m in chain],
     )
+
+
+def _rename_state_keys(w: _Work, m: Migration) -> None:
+    """Step 1 of a migration: state key renames."""
+    rc = m.rename_channels
+    for old, new in rc.items():
+        if new in w.versions and new not in rc and (old in w.versions or old in w.values):
+            raise ValueError(f"migration {m.label}: cannot rename {old!r} onto existing {new!r}")
+    w.values = {rc.get(k, k): v for k, v in w.values.items()}
+    w.versions = {rc.get(k, k): v for k, v in w.versions.items()}
+    w.seen = {n: {rc.get(c, c): v for c, v in s.items()} for n, s in w.seen.items()}
+    w.updated = [rc.get(c, c) for c in w.updated]
+    w.writes = [(t, rc.get(c, c), v) for t, c, v in w.writes]
+    w.changed = {rc.get(c, c) for c in w.changed}
+
+
+def _rename_nodes(w: _Work, m: Migration) -> None:
+    """Step 2: node renames / drops: routing channels, versions_seen, Sends, writes."""
+    from langgraph.types import Send
+
+    r, drop = m.rename_nodes, m.drop_nodes
+    tracked = {c for c in w.current_of.values() if c is not None}
+    for orig, cur in list(w.current_of.items()):
+        if cur is not None and cur in drop:
+            w.current_of[orig] = None
+        elif cur is not None and cur in r:
+            w.current_of[orig] = r[cur]
+    for name in set(r) | drop:
+        if name not in tracked and name not in w.current_of:
+            w.current_of[name] = None if name in drop else r[name]
+
+    def dropped(ch: str, drop: frozenset[str] = drop) -> bool:
+        target = _target_node(ch)
+        return target is not None and target in drop
+
+    new_values: dict[str, Any] = {}
+    for k, v in w.values.items():
+        if dropped(k):
+            continue
+        nk = rename_channel(k, r)
+        if nk.startswith("join:") and isinstance(v, set | frozenset):
+            renamed_set = type(v)(r.get(x, x) for x in v)
+            if renamed_set != v:
+                w.changed.add(nk)  # a new value: stored under a new version
+            v = renamed_set
+        if k == _TASKS and isinstance(v, list):
+            sends = _rename_sends(v, r, drop, w.send_pos, Send)
+            if sends != v:
+                w.changed.add(nk)
+            v = sends
+        if nk in new_values:
+            # Two nodes merged into one (e.g. a removed node's work mapped onto
+            # an existing node): the channel is re-versioned below so it fires.
+            w.merged.add(nk)
+            prev = new_values[nk]
+            if isinstance(v, set | frozenset) and isinstance(prev, set | frozenset):
+                v = prev | v
+        new_values[nk] = v
+    w.values = new_values
+    new_versions: dict[str, Any] = {}
+    for k, v in w.versions.items():
+        if dropped(k):
+            continue
+        nk = rename_channel(k, r)
+        if nk in new_versions:
+            w.merged.add(nk)
+            v = _max_version([v, new_versions[nk]])
+        new_versions[nk] = v
+    w.versions = new_versions
+    new_seen: dict[str, dict[str, Any]] = {}
+    for n, s in w.seen.items():
+        if n in drop:
+            continue
+        renamed = {rename_channel(c, r): v for c, v in s.items() if not dropped(c)}
+        target = r.get(n, n)
+        if target in new_seen:
+            for c, v in renamed.items():
+                prev = new_seen[target].get(c)
+                new_seen[target][c] = v if prev is None else min(prev, v)
+        else:
+            new_seen[target] = renamed
+    w.seen = new_seen
+    w.updated = [rename_channel(c, r) for c in w.updated if not dropped(c)]
+    new_writes = []
+    for t, c, v in w.writes:
+        if dropped(c):
+            continue
+        if c == _TASKS and isinstance(v, Send):
+            if v.node in drop:
+                continue
+            if v.node in r:
+                v = Send(r[v.node], v.arg)
+        if c.startswith("join:") and isinstance(v, str):
+            v = r.get(v, v)  # a barrier write names the node that finished
+        new_writes.append((t, rename_channel(c, r), v))
+    w.writes = new_writes
+
+
+def _apply_fn(w: _Work, m: Migration) -> None:
+    """Step 3: state. The user's fn sees only state channels (after rename_channels),
+    as a deep copy."""
+    assert m.fn is not None
+    state = {k: v for k, v in w.values.items() if not is_routing_channel(k)}
+    new_state = m.fn(copy.deepcopy(state))
+    if not isinstance(new_state, dict):
+        raise TypeError(
+            f"migration {m.label} must return a dict of state values, "
+            f"got {type(new_state).__name__}"
+        )
+    if bad := sorted(k for k in new_state if not isinstance(k, str) or is_routing_channel(k)):
+        raise ValueError(f"migration {m.label} returned LangGraph channel(s) {bad}")
+    for k in set(state) | set(new_state):
+        if k not in new_state or k not in state or not _same(state[k], new_state[k]):
+            w.changed.add(k)
+    w.values = {k: v for k, v in w.values.items() if is_routing_channel(k)} | new_state
+    for k in set(state) - set(new_state):
+        w.versions.pop(k, None)
+
+
+def _reversion(w: _Work, next_version: Callable[[Any], Any]) -> None:
+    """Re-version what changed: a version above every other one, and versions_seen
+    entries that had seen the old version move along, so no node triggers on a
+    migrated value it had already consumed."""
+    bump = sorted((w.changed & set(w.values)) | w.merged)
+    if bump:
+        base = _max_version(w.versions.values())
+        for k in bump:
+            old_v = w.versions.get(k)
+            new_v = next_version(base)
+            base = new_v
+            w.versions[k] = new_v
+            if k in w.changed:
+                for s in w.seen.values():
+                    if old_v is not None and s.get(k) == old_v:
+                        s[k] = new_v
+    for k in w.changed - set(w.values):
+        w.versions.pop(k, None)
+
+
+def _task_moves(
+    w: _Work,
+    checkpoint: Mapping[str, Any],
+    metadata: Mapping[str, Any] | None,
+    compiled: Any,
+    orig_writes: list[tuple[str, str, Any]],
+    orig_sends: list[Any],
+) -> _TaskMoves:
+    """Task ids of the paused step: hash(checkpoint id, ns, step, node, triggers) for
+    pulled nodes, (..., node, PUSH, index) for Sends. Renamed nodes and re-indexed
+    Sends get new ids; their stored writes (finished work, interrupts, resume
+    values) move to them so they are handed back instead of being re-run."""
+    moves = _TaskMoves()
+    id_fn = _task_id_fn(checkpoint)
+    step = (metadata or {}).get("step")
+    cid = checkpoint.get("id")
+    write_tids = {t for t, _, _ in orig_writes}
+    if id_fn is None or not isinstance(step, int) or not isinstance(cid, str) or not write_tids:
+        return moves
+    cid_bytes = binascii.unhexlify(cid.replace("-", ""))
+    step_s = str(step + 1)
+    old_joins = [k for k in (checkpoint.get("channel_versions") or {}) if k.startswith("join:")]
+    for orig, final in w.current_of.items():
+        if final == orig:
+            continue
+        own_joins = sorted(j for j in old_joins if _target_node(j) == orig)
+        candidates = [[f"branch:to:{orig}"]]
+        if own_joins:
+            candidates.append(sorted([f"branch:to:{orig}", *own_joins]))
+        for trig in candidates:
+            old_tid = id_fn(cid_bytes, orig, step_s, orig, _PULL, *trig)
+            if old_tid not in write_tids:
+                continue
+            if final is None:
+                moves.dropped.add(old_tid)
+                break
+            if compiled is not None and final in compiled.nodes:
+                new_trig = sorted(compiled.nodes[final].triggers)
+            else:
+                composed = {o: c for o, c in w.current_of.items() if c is not None}
+                new_trig = sorted(rename_channel(t, composed) for t in trig)
+            new_tid = id_fn(cid_bytes, final, step_s, final, _PULL, *new_trig)
+            moves.task_ids[old_tid] = new_tid
+            moves.task_paths[new_tid] = _task_path(_PULL, final)
+            moves.interrupt_ns[old_tid] = (f"{orig}:{old_tid}", f"{final}:{new_tid}")
+            break
+    _send_moves(w, moves, orig_sends, id_fn, cid_bytes, step_s, write_tids)
+    return moves
+
+
+def _send_moves(
+    w: _Work,
+    moves: _TaskMoves,
+    orig_sends: list[Any],
+    id_fn: Callable[..., str],
+    cid_bytes: bytes,
+    step_s: str,
+    write_tids: set[str],
+) -> None:
+    """The pushed tasks (Sends) of the paused step whose node or index changed."""
+    from langgraph.types import Send
+
+    tasks_now = w.values.get(_TASKS)
+    cur_sends: list[Any] = tasks_now if isinstance(tasks_now, list) else []
+    for i, send in enumerate(orig_sends):
+        if not isinstance(send, Send):
+            continue
+        old_tid = id_fn(cid_bytes, send.node, step_s, send.node, _PUSH, str(i))
+        if old_tid not in write_tids:
+            continue
+        j = w.send_pos[i]
+        if j is None:
+            moves.dropped.add(old_tid)
+            continue
+        new_node = cur_sends[j].node
+        if (new_node, j) == (send.node, i):
+            continue
+        new_tid = id_fn(cid_bytes, new_node, step_s, new_node, _PUSH, str(j))
+        moves.task_ids[old_tid] = new_tid
+        moves.task_paths[new_tid] = _task_path(_PUSH, j, False)
+        moves.interrupt_ns[old_tid] = (f"{send.node}:{old_tid}", f"{new_node}:{new_tid}")
+
+
+def _move_writes(w: _Work, moves: _TaskMoves) -> None:
+    """Pending writes follow their task to its new id (interrupt ids with it); the
+    writes of dropped tasks go."""
+    from langgraph.types import Interrupt
+
+    remapped = []
+    for t, c, v in w.writes:
+        if t in moves.dropped:
+            continue
+        if t in moves.task_ids:
+            if c == _INTERRUPT and isinstance(v, list | tuple):
+                old_ns, new_ns = moves.interrupt_ns[t]
+                v = type(v)(_remap_interrupt(i, old_ns, new_ns, Interrupt) for i in v)
+            t = moves.task_ids[t]
+        remapped.append((t, c, v))
+    w.writes = remapped
 
 
 def _rename_sends(

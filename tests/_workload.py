@@ -13,8 +13,8 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
 from langgraph_durable import DurablePostgresSaver, idempotent
+from langgraph_durable.ops.retention import gc, retain
 from langgraph_durable.recovery import recover, submit
-from langgraph_durable.retention import gc, retain
 
 EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS wl_effects (k TEXT PRIMARY KEY, n INT NOT NULL)"
 

@@ -41,7 +41,7 @@ from langgraph_durable.errors import (
     ArchiveIntegrityError,
     ArchiveVersionError,
 )
-from langgraph_durable.retention import aretain, gc, retain
+from langgraph_durable.ops.retention import aretain, gc, retain
 
 HERE = Path(__file__).parent
 runner = CliRunner()

@@ -49,5 +49,5 @@ def test_every_public_name_still_resolves() -> None:
     from langgraph_durable import DurablePostgresSaver, poison
 
     assert DurablePostgresSaver.__module__ == "langgraph_durable.saver"
-    assert poison.__name__ == "langgraph_durable.poison"
+    assert poison.__name__ == "langgraph_durable.ops.poison"
     assert set(langgraph_durable.__all__) <= set(dir(langgraph_durable))

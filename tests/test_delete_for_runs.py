@@ -20,7 +20,7 @@ from langgraph.graph import END, START, StateGraph
 
 from langgraph_durable import AsyncDurablePostgresSaver, DurablePostgresSaver
 from langgraph_durable.artifacts import ArtifactCodec
-from langgraph_durable.retention import agc, gc, recompute_refs
+from langgraph_durable.ops.retention import agc, gc, recompute_refs
 
 THRESHOLD = 256
 

@@ -756,8 +756,8 @@ def test_cli_list_show_release_rewind(dsn: str) -> None:
 # ---------------------------------------------------------------------- recovery, retention
 def test_recovery_and_retention_leave_quarantined_threads_alone(dsn: str) -> None:
     # Last in the module: retention below deletes every completed thread of this database.
+    from langgraph_durable.ops.retention import retain
     from langgraph_durable.recovery import recover
-    from langgraph_durable.retention import retain
 
     calls, failing = Calls(), {"on": True}
 

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from langgraph_durable import ConfigurationError, DurablePostgresSaver
 from langgraph_durable.cli import app
-from langgraph_durable.retention import gc, recompute_refs, retain
+from langgraph_durable.ops.retention import gc, recompute_refs, retain
 
 runner = CliRunner()
 
@@ -438,7 +438,7 @@ def test_cli_gc_and_retain(dsn: str, schema: str, saver: DurablePostgresSaver) -
 
 async def test_async_gc_retain_and_recompute(dsn: str, schema: str) -> None:
     from langgraph_durable import AsyncDurablePostgresSaver
-    from langgraph_durable.retention import agc, arecompute_refs, aretain
+    from langgraph_durable.ops.retention import agc, arecompute_refs, aretain
 
     async with AsyncDurablePostgresSaver.from_conn_string(dsn, schema=schema, artifact_threshold=256) as saver:
         await saver.asetup()

@@ -42,8 +42,8 @@ from langgraph_durable import (
 from langgraph_durable._io import SyncDriver
 from langgraph_durable.artifacts import REF_TYPE, ArtifactCodec
 from langgraph_durable.errors import MigrationBackupError, MigrationError
-from langgraph_durable.retention import gc, retain
 from langgraph_durable.ops.migrations import migrate_threads, undo_migration
+from langgraph_durable.ops.retention import gc, retain
 
 THRESHOLD = 256
 
@@ -558,7 +558,7 @@ def test_lost_commit_reply_delete_for_runs_retried_leaves_nothing_stale(
     assert lost.injected >= 1
     assert g.get_state(_cfg("rb")).values == first
     refs = {bytes(r[0]) for r in _q(dsn, schema, "SELECT digest FROM durable_artifact_refs WHERE thread_id = 'rb'")}
-    from langgraph_durable.retention import recompute_refs
+    from langgraph_durable.ops.retention import recompute_refs
 
     assert recompute_refs(saver, ["rb"]) == 0  # nothing stale was left
     assert refs

@@ -636,10 +636,10 @@ def test_defect8_operator_ops_survive_a_lost_commit_reply(db: str, monkeypatch: 
     import _child_versioning_graphs as G
 
     from langgraph_durable import Ledger
-    from langgraph_durable.poison import release, rewind
-    from langgraph_durable.recovery import submit
-    from langgraph_durable.retention import gc, recompute_refs
     from langgraph_durable.ops.migrations import migrate_threads, undo_migration
+    from langgraph_durable.ops.poison import release, rewind
+    from langgraph_durable.ops.retention import gc, recompute_refs
+    from langgraph_durable.recovery import submit
 
     monkeypatch.setenv(G.DSN_ENV, db)
     G.ensure_side_table(db)

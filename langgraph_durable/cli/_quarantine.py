@@ -1,5 +1,5 @@
 """CLI commands: ``quarantine list|show|release|rewind`` (the operator side of poison
-detection; the logic is in ``langgraph_durable.poison``, this module only formats)."""
+detection; the logic is in ``langgraph_durable.ops.poison``, this module only formats)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def list_cmd(
     """Quarantined threads, most recent first."""
     from rich.table import Table
 
-    from langgraph_durable import poison
+    from langgraph_durable.ops import poison
 
     with saver_or_exit(dsn, schema, json_out, readonly=True) as saver:
         entries = poison.list_quarantined(saver, limit=limit)
@@ -79,7 +79,7 @@ def show_cmd(
     rewind to)."""
     from rich.table import Table
 
-    from langgraph_durable import poison
+    from langgraph_durable.ops import poison
 
     with saver_or_exit(dsn, schema, json_out, readonly=True) as saver:
         report = poison.show(saver, thread_id, history=history)
@@ -128,7 +128,7 @@ def release_cmd(
 ) -> None:
     """Lift the quarantine and reset the attempt count: the next run starts from the same
     checkpoint again."""
-    from langgraph_durable import poison
+    from langgraph_durable.ops import poison
     with saver_or_exit(dsn, schema, json_out) as saver:
         entry = poison.release(saver, thread_id)
     if json_out:
@@ -152,7 +152,7 @@ def rewind_cmd(
 ) -> None:
     """Fork the thread from an earlier checkpoint: a copy of it becomes the head (history
     is kept), the count is reset and the quarantine lifted."""
-    from langgraph_durable import poison
+    from langgraph_durable.ops import poison
     with saver_or_exit(dsn, schema, json_out) as saver:
         result = poison.rewind(saver, thread_id, to)
     if json_out:

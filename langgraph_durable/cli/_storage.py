@@ -3,7 +3,7 @@ optionally archiving what it deletes) and ``restore`` (load archived threads bac
 
 Both print what they did, or with ``--dry-run`` what they would do (rows and bytes),
 as a table or ``--json``; progress goes to stderr so ``--json`` output stays clean.
-The work itself lives in ``langgraph_durable.retention`` (usable from Python).
+The work itself lives in ``langgraph_durable.ops.retention`` (usable from Python).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from langgraph_durable.errors import DurableError
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from langgraph_durable import retention
+    from langgraph_durable.ops import retention
 
 GraceOption = Annotated[
     float,
@@ -101,7 +101,7 @@ def gc_command(
 
     Safe while graphs run: a reference row pins its artifact (foreign key), and a
     write that reuses a collected artifact is retried with the data."""
-    from langgraph_durable import retention
+    from langgraph_durable.ops import retention
     try:
         with open_saver(dsn, schema) as saver, _progress("gc", not as_json) as progress:
             report = retention.gc(
@@ -167,7 +167,7 @@ def retain_command(
     thread is archived (and verified) first."""
     from rich.table import Table
 
-    from langgraph_durable import retention
+    from langgraph_durable.ops import retention
     statuses = status or ["done"]
     gc_report: retention.GcReport | None = None
     try:

@@ -16,6 +16,7 @@ from langchain_core.runnables import RunnableConfig
 
 from langgraph_durable import _sql
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx, op_memo
+from langgraph_durable._refs import op_closure
 from langgraph_durable._view import SaverView
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import (
@@ -26,7 +27,6 @@ from langgraph_durable.errors import (
     MigrationError,
     ThreadBusyError,
 )
-from langgraph_durable.ops._closure import op_closure
 from langgraph_durable.sql.threads_ops import LOCK_THREAD_LEASE_SQL, SET_THREAD_VERSION_SQL
 from langgraph_durable.sql.versions import (
     BACKUP_ENVELOPES_SQL,

@@ -12,3 +12,6 @@ FROM durable_threads WHERE thread_id = %s FOR UPDATE
 
 # A migration (or its undo) moves the thread's recorded version with its checkpoint.
 SET_THREAD_VERSION_SQL = "UPDATE durable_threads SET graph_version = %s WHERE thread_id = %s"
+
+# Retention deletes the rows of the threads it deleted (the ones it created to lock them too).
+DELETE_THREAD_ROWS_SQL = "DELETE FROM durable_threads WHERE thread_id = ANY(%s)"

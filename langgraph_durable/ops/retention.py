@@ -52,16 +52,34 @@ from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
 from langgraph_durable import _sql
 from langgraph_durable._completion import HEADS_SQL, effective_status
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx, op_memo
-from langgraph_durable._values import ISO_TS_RE
+from langgraph_durable._refs import artifact_lock, op_recompute_locked
 from langgraph_durable._view import SaverView
-from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import CheckpointLoadError, ConfigurationError
-from langgraph_durable.ops._closure import artifact_lock, op_closure
 from langgraph_durable.sql.retention import (
+    ARTIFACT_PAGE_SQL,
+    COUNT_ARTIFACTS_SQL,
     COUNT_EXPIRED_LEDGER_KEYS_SQL,
+    DELETE_ORPHAN_REFS_SQL,
+    ENSURE_ROWS_SQL,
+    FREED_ARTIFACTS_SQL,
+    GC_DELETE_SQL,
+    GC_DRY_SQL,
+    LOCK_ROWS_SQL,
+    ORPHAN_REFS_COUNT_SQL,
+    ORPHAN_THREADS_SQL,
     PURGE_EXPIRED_LEDGER_KEYS_SQL,
-    THREAD_ENVELOPES_SQL,
+    RETAIN_SURVEY_SQL,
+    STOCK_TABLE_SIZES,
+    THREAD_ROW_LOCK_SQL,
+    THREAD_TABLE_DELETE_SQL,
+    THREAD_TABLE_STAT_SQL,
+    TRIM_BLOBS_SQL,
+    TRIM_CHECKPOINTS_SQL,
+    TRIM_DRY_SQL,
+    TRIM_PARENTS_SQL,
+    TRIM_WRITES_SQL,
 )
+from langgraph_durable.sql.threads_ops import DELETE_THREAD_ROWS_SQL
 
 logger = logging.getLogger("langgraph_durable")
 
@@ -73,276 +91,7 @@ KNOWN_STATUSES = frozenset({"running", "done", "waiting", "stopped", "error", "q
 
 _FK_RETRIES = 5
 
-# --------------------------------------------------------------------------- SQL
-
-# Error path: the newest checkpoint that uses a blob's channel version.
-_BLOB_CHECKPOINT_SQL = """
-SELECT max(checkpoint_id) AS checkpoint_id FROM checkpoints
-WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint -> 'channel_versions' ->> %s = %s
-"""
-
-# Keep exactly ``keep``: drop the rest, and add rows the envelopes need but lack (a
-# database written before reference rows were complete), for artifacts that exist.
-_DROP_REFS_SQL = """
-WITH d AS (
-    DELETE FROM durable_artifact_refs
-    WHERE thread_id = %s AND NOT (digest = ANY(%b::bytea[]))
-    RETURNING 1
-) SELECT count(*)::bigint AS n FROM d
-"""
-_REPAIR_REFS_SQL = """
-INSERT INTO durable_artifact_refs (thread_id, digest)
-SELECT %s, a.digest FROM durable_artifacts a WHERE a.digest = ANY(%b::bytea[])
-ON CONFLICT DO NOTHING
-"""
-
-# (A thread whose migration backup is still undoable is not an orphan: see above.)
-_ORPHAN_THREADS_SQL = """
-SELECT DISTINCT r.thread_id FROM durable_artifact_refs r
-WHERE NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = r.thread_id)
-  AND NOT EXISTS (SELECT 1 FROM checkpoint_blobs b WHERE b.thread_id = r.thread_id)
-  AND NOT EXISTS (SELECT 1 FROM checkpoint_writes w WHERE w.thread_id = r.thread_id)
-  AND NOT EXISTS (SELECT 1 FROM durable_migration_log l
-                  WHERE l.thread_id = r.thread_id AND l.undone_at IS NULL)
-ORDER BY r.thread_id
-"""
-_ORPHAN_REFS_COUNT_SQL = """
-SELECT count(*)::bigint AS n FROM durable_artifact_refs WHERE thread_id = ANY(%s)
-"""
-_DELETE_ORPHAN_REFS_SQL = """
-WITH d AS (
-    DELETE FROM durable_artifact_refs r
-    WHERE r.thread_id = ANY(%s)
-      AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = r.thread_id)
-      AND NOT EXISTS (SELECT 1 FROM checkpoint_blobs b WHERE b.thread_id = r.thread_id)
-      AND NOT EXISTS (SELECT 1 FROM checkpoint_writes w WHERE w.thread_id = r.thread_id)
-      AND NOT EXISTS (SELECT 1 FROM durable_migration_log l
-                      WHERE l.thread_id = r.thread_id AND l.undone_at IS NULL)
-    RETURNING 1
-) SELECT count(*)::bigint AS n FROM d
-"""
-
-_COUNT_ARTIFACTS_SQL = "SELECT count(*)::bigint AS n FROM durable_artifacts"
-_ARTIFACT_PAGE_SQL = """
-SELECT digest FROM durable_artifacts WHERE digest > %b ORDER BY digest LIMIT %s
-"""
-# An artifact is garbage when no reference row names it and it is older than the grace
-# period; SKIP LOCKED passes over rows a put is referencing right now (its foreign-key
-# check holds a key-share lock on them).
-_GC_DRY_SQL = """
-SELECT count(*)::bigint AS n, COALESCE(sum(pg_column_size(x.data)), 0)::bigint AS bytes
-FROM durable_artifacts x
-WHERE x.digest > %(lo)b AND x.digest <= %(hi)b
-  AND x.created_at < now() - make_interval(secs => %(grace)s)
-  AND NOT EXISTS (SELECT 1 FROM durable_artifact_refs r WHERE r.digest = x.digest)
-"""
-_GC_DELETE_SQL = """
-WITH d AS (
-    DELETE FROM durable_artifacts a WHERE a.digest IN (
-        SELECT x.digest FROM durable_artifacts x
-        WHERE x.digest > %(lo)b AND x.digest <= %(hi)b
-          AND x.created_at < now() - make_interval(secs => %(grace)s)
-          AND NOT EXISTS (SELECT 1 FROM durable_artifact_refs r WHERE r.digest = x.digest)
-        FOR UPDATE OF x SKIP LOCKED)
-    RETURNING pg_column_size(a.data) AS size
-) SELECT count(*)::bigint AS n, COALESCE(sum(size), 0)::bigint AS bytes FROM d
-"""
-
-# One row per thread: its last checkpoint (any namespace; checkpoint ids are
-# time-ordered uuid6), how old that is, and its durable status and lease.
-_THREADS_SQL = """
-WITH last AS (
-    SELECT DISTINCT ON (thread_id) thread_id, checkpoint ->> 'ts' AS ts
-    FROM checkpoints ORDER BY thread_id, checkpoint_id DESC
-)
-SELECT l.thread_id,
-       EXTRACT(EPOCH FROM (now() - GREATEST(
-           CASE WHEN l.ts ~ '^\\d{4}-\\d{2}-\\d{2}' THEN l.ts::timestamptz END,
-           t.updated_at)))::float8 AS age_s,
-       t.status,
-       (t.lease_owner IS NOT NULL AND t.lease_expires_at > now()) AS leased
-FROM last l LEFT JOIN durable_threads t ON t.thread_id = l.thread_id
-ORDER BY l.thread_id
-"""
-
-# Lock (or create, to lock) the thread rows retention is about to delete; a run that
-# starts meanwhile waits for this transaction. Re-read what decides.
-_ENSURE_ROWS_SQL = """
-INSERT INTO durable_threads (thread_id, status)
-SELECT t, 'done' FROM unnest(%s::text[]) AS t
-ON CONFLICT (thread_id) DO NOTHING
-RETURNING thread_id
-"""
-_LOCK_ROWS_SQL = """
-SELECT t.thread_id, t.status,
-       (t.lease_owner IS NOT NULL AND t.lease_expires_at > now()) AS leased,
-       EXTRACT(EPOCH FROM (now() - GREATEST(
-           (SELECT CASE WHEN c.checkpoint ->> 'ts' ~ '^\\d{4}-\\d{2}-\\d{2}'
-                        THEN (c.checkpoint ->> 'ts')::timestamptz END
-            FROM checkpoints c WHERE c.thread_id = t.thread_id
-            ORDER BY c.checkpoint_id DESC LIMIT 1),
-           CASE WHEN NOT (t.thread_id = ANY(%(created)s)) THEN t.updated_at END)))::float8 AS age_s
-FROM durable_threads t WHERE t.thread_id = ANY(%(ids)s)
-ORDER BY t.thread_id
-FOR UPDATE OF t
-"""
-
-# Only ISO timestamps are cast (a damaged "ts" must not fail the whole survey).
-_THREADS_SQL, _LOCK_ROWS_SQL = (
-    q.replace("'^\\d{4}-\\d{2}-\\d{2}'", "'" + ISO_TS_RE + "'") for q in (_THREADS_SQL, _LOCK_ROWS_SQL)
-)
-
-_STAT = "SELECT count(*)::bigint AS n, COALESCE(sum({size}), 0)::bigint AS bytes FROM {table} WHERE thread_id = ANY(%s)"
-_DEL = (
-    "WITH d AS (DELETE FROM {table} WHERE thread_id = ANY(%s) RETURNING {size} AS size) "
-    "SELECT count(*)::bigint AS n, COALESCE(sum(size), 0)::bigint AS bytes FROM d"
-)
-_TABLES = (
-    ("checkpoints", "pg_column_size(checkpoint) + pg_column_size(metadata)"),
-    ("checkpoint_blobs", "COALESCE(pg_column_size(blob), 0)"),
-    ("checkpoint_writes", "pg_column_size(blob)"),
-)
-
-# Artifacts that only the given threads reference (what GC frees after deleting them).
-_FREED_ARTIFACTS_SQL = """
-SELECT count(*)::bigint AS n, COALESCE(sum(pg_column_size(a.data)), 0)::bigint AS bytes
-FROM durable_artifacts a
-WHERE EXISTS (SELECT 1 FROM durable_artifact_refs r WHERE r.digest = a.digest AND r.thread_id = ANY(%(ids)s))
-  AND NOT EXISTS (SELECT 1 FROM durable_artifact_refs r
-                  WHERE r.digest = a.digest AND NOT (r.thread_id = ANY(%(ids)s)))
-"""
-
-# Trimming one thread to its last K checkpoints per namespace (rank 1 = newest).
-_TRIM_DRY_SQL = """
-WITH ranked AS (
-    SELECT checkpoint_ns, checkpoint_id, checkpoint -> 'channel_versions' AS versions,
-           row_number() OVER (PARTITION BY checkpoint_ns ORDER BY checkpoint_id DESC) AS rn
-    FROM checkpoints WHERE thread_id = %(tid)s
-)
-SELECT
-  (SELECT count(*) FROM ranked WHERE rn > %(k)s)::bigint AS checkpoints,
-  (SELECT COALESCE(sum(pg_column_size(c.checkpoint) + pg_column_size(c.metadata)), 0)
-     FROM checkpoints c JOIN ranked r USING (checkpoint_ns, checkpoint_id)
-     WHERE c.thread_id = %(tid)s AND r.rn > %(k)s)::bigint AS checkpoint_bytes,
-  (SELECT count(*) FROM checkpoint_writes w JOIN ranked r USING (checkpoint_ns, checkpoint_id)
-     WHERE w.thread_id = %(tid)s AND r.rn > %(k)s)::bigint AS writes,
-  (SELECT COALESCE(sum(pg_column_size(w.blob)), 0)
-     FROM checkpoint_writes w JOIN ranked r USING (checkpoint_ns, checkpoint_id)
-     WHERE w.thread_id = %(tid)s AND r.rn > %(k)s)::bigint AS write_bytes,
-  (SELECT count(*) FROM checkpoint_blobs b WHERE b.thread_id = %(tid)s AND NOT EXISTS (
-     SELECT 1 FROM ranked r WHERE r.rn <= %(k)s AND r.checkpoint_ns = b.checkpoint_ns
-       AND r.versions ->> b.channel = b.version))::bigint AS blobs,
-  (SELECT COALESCE(sum(pg_column_size(b.blob)), 0) FROM checkpoint_blobs b
-     WHERE b.thread_id = %(tid)s AND NOT EXISTS (
-     SELECT 1 FROM ranked r WHERE r.rn <= %(k)s AND r.checkpoint_ns = b.checkpoint_ns
-       AND r.versions ->> b.channel = b.version))::bigint AS blob_bytes
-"""
-_TRIM_CHECKPOINTS_SQL = """
-WITH ranked AS (
-    SELECT checkpoint_ns, checkpoint_id, checkpoint -> 'channel_versions' AS versions,
-           row_number() OVER (PARTITION BY checkpoint_ns ORDER BY checkpoint_id DESC) AS rn
-    FROM checkpoints WHERE thread_id = %(tid)s
-)
-DELETE FROM checkpoints c USING ranked r
-WHERE c.thread_id = %(tid)s AND c.checkpoint_ns = r.checkpoint_ns
-  AND c.checkpoint_id = r.checkpoint_id AND r.rn > %(k)s
-RETURNING c.checkpoint_ns, c.checkpoint_id,
-          pg_column_size(c.checkpoint) + pg_column_size(c.metadata) AS size
-"""
-_TRIM_WRITES_SQL = """
-WITH d AS (
-    DELETE FROM checkpoint_writes w
-    USING unnest(%(ns)s::text[], %(ids)s::text[]) AS g(checkpoint_ns, checkpoint_id)
-    WHERE w.thread_id = %(tid)s AND w.checkpoint_ns = g.checkpoint_ns
-      AND w.checkpoint_id = g.checkpoint_id
-    RETURNING pg_column_size(w.blob) AS size
-) SELECT count(*)::bigint AS n, COALESCE(sum(size), 0)::bigint AS bytes FROM d
-"""
-_TRIM_BLOBS_SQL = """
-WITH d AS (
-    DELETE FROM checkpoint_blobs b
-    WHERE b.thread_id = %(tid)s AND NOT EXISTS (
-        SELECT 1 FROM checkpoints c
-        WHERE c.thread_id = b.thread_id AND c.checkpoint_ns = b.checkpoint_ns
-          AND c.checkpoint -> 'channel_versions' ->> b.channel = b.version)
-    RETURNING COALESCE(pg_column_size(b.blob), 0) AS size
-) SELECT count(*)::bigint AS n, COALESCE(sum(size), 0)::bigint AS bytes FROM d
-"""
-# Like the stock prune: a kept checkpoint whose parent is gone becomes a root.
-_TRIM_PARENTS_SQL = """
-UPDATE checkpoints c SET parent_checkpoint_id = NULL
-WHERE c.thread_id = %(tid)s AND c.parent_checkpoint_id IS NOT NULL AND NOT EXISTS (
-    SELECT 1 FROM checkpoints p
-    WHERE p.thread_id = c.thread_id AND p.checkpoint_ns = c.checkpoint_ns
-      AND p.checkpoint_id = c.parent_checkpoint_id)
-"""
-_THREAD_ROW_LOCK_SQL = """
-SELECT status, (lease_owner IS NOT NULL AND lease_expires_at > now()) AS leased
-FROM durable_threads WHERE thread_id = %s FOR UPDATE
-"""
-
-
 # --------------------------------------------------------------------------- references
-
-
-def _op_recompute_locked(saver: SaverView, thread_id: str) -> Op[int]:
-    """Raises ``CheckpointLoadError`` when an envelope or chunk does not decode: what it
-    references is unknown then, so no reference row may be dropped."""
-    rows = yield Batch(
-        [Stmt(THREAD_ENVELOPES_SQL, (thread_id, REF_TYPE) * 3, fetch=True, prepare=False)]
-    )
-    where = {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": None}
-    pairs = []
-    for r in rows[0]:
-        pair = (REF_TYPE, bytes(r["blob"]))
-        try:
-            saver.codec.referenced([pair])
-        except Exception as exc:  # damaged bytes: name the checkpoint that holds them
-            cid = r["checkpoint_id"]
-            if r["version"] is not None:
-                at = yield Batch(
-                    [
-                        Stmt(
-                            _BLOB_CHECKPOINT_SQL,
-                            (thread_id, r["checkpoint_ns"], r["channel"], r["version"]),
-                            fetch=True,
-                        )
-                    ]
-                )
-                cid = at[0][0]["checkpoint_id"] if at[0] else None
-            kind = "channel" if r["version"] is not None else "pending write of channel"
-            raise CheckpointLoadError(
-                f"cannot decode the artifact envelope of {kind} {r['channel']!r} in checkpoint "
-                f"{cid!r} of thread {thread_id!r}: {type(exc).__name__}: {exc}",
-                thread_id=thread_id,
-                checkpoint_ns=r["checkpoint_ns"],
-                checkpoint_id=cid,
-            ) from exc
-        pairs.append(pair)
-    keep = yield from op_closure(saver, pairs, where)
-    digests = sorted(keep)
-    out = yield Batch(
-        [
-            Stmt(_DROP_REFS_SQL, (thread_id, digests), fetch=True, prepare=False),
-            Stmt(_REPAIR_REFS_SQL, (thread_id, digests), prepare=False),
-        ]
-    )
-    yield AfterCommit(lambda: saver._known_refs.forget_thread(thread_id))
-    return int(out[0][0]["n"])
-
-
-def op_recompute_refs(saver: SaverView, thread_id: str) -> Op[int]:
-    """Recompute one thread's reference rows from its remaining blobs and writes
-    (under its exclusive artifact lock). Returns the number of rows dropped. A thread
-    with a damaged envelope keeps every row (logged; 0 dropped): what it references is
-    unknown, and dropping a row it needs would let GC delete live data."""
-    tid = str(thread_id)
-    yield Batch([artifact_lock(tid)])
-    try:
-        return (yield from _op_recompute_locked(saver, tid))
-    except CheckpointLoadError as exc:
-        logger.error("thread %s: reference rows kept as they are: %s", tid, exc)
-        return 0
 
 
 def _flow_recompute(
@@ -362,7 +111,7 @@ def _flow_recompute(
 
 def _op_recompute_strict(saver: SaverView, thread_id: str) -> Op[int]:
     yield Batch([artifact_lock(thread_id)])
-    return (yield from _op_recompute_locked(saver, thread_id))
+    return (yield from op_recompute_locked(saver, thread_id))
 
 
 def recompute_refs(
@@ -429,7 +178,7 @@ def _flow_gc(
     # 1. Reference rows of threads that are gone (deleted by something that did not
     # delete their references, e.g. the stock saver's delete_thread on this database).
     def orphans() -> Op[list[str]]:
-        rows = yield Batch([Stmt(_ORPHAN_THREADS_SQL, fetch=True)])
+        rows = yield Batch([Stmt(ORPHAN_THREADS_SQL, fetch=True)])
         return [r["thread_id"] for r in rows[0]]
 
     threads: list[str] = yield Tx(orphans)
@@ -439,7 +188,7 @@ def _flow_gc(
         if dry_run:
 
             def count(part: list[str] = part) -> Op[int]:
-                rows = yield Batch([Stmt(_ORPHAN_REFS_COUNT_SQL, (part,), fetch=True)])
+                rows = yield Batch([Stmt(ORPHAN_REFS_COUNT_SQL, (part,), fetch=True)])
                 return int(rows[0][0]["n"])
 
             report.orphan_refs += yield Tx(count)
@@ -447,7 +196,7 @@ def _flow_gc(
 
             def sweep(part: list[str] = part) -> Op[int]:
                 rows = yield Batch(
-                    [artifact_lock(t) for t in part] + [Stmt(_DELETE_ORPHAN_REFS_SQL, (part,), fetch=True)]
+                    [artifact_lock(t) for t in part] + [Stmt(DELETE_ORPHAN_REFS_SQL, (part,), fetch=True)]
                 )
                 for t in part:
                     yield AfterCommit(partial(saver._known_refs.forget_thread, t))
@@ -458,7 +207,7 @@ def _flow_gc(
     # 2. Unreferenced artifacts, a page of digests per transaction (keyset order, so
     # the table is walked once however much is deleted).
     def total() -> Op[int]:
-        rows = yield Batch([Stmt(_COUNT_ARTIFACTS_SQL, fetch=True)])
+        rows = yield Batch([Stmt(COUNT_ARTIFACTS_SQL, fetch=True)])
         return int(rows[0][0]["n"])
 
     n_total: int = yield Tx(total)
@@ -469,12 +218,12 @@ def _flow_gc(
             # A retry after a lost COMMIT reply finds the page's artifacts deleted by
             # the committed first attempt: report what that attempt deleted (op_memo).
             memo = op_memo()
-            rows = yield Batch([Stmt(_ARTIFACT_PAGE_SQL, (lo, batch_size), fetch=True)])
+            rows = yield Batch([Stmt(ARTIFACT_PAGE_SQL, (lo, batch_size), fetch=True)])
             if not rows[0]:
                 return memo.get("page", (0, None, {}))
             hi = bytes(rows[0][-1]["digest"])
             params = {"lo": lo, "hi": hi, "grace": grace}
-            sql = _GC_DRY_SQL if dry_run else _GC_DELETE_SQL
+            sql = GC_DRY_SQL if dry_run else GC_DELETE_SQL
             out = yield Batch([Stmt(sql, params, fetch=True, prepare=False)])
             got = _one(out[0])
             if "page" in memo and not int(got.get("n") or 0):
@@ -639,7 +388,7 @@ def _flow_retain(
         from langgraph_durable import archive as _archive
 
     def survey() -> Op[list[dict[str, Any]]]:
-        rows = yield Batch([Stmt(_THREADS_SQL, fetch=True, prepare=False)])
+        rows = yield Batch([Stmt(RETAIN_SURVEY_SQL, fetch=True, prepare=False)])
         found = [dict(r) for r in rows[0]]
         yield from _op_effective(found)
         return found
@@ -677,18 +426,18 @@ def _flow_retain(
         ) -> Op[tuple[list[str], list[str], list[Any]]]:
             if dry_run:
                 out = yield Batch(
-                    [Stmt(_STAT.format(table=t, size=s), (part,), fetch=True) for t, s in _TABLES]
-                    + [Stmt(_FREED_ARTIFACTS_SQL, {"ids": part}, fetch=True, prepare=False)]
+                    [Stmt(THREAD_TABLE_STAT_SQL.format(table=t, size=s), (part,), fetch=True) for t, s in STOCK_TABLE_SIZES]
+                    + [Stmt(FREED_ARTIFACTS_SQL, {"ids": part}, fetch=True, prepare=False)]
                 )
                 return part, [], [r[0] for r in out]
             # Lock every row (creating one for threads that have none, so a run that
             # starts meanwhile waits), then decide again under the locks.
             made = yield Batch(
-                [artifact_lock(t) for t in part] + [Stmt(_ENSURE_ROWS_SQL, (part,), fetch=True)]
+                [artifact_lock(t) for t in part] + [Stmt(ENSURE_ROWS_SQL, (part,), fetch=True)]
             )
             created = [r["thread_id"] for r in made[-1]]
             rows = yield Batch(
-                [Stmt(_LOCK_ROWS_SQL, {"ids": part, "created": created}, fetch=True, prepare=False)]
+                [Stmt(LOCK_ROWS_SQL, {"ids": part, "created": created}, fetch=True, prepare=False)]
             )
             # Judge again under the locks, from the head checkpoint for threads whose
             # row was just created ("no row") or says 'done'.
@@ -723,21 +472,21 @@ def _flow_retain(
             if expect is not None:
                 # Deletes that prove they removed exactly the archived rows.
                 out = yield Batch(
-                    [Stmt(_FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
-                    + _archive.delete_checked_stmts(ids, created, dict(_TABLES))
-                    + [Stmt("DELETE FROM durable_threads WHERE thread_id = ANY(%s)", (kept_created,))]
+                    [Stmt(FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
+                    + _archive.delete_checked_stmts(ids, created, dict(STOCK_TABLE_SIZES))
+                    + [Stmt(DELETE_THREAD_ROWS_SQL, (kept_created,))]
                 )
                 got = _archive.check_deleted(out[1:-1], ids, expect)  # or roll back
                 for t in ids:
                     yield AfterCommit(partial(saver._known_refs.forget_thread, t))
-                return ids, skipped, [got[t] for t, _ in _TABLES] + [out[0][0]]
+                return ids, skipped, [got[t] for t, _ in STOCK_TABLE_SIZES] + [out[0][0]]
             out = yield Batch(
-                [Stmt(_FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
-                + [Stmt(_DEL.format(table=t, size=s), (ids,), fetch=True) for t, s in _TABLES]
+                [Stmt(FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
+                + [Stmt(THREAD_TABLE_DELETE_SQL.format(table=t, size=s), (ids,), fetch=True) for t, s in STOCK_TABLE_SIZES]
                 # Every per-thread table of the package (_sql.THREAD_TABLES): no
                 # migration backup, ledger or quarantine row outlives the thread.
                 + [Stmt(s, (ids,)) for s in _sql.DELETE_THREADS_EXTRA_SQL]
-                + [Stmt("DELETE FROM durable_threads WHERE thread_id = ANY(%s)", (kept_created,))]
+                + [Stmt(DELETE_THREAD_ROWS_SQL, (kept_created,))]
             )
             for t in ids:
                 yield AfterCommit(partial(saver._known_refs.forget_thread, t))
@@ -761,7 +510,7 @@ def _flow_retain(
         skipped += ["changed_since_archive"] * len(changed)
         for reason in skipped:
             report._skip(reason)
-        for (table, _), row in zip(_TABLES, (deleted or [])[:3], strict=False):
+        for (table, _), row in zip(STOCK_TABLE_SIZES, (deleted or [])[:3], strict=False):
             _add_stats(report, table, int(row["n"]), int(row["bytes"]))
         if deleted is not None:
             report.artifacts += int(deleted[3]["n"])
@@ -785,7 +534,7 @@ def _flow_retain(
             params = {"tid": tid, "k": keep_last}
             if not dry_run:
                 yield Batch([artifact_lock(tid)])
-                rows = yield Batch([Stmt(_THREAD_ROW_LOCK_SQL, (tid,), fetch=True)])
+                rows = yield Batch([Stmt(THREAD_ROW_LOCK_SQL, (tid,), fetch=True)])
                 if rows[0]:
                     reason = _protected(rows[0][0]["status"], bool(rows[0][0]["leased"]))
                     if reason is not None:
@@ -798,7 +547,7 @@ def _flow_retain(
                 # last snapshot: trimming would lose it (the stock prune refuses too).
                 return "delta_channel", {}
             if dry_run:
-                out = yield Batch([Stmt(_TRIM_DRY_SQL, params, fetch=True, prepare=False)])
+                out = yield Batch([Stmt(TRIM_DRY_SQL, params, fetch=True, prepare=False)])
                 r = out[0][0]
                 stats = {
                     "checkpoints": int(r["checkpoints"]),
@@ -807,14 +556,14 @@ def _flow_retain(
                     "bytes": int(r["checkpoint_bytes"]) + int(r["write_bytes"]) + int(r["blob_bytes"]),
                 }
                 return ("trimmed" if stats["checkpoints"] else "untouched"), stats
-            out = yield Batch([Stmt(_TRIM_CHECKPOINTS_SQL, params, fetch=True, prepare=False)])
+            out = yield Batch([Stmt(TRIM_CHECKPOINTS_SQL, params, fetch=True, prepare=False)])
             gone = out[0]
             if not gone:
                 return "untouched", {}
             out = yield Batch(
                 [
                     Stmt(
-                        _TRIM_WRITES_SQL,
+                        TRIM_WRITES_SQL,
                         {
                             "tid": tid,
                             "ns": [g["checkpoint_ns"] for g in gone],
@@ -823,11 +572,11 @@ def _flow_retain(
                         fetch=True,
                         prepare=False,
                     ),
-                    Stmt(_TRIM_BLOBS_SQL, params, fetch=True, prepare=False),
-                    Stmt(_TRIM_PARENTS_SQL, params, prepare=False),
+                    Stmt(TRIM_BLOBS_SQL, params, fetch=True, prepare=False),
+                    Stmt(TRIM_PARENTS_SQL, params, prepare=False),
                 ]
             )
-            dropped = yield from _op_recompute_locked(saver, tid)
+            dropped = yield from op_recompute_locked(saver, tid)
             return "trimmed", {
                 "checkpoints": len(gone),
                 "writes": int(out[0][0]["n"]),
@@ -969,7 +718,6 @@ __all__ = [
     "aretain",
     "arecompute_refs",
     "gc",
-    "op_recompute_refs",
     "recompute_refs",
     "retain",
 ]
