@@ -372,6 +372,20 @@ def _add_stats(report: RetentionReport, table: str, n: int, size: int) -> None:
     report.bytes += size
 
 
+@dataclass(frozen=True)
+class _Retain:
+    """One ``retain`` call's arguments, as its steps need them."""
+
+    saver: SaverView
+    older_than: float
+    keep_last: int | None
+    statuses: frozenset[str]
+    dry_run: bool
+    batch_size: int
+    archive: Any = None
+    aio: bool = False
+
+
 def _flow_retain(
     saver: SaverView,
     older_than: float,
@@ -383,17 +397,41 @@ def _flow_retain(
     archive: Any = None,
     aio: bool = False,
 ) -> Flow[RetentionReport]:
+    job = _Retain(saver, older_than, keep_last, statuses, dry_run, batch_size, archive, aio)
     report = RetentionReport(dry_run=dry_run)
-    if archive is not None:
-        from langgraph_durable import archive as _archive
+    threads: list[dict[str, Any]] = yield Tx(_op_survey)
+    doomed, live = _classify(job, threads, report)
+    total = len(doomed) + len(live)
+    done = 0
+    # Completed threads, whole, a batch per transaction. Ops return what they did (the
+    # flow updates the report): a factory is re-run after a lost connection.
+    for start in range(0, len(doomed), batch_size):
+        done += yield from _flow_delete_batch(job, doomed[start : start + batch_size], report)
+        if progress is not None:
+            yield Hook(progress, (done, total))
+    # Live threads: keep the last K checkpoints per namespace, one thread per transaction.
+    for tid in live:
+        yield from _flow_trim(job, tid, report)
+        done += 1
+        if progress is not None:
+            yield Hook(progress, (done, total))
+    # Ledger keys given with key= outlive their thread and expire only by their TTL:
+    # the retention job purges the expired ones too (never a claim still in flight).
+    report.ledger_keys_expired = yield Tx(partial(_op_purge_keys, dry_run))
+    return report
 
-    def survey() -> Op[list[dict[str, Any]]]:
-        rows = yield Batch([Stmt(RETAIN_SURVEY_SQL, fetch=True, prepare=False)])
-        found = [dict(r) for r in rows[0]]
-        yield from _op_effective(found)
-        return found
 
-    threads: list[dict[str, Any]] = yield Tx(survey)
+def _op_survey() -> Op[list[dict[str, Any]]]:
+    rows = yield Batch([Stmt(RETAIN_SURVEY_SQL, fetch=True, prepare=False)])
+    found = [dict(r) for r in rows[0]]
+    yield from _op_effective(found)
+    return found
+
+
+def _classify(
+    job: _Retain, threads: list[dict[str, Any]], report: RetentionReport
+) -> tuple[list[str], list[str]]:
+    """The threads to delete whole (completed, old enough) and the ones to trim."""
     doomed: list[str] = []
     live: list[str] = []
     for t in threads:
@@ -401,224 +439,237 @@ def _flow_retain(
         if reason is not None:
             report._skip(reason)
             continue
-        completed = t["effective"] in statuses
-        if completed and t["age_s"] is not None and t["age_s"] > older_than:
+        completed = t["effective"] in job.statuses
+        if completed and t["age_s"] is not None and t["age_s"] > job.older_than:
             doomed.append(t["thread_id"])
-        elif keep_last is not None:
+        elif job.keep_last is not None:
             live.append(t["thread_id"])
-    total = len(doomed) + len(live)
-    done = 0
+    return doomed, live
 
-    # Completed threads, whole, a batch per transaction. Ops return what they did (the
-    # flow updates the report): a factory is re-run after a lost connection.
-    for start in range(0, len(doomed), batch_size):
-        part = doomed[start : start + batch_size]
 
-        # archive=URL: every thread of the batch is written, read back and verified
-        # first (archive.py); the delete below then skips a thread whose rows changed.
-        expect: dict[str, str] | None = None
-        if archive is not None and not dry_run:
-            manifests = yield from _archive.op_archive_batch(saver, archive, part, aio)
-            expect = {t: m["fingerprint"] for t, m in manifests.items()}
+def _flow_delete_batch(job: _Retain, part: list[str], report: RetentionReport) -> Flow[int]:
+    """Delete one batch of completed threads (archived first with archive=URL) and
+    count it in the report. Returns how many threads the batch settled."""
+    from langgraph_durable import archive as _archive
 
-        def delete(
-            part: list[str], expect: dict[str, str] | None
-        ) -> Op[tuple[list[str], list[str], list[Any]]]:
-            if dry_run:
-                out = yield Batch(
-                    [Stmt(THREAD_TABLE_STAT_SQL.format(table=t, size=s), (part,), fetch=True) for t, s in STOCK_TABLE_SIZES]
-                    + [Stmt(FREED_ARTIFACTS_SQL, {"ids": part}, fetch=True, prepare=False)]
-                )
-                return part, [], [r[0] for r in out]
-            # Lock every row (creating one for threads that have none, so a run that
-            # starts meanwhile waits), then decide again under the locks.
-            made = yield Batch(
-                [artifact_lock(t) for t in part] + [Stmt(ENSURE_ROWS_SQL, (part,), fetch=True)]
-            )
-            created = [r["thread_id"] for r in made[-1]]
-            rows = yield Batch(
-                [Stmt(LOCK_ROWS_SQL, {"ids": part, "created": created}, fetch=True, prepare=False)]
-            )
-            # Judge again under the locks, from the head checkpoint for threads whose
-            # row was just created ("no row") or says 'done'.
-            locked = [
-                {**dict(r), "status": None if r["thread_id"] in created else r["status"]}
-                for r in rows[0]
-            ]
-            yield from _op_effective(locked)
-            ids: list[str] = []
-            skipped: list[str] = []
-            for r in locked:
-                reason = _protected(r["effective"], bool(r["leased"]), r["status"])
-                if r["thread_id"] in created and r["age_s"] is None:
-                    # No checkpoint left: deleted meanwhile (or by this batch's own
-                    # first attempt, committed before its reply was lost).
-                    skipped.append("gone")
-                elif reason is not None:
-                    skipped.append(reason)
-                elif r["effective"] not in statuses or r["age_s"] is None or r["age_s"] <= older_than:
-                    skipped.append("changed")
-                else:
-                    ids.append(r["thread_id"])
-            if expect is not None and ids:
-                # Delete only what the archive holds: the same rows, under the locks.
-                fp = yield Batch([_archive.fingerprint_stmt(ids, created)])
-                now = {f["thread_id"]: f["fp"] for f in fp[0]}
-                same = [t for t in ids if t in expect and now.get(t) == expect[t]]
-                skipped += ["changed_since_archive"] * (len(ids) - len(same))
-                ids = same
-            # Rows created above for threads now kept go again: no row is not 'done'.
-            kept_created = sorted(set(created) - set(ids))
-            if expect is not None:
-                # Deletes that prove they removed exactly the archived rows.
-                out = yield Batch(
-                    [Stmt(FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
-                    + _archive.delete_checked_stmts(ids, created, dict(STOCK_TABLE_SIZES))
-                    + [Stmt(DELETE_THREAD_ROWS_SQL, (kept_created,))]
-                )
-                got = _archive.check_deleted(out[1:-1], ids, expect)  # or roll back
-                for t in ids:
-                    yield AfterCommit(partial(saver._known_refs.forget_thread, t))
-                return ids, skipped, [got[t] for t, _ in STOCK_TABLE_SIZES] + [out[0][0]]
-            out = yield Batch(
-                [Stmt(FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
-                + [Stmt(THREAD_TABLE_DELETE_SQL.format(table=t, size=s), (ids,), fetch=True) for t, s in STOCK_TABLE_SIZES]
-                # Every per-thread table of the package (_sql.THREAD_TABLES): no
-                # migration backup, ledger or quarantine row outlives the thread.
-                + [Stmt(s, (ids,)) for s in _sql.DELETE_THREADS_EXTRA_SQL]
-                + [Stmt(DELETE_THREAD_ROWS_SQL, (kept_created,))]
-            )
-            for t in ids:
-                yield AfterCommit(partial(saver._known_refs.forget_thread, t))
-            return ids, skipped, [r[0] for r in out[1:4] + out[:1]]
-
-        changed: list[str] = []
-        ids: list[str] = []
-        skipped: list[str] = []
-        deleted: list[Any] | None = None
-        while part:
-            try:
-                ids, skipped, deleted = yield Tx(partial(delete, part, expect))
-                break
-            except Exception as exc:
-                if expect is None or not isinstance(exc, _archive.ChangedSinceArchive):
-                    raise
-                # Rolled back: a write landed between the check and the deletes. The
-                # rest of the batch goes again; these stay (their archive is stale).
-                changed += exc.threads
-                part = [t for t in part if t not in exc.threads]
-        skipped += ["changed_since_archive"] * len(changed)
-        for reason in skipped:
-            report._skip(reason)
-        for (table, _), row in zip(STOCK_TABLE_SIZES, (deleted or [])[:3], strict=False):
-            _add_stats(report, table, int(row["n"]), int(row["bytes"]))
-        if deleted is not None:
-            report.artifacts += int(deleted[3]["n"])
-            report.artifact_bytes += int(deleted[3]["bytes"])
-        report.threads_deleted += len(ids)
-        report.deleted_thread_ids.extend(ids)
-        if expect is not None:
-            for archived in ids:
-                report.threads_archived += 1
-                report.archive_bytes += int(manifests[archived]["payload_bytes"])
-                report.archive_files.append(manifests[archived]["url"])
-        done += len(part) + len(changed)
-        if progress is not None:
-            yield Hook(progress, (done, total))
-
-    # Live threads: keep the last K checkpoints per namespace, one thread per transaction.
-    for tid in live:
-
-        def trim(tid: str = tid) -> Op[tuple[str, dict[str, int]]]:
-            assert keep_last is not None
-            params = {"tid": tid, "k": keep_last}
-            if not dry_run:
-                yield Batch([artifact_lock(tid)])
-                rows = yield Batch([Stmt(THREAD_ROW_LOCK_SQL, (tid,), fetch=True)])
-                if rows[0]:
-                    reason = _protected(rows[0][0]["status"], bool(rows[0][0]["leased"]))
-                    if reason is not None:
-                        return reason, {}
-            delta = yield Batch(
-                [Stmt(PRUNE_DELTA_THREADS_SQL, ([tid], [tid]), fetch=True, prepare=False)]
-            )
-            if delta[0]:
-                # A DeltaChannel value is rebuilt from ancestors' writes back to its
-                # last snapshot: trimming would lose it (the stock prune refuses too).
-                return "delta_channel", {}
-            if dry_run:
-                out = yield Batch([Stmt(TRIM_DRY_SQL, params, fetch=True, prepare=False)])
-                r = out[0][0]
-                stats = {
-                    "checkpoints": int(r["checkpoints"]),
-                    "writes": int(r["writes"]),
-                    "blobs": int(r["blobs"]),
-                    "bytes": int(r["checkpoint_bytes"]) + int(r["write_bytes"]) + int(r["blob_bytes"]),
-                }
-                return ("trimmed" if stats["checkpoints"] else "untouched"), stats
-            out = yield Batch([Stmt(TRIM_CHECKPOINTS_SQL, params, fetch=True, prepare=False)])
-            gone = out[0]
-            if not gone:
-                return "untouched", {}
-            out = yield Batch(
-                [
-                    Stmt(
-                        TRIM_WRITES_SQL,
-                        {
-                            "tid": tid,
-                            "ns": [g["checkpoint_ns"] for g in gone],
-                            "ids": [g["checkpoint_id"] for g in gone],
-                        },
-                        fetch=True,
-                        prepare=False,
-                    ),
-                    Stmt(TRIM_BLOBS_SQL, params, fetch=True, prepare=False),
-                    Stmt(TRIM_PARENTS_SQL, params, prepare=False),
-                ]
-            )
-            dropped = yield from op_recompute_locked(saver, tid)
-            return "trimmed", {
-                "checkpoints": len(gone),
-                "writes": int(out[0][0]["n"]),
-                "blobs": int(out[1][0]["n"]),
-                "bytes": sum(int(g["size"]) for g in gone)
-                + int(out[0][0]["bytes"])
-                + int(out[1][0]["bytes"]),
-                "refs": dropped,
-            }
-
+    # archive=URL: every thread of the batch is written, read back and verified
+    # first (archive.py); the delete below then skips a thread whose rows changed.
+    expect: dict[str, str] | None = None
+    manifests: dict[str, Any] = {}
+    if job.archive is not None and not job.dry_run:
+        manifests = yield from _archive.op_archive_batch(job.saver, job.archive, part, job.aio)
+        expect = {t: m["fingerprint"] for t, m in manifests.items()}
+    changed: list[str] = []
+    ids: list[str] = []
+    skipped: list[str] = []
+    deleted: list[Any] | None = None
+    while part:
         try:
-            outcome, stats = yield Tx(trim)
-        except CheckpointLoadError as exc:
-            # The trim rolled back whole; the thread stays as it was and the job goes on.
-            logger.error("retain skipped thread %s: %s", tid, exc)
-            report.damaged.append(
-                {"thread_id": tid, "checkpoint_id": exc.fields.get("checkpoint_id"), "error": str(exc)}
-            )
-            outcome, stats = "damaged", {}
-        if outcome == "trimmed":
-            report.threads_trimmed += 1
-            report.checkpoints += stats["checkpoints"]
-            report.writes += stats["writes"]
-            report.blobs += stats["blobs"]
-            report.bytes += stats["bytes"]
-            report.refs_dropped += stats.get("refs", 0)
-        elif outcome != "untouched":
-            report._skip(outcome)
-        done += 1
-        if progress is not None:
-            yield Hook(progress, (done, total))
-    # Ledger keys given with key= outlive their thread and expire only by their TTL:
-    # the retention job purges the expired ones too (never a claim still in flight).
-    def purge_keys() -> Op[int]:
-        if dry_run:
-            rows = yield Batch([Stmt(COUNT_EXPIRED_LEDGER_KEYS_SQL, fetch=True)])
-            return int(rows[0][0]["n"])
-        rows = yield Batch([Stmt(PURGE_EXPIRED_LEDGER_KEYS_SQL, fetch=True)])
-        return len(rows[0])
+            ids, skipped, deleted = yield Tx(partial(_op_delete, job, part, expect))
+            break
+        except Exception as exc:
+            if expect is None or not isinstance(exc, _archive.ChangedSinceArchive):
+                raise
+            # Rolled back: a write landed between the check and the deletes. The
+            # rest of the batch goes again; these stay (their archive is stale).
+            changed += exc.threads
+            part = [t for t in part if t not in exc.threads]
+    skipped += ["changed_since_archive"] * len(changed)
+    for reason in skipped:
+        report._skip(reason)
+    for (table, _), row in zip(STOCK_TABLE_SIZES, (deleted or [])[:3], strict=False):
+        _add_stats(report, table, int(row["n"]), int(row["bytes"]))
+    if deleted is not None:
+        report.artifacts += int(deleted[3]["n"])
+        report.artifact_bytes += int(deleted[3]["bytes"])
+    report.threads_deleted += len(ids)
+    report.deleted_thread_ids.extend(ids)
+    if expect is not None:
+        for archived in ids:
+            report.threads_archived += 1
+            report.archive_bytes += int(manifests[archived]["payload_bytes"])
+            report.archive_files.append(manifests[archived]["url"])
+    return len(part) + len(changed)
 
-    report.ledger_keys_expired = yield Tx(purge_keys)
-    return report
+
+def _op_delete(
+    job: _Retain, part: list[str], expect: dict[str, str] | None
+) -> Op[tuple[list[str], list[str], list[Any]]]:
+    """One batch's transaction: (deleted ids, skip reasons, [stats of the stock tables
+    ..., freed artifacts])."""
+    if job.dry_run:
+        out = yield Batch(
+            [Stmt(THREAD_TABLE_STAT_SQL.format(table=t, size=s), (part,), fetch=True) for t, s in STOCK_TABLE_SIZES]
+            + [Stmt(FREED_ARTIFACTS_SQL, {"ids": part}, fetch=True, prepare=False)]
+        )
+        return part, [], [r[0] for r in out]
+    ids, skipped, created = yield from _op_lock_and_judge(job, part)
+    if expect is not None and ids:
+        from langgraph_durable import archive as _archive
+
+        # Delete only what the archive holds: the same rows, under the locks.
+        fp = yield Batch([_archive.fingerprint_stmt(ids, created)])
+        now = {f["thread_id"]: f["fp"] for f in fp[0]}
+        same = [t for t in ids if t in expect and now.get(t) == expect[t]]
+        skipped += ["changed_since_archive"] * (len(ids) - len(same))
+        ids = same
+    # Rows created above for threads now kept go again: no row is not 'done'.
+    kept_created = sorted(set(created) - set(ids))
+    if expect is not None:
+        stats = yield from _op_delete_archived(job, ids, created, kept_created, expect)
+    else:
+        out = yield Batch(
+            [Stmt(FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
+            + [Stmt(THREAD_TABLE_DELETE_SQL.format(table=t, size=s), (ids,), fetch=True) for t, s in STOCK_TABLE_SIZES]
+            # Every per-thread table of the package (_sql.THREAD_TABLES): no
+            # migration backup, ledger or quarantine row outlives the thread.
+            + [Stmt(s, (ids,)) for s in _sql.DELETE_THREADS_EXTRA_SQL]
+            + [Stmt(DELETE_THREAD_ROWS_SQL, (kept_created,))]
+        )
+        stats = [r[0] for r in out[1:4] + out[:1]]
+    for t in ids:
+        yield AfterCommit(partial(job.saver._known_refs.forget_thread, t))
+    return ids, skipped, stats
+
+
+def _op_lock_and_judge(job: _Retain, part: list[str]) -> Op[tuple[list[str], list[str], list[str]]]:
+    """Lock every row (creating one for threads that have none, so a run that starts
+    meanwhile waits), then decide again under the locks. Returns (ids to delete, skip
+    reasons, ids whose row this created)."""
+    made = yield Batch(
+        [artifact_lock(t) for t in part] + [Stmt(ENSURE_ROWS_SQL, (part,), fetch=True)]
+    )
+    created = [r["thread_id"] for r in made[-1]]
+    rows = yield Batch(
+        [Stmt(LOCK_ROWS_SQL, {"ids": part, "created": created}, fetch=True, prepare=False)]
+    )
+    # Judge again under the locks, from the head checkpoint for threads whose
+    # row was just created ("no row") or says 'done'.
+    locked = [
+        {**dict(r), "status": None if r["thread_id"] in created else r["status"]}
+        for r in rows[0]
+    ]
+    yield from _op_effective(locked)
+    ids: list[str] = []
+    skipped: list[str] = []
+    for r in locked:
+        reason = _protected(r["effective"], bool(r["leased"]), r["status"])
+        if r["thread_id"] in created and r["age_s"] is None:
+            # No checkpoint left: deleted meanwhile (or by this batch's own
+            # first attempt, committed before its reply was lost).
+            skipped.append("gone")
+        elif reason is not None:
+            skipped.append(reason)
+        elif r["effective"] not in job.statuses or r["age_s"] is None or r["age_s"] <= job.older_than:
+            skipped.append("changed")
+        else:
+            ids.append(r["thread_id"])
+    return ids, skipped, created
+
+
+def _op_delete_archived(
+    job: _Retain, ids: list[str], created: list[str], kept_created: list[str], expect: dict[str, str]
+) -> Op[list[Any]]:
+    """Deletes that prove they removed exactly the archived rows (else
+    ``ChangedSinceArchive``, and the transaction rolls back)."""
+    from langgraph_durable import archive as _archive
+
+    out = yield Batch(
+        [Stmt(FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
+        + _archive.delete_checked_stmts(ids, created, dict(STOCK_TABLE_SIZES))
+        + [Stmt(DELETE_THREAD_ROWS_SQL, (kept_created,))]
+    )
+    got = _archive.check_deleted(out[1:-1], ids, expect)  # or roll back
+    return [got[t] for t, _ in STOCK_TABLE_SIZES] + [out[0][0]]
+
+
+def _flow_trim(job: _Retain, tid: str, report: RetentionReport) -> Flow[None]:
+    """Trim one live thread to its last K checkpoints per namespace; count it."""
+    try:
+        outcome, stats = yield Tx(partial(_op_trim, job, tid))
+    except CheckpointLoadError as exc:
+        # The trim rolled back whole; the thread stays as it was and the job goes on.
+        logger.error("retain skipped thread %s: %s", tid, exc)
+        report.damaged.append(
+            {"thread_id": tid, "checkpoint_id": exc.fields.get("checkpoint_id"), "error": str(exc)}
+        )
+        outcome, stats = "damaged", {}
+    if outcome == "trimmed":
+        report.threads_trimmed += 1
+        report.checkpoints += stats["checkpoints"]
+        report.writes += stats["writes"]
+        report.blobs += stats["blobs"]
+        report.bytes += stats["bytes"]
+        report.refs_dropped += stats.get("refs", 0)
+    elif outcome != "untouched":
+        report._skip(outcome)
+
+
+def _op_trim(job: _Retain, tid: str) -> Op[tuple[str, dict[str, int]]]:
+    assert job.keep_last is not None
+    params = {"tid": tid, "k": job.keep_last}
+    if not job.dry_run:
+        yield Batch([artifact_lock(tid)])
+        rows = yield Batch([Stmt(THREAD_ROW_LOCK_SQL, (tid,), fetch=True)])
+        if rows[0]:
+            reason = _protected(rows[0][0]["status"], bool(rows[0][0]["leased"]))
+            if reason is not None:
+                return reason, {}
+    delta = yield Batch(
+        [Stmt(PRUNE_DELTA_THREADS_SQL, ([tid], [tid]), fetch=True, prepare=False)]
+    )
+    if delta[0]:
+        # A DeltaChannel value is rebuilt from ancestors' writes back to its
+        # last snapshot: trimming would lose it (the stock prune refuses too).
+        return "delta_channel", {}
+    if job.dry_run:
+        out = yield Batch([Stmt(TRIM_DRY_SQL, params, fetch=True, prepare=False)])
+        r = out[0][0]
+        stats = {
+            "checkpoints": int(r["checkpoints"]),
+            "writes": int(r["writes"]),
+            "blobs": int(r["blobs"]),
+            "bytes": int(r["checkpoint_bytes"]) + int(r["write_bytes"]) + int(r["blob_bytes"]),
+        }
+        return ("trimmed" if stats["checkpoints"] else "untouched"), stats
+    out = yield Batch([Stmt(TRIM_CHECKPOINTS_SQL, params, fetch=True, prepare=False)])
+    gone = out[0]
+    if not gone:
+        return "untouched", {}
+    out = yield Batch(
+        [
+            Stmt(
+                TRIM_WRITES_SQL,
+                {
+                    "tid": tid,
+                    "ns": [g["checkpoint_ns"] for g in gone],
+                    "ids": [g["checkpoint_id"] for g in gone],
+                },
+                fetch=True,
+                prepare=False,
+            ),
+            Stmt(TRIM_BLOBS_SQL, params, fetch=True, prepare=False),
+            Stmt(TRIM_PARENTS_SQL, params, prepare=False),
+        ]
+    )
+    dropped = yield from op_recompute_locked(job.saver, tid)
+    return "trimmed", {
+        "checkpoints": len(gone),
+        "writes": int(out[0][0]["n"]),
+        "blobs": int(out[1][0]["n"]),
+        "bytes": sum(int(g["size"]) for g in gone)
+        + int(out[0][0]["bytes"])
+        + int(out[1][0]["bytes"]),
+        "refs": dropped,
+    }
+
+
+def _op_purge_keys(dry_run: bool) -> Op[int]:
+    if dry_run:
+        rows = yield Batch([Stmt(COUNT_EXPIRED_LEDGER_KEYS_SQL, fetch=True)])
+        return int(rows[0][0]["n"])
+    rows = yield Batch([Stmt(PURGE_EXPIRED_LEDGER_KEYS_SQL, fetch=True)])
+    return len(rows[0])
 
 
 def _retain_args(
