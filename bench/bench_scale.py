@@ -34,7 +34,7 @@ from psycopg import conninfo as ci
 from psycopg.rows import dict_row
 
 from langgraph_durable import DurablePostgresSaver, recovery
-from langgraph_durable.ops import inspection as lgi
+from langgraph_durable.sql import inspection as qi
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
@@ -131,14 +131,14 @@ def _claim_params(statuses: list[str], retry_errors: bool) -> dict[str, Any]:
 
 def queries() -> dict[str, tuple[Any, Any, bool]]:
     """name -> (sql, params, run in a transaction rolled back with jit off)."""
-    first_page = lgi._LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": None}
-    later_page = lgi._LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": "t00005000"}
+    first_page = qi.THREAD_LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": None}
+    later_page = qi.THREAD_LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": "t00005000"}
     return {
         "claim (backlog)": (recovery.CLAIM_SQL, _claim_params(list(recovery.RECOVERABLE), True), True),
         "claim (idle)": (recovery.CLAIM_SQL, _claim_params(["queued"], False), True),
         "status counts": (recovery.STATUS_COUNTS_SQL, None, False),
-        "threads counts": (lgi._COUNTS_SQL, None, False),
-        "untracked scan": (getattr(lgi, "_UNTRACKED_SQL", "SELECT 1"), None, False),
+        "threads counts": (qi.THREAD_STATE_COUNTS_SQL, None, False),
+        "untracked scan": (qi.UNTRACKED_COUNT_SQL, None, False),
         "threads list p1": (*first_page, False),
         "threads list p100": (*later_page, False),
     }

@@ -43,11 +43,11 @@ from langgraph_durable import (
     ThreadBusyError,
     ThreadExistsError,
     UnencodableValueError,
-    retention,
 )
 from langgraph_durable._values import find_unencodable, serializer_reject, text_reject
 from langgraph_durable.cli import app
 from langgraph_durable.ops import inspection as lgi
+from langgraph_durable.ops import retention
 
 runner = CliRunner()
 

@@ -30,7 +30,6 @@ import ormsgpack
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 
-from langgraph_durable._values import ISO_TS_RE
 from langgraph_durable.artifacts import (
     _CHUNK_REF,
     _ELEMENT_REF,
@@ -41,6 +40,18 @@ from langgraph_durable.artifacts import (
     _payload_items,
 )
 from langgraph_durable.errors import CheckpointLoadError, InspectError
+from langgraph_durable.sql.inspection import (
+    BLOB_SIZES_SQL,
+    CHECKPOINT_COUNT_SQL,
+    HISTORY_SQL,
+    LEDGER_BY_STATUS_SQL,
+    QUARANTINE_ROW_SQL,
+    THREAD_LIST_SQL,
+    THREAD_ROW_SQL,
+    THREAD_STATE_COUNTS_SQL,
+    UNTRACKED_COUNT_SQL,
+    WRITES_SQL,
+)
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -77,153 +88,6 @@ DURABLE_TABLES = (
 _INTERNAL_PREFIXES = ("branch:to:", "join:", "__")
 _PULL_PREFIX = "~__pregel_pull, "
 
-
-_TS_RE = ISO_TS_RE
-
-# The thread's state, computed in SQL so ``--status`` filters before LIMIT.
-_STATE_SQL = """
-CASE
-    WHEN t.thread_id IS NULL THEN 'untracked'
-    WHEN t.status = 'quarantined' THEN 'quarantined'
-    WHEN t.lease_owner IS NOT NULL AND t.lease_expires_at > now() THEN 'running'
-    WHEN t.status IN ('running', 'stopped', 'error') THEN 'recoverable'
-    ELSE t.status
-END
-"""
-
-# One page of threads in thread_id order, after the ``after`` cursor (keyset): the page's
-# ids come from index walks (durable_threads' primary key, and a skip scan of the
-# checkpoints' primary key for threads with no durable_threads row), then the
-# per-thread aggregates are computed for those ids only. So a page costs what it shows,
-# not every row of history (issue 14: 1.7 s at 100k threads before). A ``status``
-# filter other than 'untracked' walks durable_threads alone (a thread without a row is
-# untracked); 'untracked' walks the checkpoints alone.
-_LIST_SQL = sql.SQL("""
-WITH RECURSIVE tracked AS (
-    SELECT t.thread_id FROM durable_threads t
-    WHERE t.thread_id > COALESCE(%(after)s::text, '') AND t.thread_id >= COALESCE(%(prefix)s::text, '')
-      AND (%(prefix)s::text IS NULL OR starts_with(t.thread_id, %(prefix)s))
-      AND (%(status)s::text IS NULL OR t.status = %(status)s OR {state} = %(status)s)
-    ORDER BY t.thread_id
-    LIMIT %(limit)s
-), bound AS (
-    -- A full page of tracked threads: untracked ones past its last id are not on it.
-    SELECT CASE WHEN count(*) >= %(limit)s THEN max(thread_id) END AS id FROM tracked
-), walk AS (
-    (SELECT c.thread_id FROM checkpoints c
-     WHERE c.thread_id > COALESCE(%(after)s::text, '') AND c.thread_id >= COALESCE(%(prefix)s::text, '')
-     ORDER BY c.thread_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT c.thread_id FROM checkpoints c WHERE c.thread_id > walk.thread_id
-            ORDER BY c.thread_id LIMIT 1)
-    FROM walk
-    WHERE walk.thread_id IS NOT NULL
-      AND walk.thread_id < COALESCE((SELECT id FROM bound), walk.thread_id || 'x')
-), untracked AS (
-    SELECT w.thread_id FROM walk w
-    WHERE w.thread_id IS NOT NULL
-      AND (%(status)s::text IS NULL OR %(status)s = 'untracked')
-      AND (%(prefix)s::text IS NULL OR starts_with(w.thread_id, %(prefix)s))
-      AND NOT EXISTS (SELECT 1 FROM durable_threads t WHERE t.thread_id = w.thread_id)
-    LIMIT %(limit)s
-), page AS (
-    SELECT thread_id FROM (SELECT thread_id FROM untracked UNION ALL SELECT thread_id FROM tracked) p
-    ORDER BY thread_id LIMIT %(limit)s
-)
-SELECT page.thread_id,
-       t.status,
-       {state} AS state,
-       COALESCE(t.graph_version, latest.metadata ->> 'graph_version') AS graph_version,
-       CASE WHEN jsonb_typeof(latest.metadata -> 'step') = 'number'
-            THEN (latest.metadata ->> 'step')::numeric::int END AS step,
-       COALESCE(cp.checkpoints, 0) AS checkpoints,
-       COALESCE(wr.n, 0) AS writes,
-       COALESCE(cp.cp_bytes, 0) + COALESCE(bl.bytes, 0) + COALESCE(wr.bytes, 0) AS row_bytes,
-       COALESCE(art.bytes, 0) AS artifact_bytes,
-       COALESCE(art.n, 0) AS artifacts,
-       t.attempts,
-       t.lease_owner,
-       EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8 AS lease_expires_in,
-       t.last_error,
-       GREATEST(t.updated_at, CASE WHEN latest.checkpoint ->> 'ts' ~ {ts_re}
-            THEN (latest.checkpoint ->> 'ts')::timestamptz END) AS last_activity
-FROM page
-LEFT JOIN durable_threads t ON t.thread_id = page.thread_id
-LEFT JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE c.checkpoint_ns = '') AS checkpoints,
-           sum(pg_column_size(c.checkpoint) + pg_column_size(c.metadata))::bigint AS cp_bytes,
-           max(c.checkpoint_id) FILTER (WHERE c.checkpoint_ns = '') AS latest_id
-    FROM checkpoints c WHERE c.thread_id = page.thread_id
-) cp ON true
-LEFT JOIN LATERAL (
-    SELECT sum(octet_length(b.blob))::bigint AS bytes
-    FROM checkpoint_blobs b WHERE b.thread_id = page.thread_id
-) bl ON true
-LEFT JOIN LATERAL (
-    SELECT sum(octet_length(w.blob))::bigint AS bytes, count(*) AS n
-    FROM checkpoint_writes w WHERE w.thread_id = page.thread_id
-) wr ON true
-LEFT JOIN LATERAL (
-    SELECT sum(octet_length(a.data))::bigint AS bytes, count(*) AS n
-    FROM durable_artifact_refs r JOIN durable_artifacts a ON a.digest = r.digest
-    WHERE r.thread_id = page.thread_id
-) art ON true
-LEFT JOIN checkpoints latest ON latest.thread_id = page.thread_id
-    AND latest.checkpoint_ns = '' AND latest.checkpoint_id = cp.latest_id
-ORDER BY page.thread_id
-""").format(state=sql.SQL(_STATE_SQL), ts_re=sql.Literal(_TS_RE))
-
-# Tracked threads by status from the trigger-kept durable_thread_counts (issue 14), the
-# live leases (the only rows whose state is not their status's, besides quarantine) by
-# the (status, lease_expires_at) index: neither grows with history. Untracked threads
-# (checkpoints but no durable_threads row) can only be found by looking at every
-# thread id in checkpoints: _UNTRACKED_SQL, an index-only anti-join.
-_COUNTS_SQL = """
-WITH totals AS (
-    SELECT status, sum(n)::bigint AS n FROM durable_thread_counts GROUP BY status HAVING sum(n) <> 0
-), live AS (
-    SELECT t.status, count(*)::bigint AS n FROM durable_threads t
-    WHERE t.status = ANY(ARRAY(SELECT status FROM totals WHERE status <> 'quarantined'))
-      AND t.lease_expires_at > now() AND t.lease_owner IS NOT NULL
-    GROUP BY t.status
-)
-SELECT totals.status, totals.n, COALESCE(live.n, 0) AS live
-FROM totals LEFT JOIN live ON live.status = totals.status
-"""
-
-_UNTRACKED_SQL = """
-SELECT count(*)::bigint AS n
-FROM (SELECT thread_id FROM checkpoints GROUP BY thread_id) c
-WHERE NOT EXISTS (SELECT 1 FROM durable_threads t WHERE t.thread_id = c.thread_id)
-"""
-
-_THREAD_SQL = """
-SELECT thread_id, status, graph_version, lease_owner, lease_token,
-       lease_expires_at,
-       EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS lease_expires_in,
-       attempts, attempts_checkpoint_id, last_error, created_at, updated_at
-FROM durable_threads WHERE thread_id = %s
-"""
-
-_HISTORY_SQL = """
-SELECT checkpoint_id, parent_checkpoint_id, checkpoint -> 'channel_versions' AS versions,
-       checkpoint ->> 'ts' AS ts, metadata,
-       (pg_column_size(checkpoint) + pg_column_size(metadata))::int AS row_bytes
-FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s
-ORDER BY checkpoint_id DESC LIMIT %s
-"""
-
-_WRITES_SQL = """
-SELECT checkpoint_id, task_id, task_path, channel, type, octet_length(blob)::int AS bytes
-FROM checkpoint_writes
-WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = ANY(%s)
-ORDER BY checkpoint_id, task_id, idx
-"""
-
-_BLOB_SIZES_SQL = """
-SELECT channel, version, type, octet_length(blob)::int AS bytes
-FROM checkpoint_blobs WHERE thread_id = %s AND checkpoint_ns = %s
-"""
 
 
 # ------------------------------------------------------------------ helpers
@@ -348,7 +212,7 @@ def list_threads(
 ) -> list[dict[str, Any]]:
     """One page of threads in ``thread_id`` order, those after ``after`` (keyset
     pagination: pass the last ``thread_id`` of a page to get the next one). A page
-    costs what it returns, whatever the history (see ``_LIST_SQL``).
+    costs what it returns, whatever the history (see ``THREAD_LIST_SQL``).
 
     ``status`` filters on the derived state (running, recoverable, waiting,
     quarantined, done, untracked) or on the raw ``durable_threads.status`` (error,
@@ -359,7 +223,7 @@ def list_threads(
     with saver.connection() as conn:
         rows = _rows(
             conn,
-            _LIST_SQL,
+            THREAD_LIST_SQL,
             {"status": status, "prefix": prefix, "limit": int(limit), "after": after},
         )
     out = []
@@ -380,12 +244,12 @@ def thread_status_counts(saver: DurablePostgresSaver, *, untracked: bool = True)
     counts = dict.fromkeys(STATES, 0)
     counts["error"] = 0
     with saver.connection() as conn:
-        rows = _rows(conn, _COUNTS_SQL)
-        n_untracked = _rows(conn, _UNTRACKED_SQL)[0]["n"] if untracked else 0
+        rows = _rows(conn, THREAD_STATE_COUNTS_SQL)
+        n_untracked = _rows(conn, UNTRACKED_COUNT_SQL)[0]["n"] if untracked else 0
     for row in rows:
         status, n, live = row["status"], int(row["n"]), int(row["live"])
         counts["running"] += live
-        # The rest by status, as _STATE_SQL classifies a row without a live lease.
+        # The rest by status, as THREAD_STATE_CASE_SQL classifies a row without a live lease.
         state = "recoverable" if status in ("running", "stopped", "error") else status
         counts[state] = counts.get(state, 0) + n - live
         if status == "error":
@@ -396,7 +260,7 @@ def thread_status_counts(saver: DurablePostgresSaver, *, untracked: bool = True)
 
 
 def _thread_row(conn: Connection[Any], thread_id: str) -> dict[str, Any] | None:
-    rows = _rows(conn, _THREAD_SQL, (thread_id,))
+    rows = _rows(conn, THREAD_ROW_SQL, (thread_id,))
     return rows[0] if rows else None
 
 
@@ -420,30 +284,58 @@ def show_thread(
     preview), next nodes, tasks already finished in the current step (their writes are
     restored on resume, not re-run), interrupts, lease, quarantine and attempts."""
     thread_id = str(thread_id)
-    with saver.connection() as conn:
-        row = _thread_row(conn, thread_id)
-        quarantine = _rows(
-            conn, "SELECT * FROM durable_quarantine WHERE thread_id = %s", (thread_id,)
-        )
-        count = _rows(
-            conn,
-            "SELECT count(*)::int AS n FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s",
-            (thread_id, checkpoint_ns),
-        )[0]["n"]
-        ledger = _rows(
-            conn,
-            "SELECT status, count(*)::int AS n FROM durable_ledger WHERE thread_id = %s GROUP BY status",
-            (thread_id,),
-        )
-    if row is None and count == 0:
-        raise InspectError(f"thread {thread_id!r} not found", thread_id=thread_id)
-    load_error: CheckpointLoadError | None = None
+    out = _thread_facts(saver, thread_id, checkpoint_ns)
     try:
         saved = saver.get_tuple(
             {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}}
         )
     except CheckpointLoadError as exc:  # report what SQL alone can tell, and the damage
-        saved, load_error = None, exc
+        out["load_error"] = {
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "checkpoint_id": exc.fields.get("checkpoint_id"),
+        }
+        out["checkpoint"] = {"id": exc.fields.get("checkpoint_id")}
+        return out
+    if saved is None:
+        return out
+    checkpoint = saved.checkpoint
+    cid = saved.config["configurable"]["checkpoint_id"]
+    md = dict(saved.metadata or {})
+    out["graph_version"] = out["graph_version"] or md.get("graph_version")
+    out["checkpoint"] = {
+        "id": cid,
+        "parent_id": (saved.parent_config or {}).get("configurable", {}).get("checkpoint_id"),
+        "step": md.get("step"),
+        "source": md.get("source"),
+        "graph_version": md.get("graph_version"),
+        "ts": checkpoint.get("ts"),
+    }
+    with saver.connection() as conn:
+        blob_rows = _rows(conn, BLOB_SIZES_SQL, (thread_id, checkpoint_ns))
+        write_rows = _rows(conn, WRITES_SQL, (thread_id, checkpoint_ns, [cid]))
+    out["channels"] = _channel_report(saver, cast(Mapping[str, Any], checkpoint), blob_rows)
+    _task_report(out, write_rows, saved.pending_writes or ())
+    # Like LangGraph's StateSnapshot.next: a task whose writes are saved will not run
+    # again on resume, so it is listed as finished, not as next.
+    finished = {t["node"] for t in out["finished_tasks"]}
+    out["next"] = [
+        n for n in next_nodes(cast(Mapping[str, Any], checkpoint)) if n not in finished
+    ]
+    return out
+
+
+def _thread_facts(saver: DurablePostgresSaver, thread_id: str, checkpoint_ns: str) -> dict[str, Any]:
+    """What SQL alone tells about a thread (its durable_threads row, quarantine,
+    checkpoint count, ledger), as ``show_thread``'s report with the checkpoint parts
+    empty. ``InspectError`` if there is no such thread."""
+    with saver.connection() as conn:
+        row = _thread_row(conn, thread_id)
+        quarantine = _rows(conn, QUARANTINE_ROW_SQL, (thread_id,))
+        count = _rows(conn, CHECKPOINT_COUNT_SQL, (thread_id, checkpoint_ns))[0]["n"]
+        ledger = _rows(conn, LEDGER_BY_STATUS_SQL, (thread_id,))
+    if row is None and count == 0:
+        raise InspectError(f"thread {thread_id!r} not found", thread_id=thread_id)
     out: dict[str, Any] = {
         "thread_id": thread_id,
         "status": row["status"] if row else None,
@@ -475,33 +367,17 @@ def show_thread(
             "expires_in": expires_in,
             "live": expires_in is not None and expires_in > 0,
         }
-    if load_error is not None:
-        out["load_error"] = {
-            "error": type(load_error).__name__,
-            "message": str(load_error),
-            "checkpoint_id": load_error.fields.get("checkpoint_id"),
-        }
-        out["checkpoint"] = {"id": load_error.fields.get("checkpoint_id")}
-    if saved is None:
-        return out
-    checkpoint = saved.checkpoint
-    cid = saved.config["configurable"]["checkpoint_id"]
-    md = dict(saved.metadata or {})
-    out["graph_version"] = out["graph_version"] or md.get("graph_version")
-    out["checkpoint"] = {
-        "id": cid,
-        "parent_id": (saved.parent_config or {}).get("configurable", {}).get("checkpoint_id"),
-        "step": md.get("step"),
-        "source": md.get("source"),
-        "graph_version": md.get("graph_version"),
-        "ts": checkpoint.get("ts"),
-    }
-    with saver.connection() as conn:
-        blob_rows = _rows(conn, _BLOB_SIZES_SQL, (thread_id, checkpoint_ns))
-        write_rows = _rows(conn, _WRITES_SQL, (thread_id, checkpoint_ns, [cid]))
+    return out
+
+
+def _channel_report(
+    saver: DurablePostgresSaver, checkpoint: Mapping[str, Any], blob_rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One entry per channel: type, version, logical size, stored size and where."""
     stored = {(r["channel"], r["version"]): r for r in blob_rows}
     versions = checkpoint.get("channel_versions") or {}
     values = checkpoint.get("channel_values") or {}
+    channels = []
     for channel in sorted(set(values) | {c for c in versions if not is_internal(c)}):
         value = values.get(channel)
         version = versions.get(channel)
@@ -513,7 +389,7 @@ def show_thread(
             )
         else:
             stored_bytes, storage = len(orjson.dumps(value, default=str)), "inline"
-        out["channels"].append(
+        channels.append(
             {
                 "channel": channel,
                 "internal": is_internal(channel),
@@ -525,7 +401,14 @@ def show_thread(
                 "preview": preview(value),
             }
         )
-    out["next"] = next_nodes(cast(Mapping[str, Any], checkpoint))
+    return channels
+
+
+def _task_report(
+    out: dict[str, Any], write_rows: list[dict[str, Any]], pending_writes: Iterable[Any]
+) -> None:
+    """The current step's tasks from their pending writes: finished ones, interrupts,
+    errors."""
     tasks: dict[str, dict[str, Any]] = {}
     for w in write_rows:
         task = tasks.setdefault(
@@ -540,7 +423,7 @@ def show_thread(
         )
         task["channels"].append(w["channel"])
         task["bytes"] += w["bytes"] or 0
-    for task_id, channel, value in saved.pending_writes or ():
+    for task_id, channel, value in pending_writes:
         node = tasks.get(task_id, {}).get("node")
         if channel == "__interrupt__":
             for intr in value if isinstance(value, list | tuple) else (value,):
@@ -557,11 +440,6 @@ def show_thread(
     out["finished_tasks"] = [
         t for t in tasks.values() if not set(t["channels"]) & {"__interrupt__", "__error__"}
     ]
-    # Like LangGraph's StateSnapshot.next: a task whose writes are saved will not run
-    # again on resume, so it is listed as finished, not as next.
-    finished = {t["node"] for t in out["finished_tasks"]}
-    out["next"] = [n for n in out["next"] if n not in finished]
-    return out
 
 
 def _updated(versions: Mapping[str, Any], parent: Mapping[str, Any] | None) -> list[str]:
@@ -581,14 +459,14 @@ def thread_history(
     tasks that ran from it (node, channels, bytes). SQL only: no value is decoded."""
     thread_id = str(thread_id)
     with saver.connection() as conn:
-        rows = _rows(conn, _HISTORY_SQL, (thread_id, checkpoint_ns, int(limit) + 1))
+        rows = _rows(conn, HISTORY_SQL, (thread_id, checkpoint_ns, int(limit) + 1))
         if not rows:
             if _thread_row(conn, thread_id) is None:
                 raise InspectError(f"thread {thread_id!r} not found", thread_id=thread_id)
             return []
         ids = [r["checkpoint_id"] for r in rows[:limit]]
-        writes = _rows(conn, _WRITES_SQL, (thread_id, checkpoint_ns, ids))
-        blobs = _rows(conn, _BLOB_SIZES_SQL, (thread_id, checkpoint_ns))
+        writes = _rows(conn, WRITES_SQL, (thread_id, checkpoint_ns, ids))
+        blobs = _rows(conn, BLOB_SIZES_SQL, (thread_id, checkpoint_ns))
         by_id = {r["checkpoint_id"]: r for r in rows}
         missing_parent = rows[-1]["parent_checkpoint_id"] if len(rows) <= limit else None
         if missing_parent and missing_parent not in by_id:
