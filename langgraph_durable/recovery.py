@@ -59,6 +59,7 @@ from langgraph_durable.errors import (
     ThreadBusyError,
 )
 from langgraph_durable.saver import _DurableBase, claim_handoff, process_identity
+from langgraph_durable.states import RESUMABLE_STATUSES, STATUS_KINDS
 from langgraph_durable.versioning import VERSION_KEY, MigrationRegistry, graph_fingerprint
 
 logger = logging.getLogger("langgraph_durable.recovery")
@@ -66,7 +67,7 @@ logger = logging.getLogger("langgraph_durable.recovery")
 Shutdown = Literal["step", "finish"]
 
 # Statuses a claim may pick up (besides 'error', which is opt-in with a backoff).
-RECOVERABLE = ("running", "stopped", "queued")
+RECOVERABLE = RESUMABLE_STATUSES
 
 CLAIM_SQL = """
 WITH cand AS (
@@ -178,7 +179,6 @@ INSERT INTO durable_thread_counts SELECT status, sum(n) FROM gone GROUP BY statu
 STATUS_FOLD_ROWS = 500
 STATUS_ROWS_SQL = "SELECT count(*) AS n FROM (SELECT 1 FROM durable_thread_counts LIMIT %s) x"
 
-STATUS_KINDS = ("running", "recoverable", "waiting", "quarantined", "done", "error", "orphaned")
 
 
 # --------------------------------------------------------------------------- results

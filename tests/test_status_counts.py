@@ -31,13 +31,14 @@ GROUP BY 1
 """
 
 
-# What inspect.thread_status_counts scanned before issue 14 (every thread id).
+# What inspect.thread_status_counts scanned before issue 14 (every thread id), with the
+# one taxonomy of issue 13 (states.py: a queued thread is recoverable, as for recovery).
 OLD_INSPECT_SQL = """
 SELECT CASE
     WHEN t.thread_id IS NULL THEN 'untracked'
     WHEN t.status = 'quarantined' THEN 'quarantined'
     WHEN t.lease_owner IS NOT NULL AND t.lease_expires_at > now() THEN 'running'
-    WHEN t.status IN ('running', 'stopped', 'error') THEN 'recoverable'
+    WHEN t.status IN ('running', 'stopped', 'queued', 'error') THEN 'recoverable'
     ELSE t.status
 END AS state, t.status, count(*)::int AS n
 FROM (SELECT DISTINCT thread_id FROM checkpoints UNION SELECT thread_id FROM durable_threads) ids

@@ -7,15 +7,12 @@ on the stock tables and ours; channel *values* are always decoded through the sa
 (``saver.get_tuple``), so artifact references re-hydrate and integrity checks apply.
 Nothing here takes a lease or writes a row.
 
-Thread *state* (the recovery view of issue 7) is derived from ``durable_threads``:
-
-* ``running``: a live lease (some process is executing it now);
-* ``recoverable``: status ``running`` with an expired or no lease (its worker died),
-  ``stopped`` (cancelled) or ``error`` (the last run raised; resumed until the poison
-  limit quarantines it) -- ``invoke(None, config)`` or a recovery worker picks it up;
-* ``waiting`` (interrupted, waits for ``Command(resume=...)``), ``quarantined``, ``done``;
-* ``untracked``: checkpoints written without this package's run tracking (by the
-  stock saver, or with ``leases=False``).
+Thread *state* is derived from ``durable_threads`` as ``langgraph_durable.states``
+defines it for every view: ``running`` (a live lease), ``recoverable`` (no live lease;
+status running, stopped, queued or error: ``invoke(None, config)`` or a recovery worker
+picks it up), ``waiting``, ``quarantined``, ``done``, and ``untracked`` (checkpoints
+written without this package's run tracking: by the stock saver, or with
+``leases=False``).
 """
 
 from __future__ import annotations
@@ -52,6 +49,7 @@ from langgraph_durable.sql.inspection import (
     UNTRACKED_COUNT_SQL,
     WRITES_SQL,
 )
+from langgraph_durable.states import STATES, state_of
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -74,7 +72,6 @@ __all__ = [
     "thread_status_counts",
 ]
 
-STATES = ("running", "recoverable", "waiting", "quarantined", "done", "untracked")
 STOCK_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "checkpoint_migrations")
 DURABLE_TABLES = (
     "durable_threads",
@@ -250,7 +247,7 @@ def thread_status_counts(saver: DurablePostgresSaver, *, untracked: bool = True)
         status, n, live = row["status"], int(row["n"]), int(row["live"])
         counts["running"] += live
         # The rest by status, as THREAD_STATE_CASE_SQL classifies a row without a live lease.
-        state = "recoverable" if status in ("running", "stopped", "error") else status
+        state = state_of(status, live_lease=False)
         counts[state] = counts.get(state, 0) + n - live
         if status == "error":
             counts["error"] += n
@@ -266,15 +263,10 @@ def _thread_row(conn: Connection[Any], thread_id: str) -> dict[str, Any] | None:
 
 def _state_of(row: Mapping[str, Any] | None) -> str:
     if row is None:
-        return "untracked"
-    if row["status"] == "quarantined":
-        return "quarantined"
+        return state_of(None, live_lease=False)
     expires = row.get("lease_expires_in")
-    if row.get("lease_owner") and expires is not None and expires > 0:
-        return "running"
-    if row["status"] in ("running", "stopped", "error"):
-        return "recoverable"
-    return str(row["status"])
+    live = bool(row.get("lease_owner")) and expires is not None and expires > 0
+    return state_of(str(row["status"]), live_lease=live)
 
 
 def show_thread(

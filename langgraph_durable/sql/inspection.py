@@ -4,17 +4,10 @@ commands): metadata questions answered on the stock tables and ours."""
 from psycopg import sql
 
 from langgraph_durable._values import ISO_TS_RE
+from langgraph_durable.states import state_case_sql
 
-# The thread's state, computed in SQL so ``--status`` filters before LIMIT.
-THREAD_STATE_CASE_SQL = """
-CASE
-    WHEN t.thread_id IS NULL THEN 'untracked'
-    WHEN t.status = 'quarantined' THEN 'quarantined'
-    WHEN t.lease_owner IS NOT NULL AND t.lease_expires_at > now() THEN 'running'
-    WHEN t.status IN ('running', 'stopped', 'error') THEN 'recoverable'
-    ELSE t.status
-END
-"""
+# The thread's state (states.py), computed in SQL so ``--status`` filters before LIMIT.
+THREAD_STATE_CASE_SQL = state_case_sql("t")
 
 # One page of threads in thread_id order, after the ``after`` cursor (keyset): the page's
 # ids come from index walks (durable_threads' primary key, and a skip scan of the
