@@ -20,7 +20,6 @@ if TYPE_CHECKING:
         ArchiveError,
         ArchiveIntegrityError,
         ArchiveVersionError,
-        ArtifactError,
         ArtifactIntegrityError,
         ArtifactNotFoundError,
         CallInFlightError,
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
         ClockSkewError,
         ConfigurationError,
         DurableError,
-        EmbeddedPostgresError,
         GraphVersionMismatchError,
         IdempotencyConflictError,
         IdempotencyError,
@@ -54,6 +52,12 @@ if TYPE_CHECKING:
         UnstableKeyError,
         UnsupportedConnectionError,
         UnsupportedLangGraphError,
+    )
+    from langgraph_durable.errors import (
+        ArtifactError as ArtifactError,
+    )
+    from langgraph_durable.errors import (
+        EmbeddedPostgresError as EmbeddedPostgresError,
     )
     from langgraph_durable.export import ExportReport, aexport_stock, export_stock
     from langgraph_durable.granularity import CheckpointPolicy, ReworkBudget
@@ -99,6 +103,7 @@ if TYPE_CHECKING:
     from langgraph_durable.saver import (
         AsyncDurablePostgresSaver,
         DurablePostgresSaver,
+        Lease,
         PoisonRecord,
     )
     from langgraph_durable.versioning import (
@@ -190,6 +195,7 @@ _LAZY: dict[str, str] = {
     "retain": "langgraph_durable.ops.retention",
     "AsyncDurablePostgresSaver": "langgraph_durable.saver",
     "DurablePostgresSaver": "langgraph_durable.saver",
+    "Lease": "langgraph_durable.saver",
     "PoisonRecord": "langgraph_durable.saver",
     "Migration": "langgraph_durable.versioning",
     "MigrationRegistry": "langgraph_durable.versioning",
@@ -243,6 +249,11 @@ def __dir__() -> list[str]:
 
 from langgraph_durable._version import __version__ as __version__
 
+# The documented surface: every name a README/docs example uses, the types those
+# functions return (``Lease`` from ``lease_for``), and the ``a*`` twin of each sync
+# function. Names resolvable from _LAZY but not listed (ArtifactError,
+# EmbeddedPostgresError: base/internal errors no example catches) stay importable for
+# existing code; ``langgraph_durable.errors`` lists every error.
 __all__ = [
     "ArchiveConflictError",
     "ArchiveError",
@@ -252,7 +263,6 @@ __all__ = [
     "arestore",
     "restore",
     "ArtifactConfig",
-    "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactNotFoundError",
     "AsyncDurablePostgresSaver",
@@ -262,7 +272,6 @@ __all__ = [
     "ConfigurationError",
     "DurableError",
     "DurablePostgresSaver",
-    "EmbeddedPostgresError",
     "ExportReport",
     "GcReport",
     "GraphVersionMismatchError",
@@ -291,6 +300,7 @@ __all__ = [
     "OutcomeUnknownError",
     "PoisonCheckpointError",
     "SchemaNotReadyError",
+    "Lease",
     "PoisonRecord",
     "QuarantineEntry",
     "RecoveryResult",
