@@ -90,117 +90,127 @@ def build_graph(obj: Any, saver: Any, spec: str = "") -> Any:
     )
 
 
+def worker(
+    graph: Annotated[
+        list[str],
+        typer.Option(
+            "--graph", "-g",
+            help="module:attr (or file.py:attr) of a StateGraph, compiled graph or "
+            "factory(saver). Repeatable.",
+        ),
+    ],
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Threads resumed at once.")
+    ] = 4,
+    lease_ttl: Annotated[
+        float, typer.Option("--lease-ttl", help="Lease time-to-live in seconds.")
+    ] = 30.0,
+    poll_interval: Annotated[
+        float, typer.Option("--poll-interval", help="Seconds between claims when idle.")
+    ] = 1.0,
+    max_resume_attempts: Annotated[
+        int, typer.Option("--max-resume-attempts", help="Quarantine after this many.")
+    ] = 3,
+    retry_errors: Annotated[
+        bool,
+        typer.Option(
+            "--retry-errors/--no-retry-errors",
+            help="Retry threads whose last run raised (with backoff, up to quarantine).",
+        ),
+    ] = True,
+    error_backoff: Annotated[
+        float, typer.Option("--error-backoff", help="Seconds before the first retry.")
+    ] = 5.0,
+    shutdown: Annotated[
+        str,
+        typer.Option(
+            "--shutdown",
+            help="On SIGTERM: 'step' hands runs back at the next step boundary; "
+            "'finish' lets them complete.",
+        ),
+    ] = "step",
+    until_idle: Annotated[
+        bool, typer.Option("--until-idle", help="Exit when nothing is left to recover.")
+    ] = False,
+    use_async: Annotated[
+        bool, typer.Option("--async", help="Asyncio tasks and the async saver.")
+    ] = False,
+    pool_size: Annotated[
+        int, typer.Option("--pool-size", help="Connections (default max(10, concurrency + 2)).")
+    ] = 0,
+    log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "INFO",
+    no_migrate: Annotated[
+        bool,
+        typer.Option(
+            "--no-migrate",
+            help="Run no DDL: only verify the schema version (for an application role "
+            "without DDL rights; the owner runs `langgraph-durable setup`).",
+        ),
+    ] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Serve Prometheus /metrics and a /healthz probe on this port "
+            "(needs the 'prometheus' extra for /metrics).",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Address the metrics endpoint binds.")
+    ] = "0.0.0.0",  # all interfaces: the kubelet probes the pod IP
+) -> None:
+    """Resume crashed, handed-back and queued threads; many workers may share one DB."""
+    from langgraph_durable.embedded import resolve_dsn
+
+    _configure_logging(log_level)
+    if shutdown not in ("step", "finish"):
+        raise typer.BadParameter("--shutdown must be 'step' or 'finish'")
+    objects = _load_graphs(graph)
+    url = resolve_dsn(dsn)
+    options: dict[str, Any] = {
+        "lease_ttl": lease_ttl,
+        "max_resume_attempts": max_resume_attempts,
+        "run_migrations": not no_migrate,
+    }
+    worker_options: dict[str, Any] = {
+        "concurrency": concurrency,
+        "poll_interval": poll_interval,
+        "retry_errors": retry_errors,
+        "error_backoff": error_backoff,
+        "shutdown": shutdown,
+    }
+    size = pool_size or max(10, concurrency + 2)
+    endpoint = (metrics_host, metrics_port) if metrics_port is not None else None
+    if use_async:
+        import asyncio
+
+        asyncio.run(_arun(url, schema, size, options, objects, worker_options, until_idle, endpoint))
+    else:
+        _run(url, schema, size, options, objects, worker_options, until_idle, endpoint)
+
+
+def _configure_logging(log_level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _load_graphs(specs: list[str]) -> list[tuple[str, Any]]:
+    """Every ``--graph`` imported; an unusable one is a message and exit code 2."""
+    try:
+        return [(spec, load_object(spec)) for spec in specs]
+    except ConfigurationError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the main app."""
-
-    @app.command("worker")
-    def worker(
-        graph: Annotated[
-            list[str],
-            typer.Option(
-                "--graph", "-g",
-                help="module:attr (or file.py:attr) of a StateGraph, compiled graph or "
-                "factory(saver). Repeatable.",
-            ),
-        ],
-        dsn: DsnOption = None,
-        schema: SchemaOption = None,
-        concurrency: Annotated[
-            int, typer.Option("--concurrency", "-c", min=1, help="Threads resumed at once.")
-        ] = 4,
-        lease_ttl: Annotated[
-            float, typer.Option("--lease-ttl", help="Lease time-to-live in seconds.")
-        ] = 30.0,
-        poll_interval: Annotated[
-            float, typer.Option("--poll-interval", help="Seconds between claims when idle.")
-        ] = 1.0,
-        max_resume_attempts: Annotated[
-            int, typer.Option("--max-resume-attempts", help="Quarantine after this many.")
-        ] = 3,
-        retry_errors: Annotated[
-            bool,
-            typer.Option(
-                "--retry-errors/--no-retry-errors",
-                help="Retry threads whose last run raised (with backoff, up to quarantine).",
-            ),
-        ] = True,
-        error_backoff: Annotated[
-            float, typer.Option("--error-backoff", help="Seconds before the first retry.")
-        ] = 5.0,
-        shutdown: Annotated[
-            str,
-            typer.Option(
-                "--shutdown",
-                help="On SIGTERM: 'step' hands runs back at the next step boundary; "
-                "'finish' lets them complete.",
-            ),
-        ] = "step",
-        until_idle: Annotated[
-            bool, typer.Option("--until-idle", help="Exit when nothing is left to recover.")
-        ] = False,
-        use_async: Annotated[
-            bool, typer.Option("--async", help="Asyncio tasks and the async saver.")
-        ] = False,
-        pool_size: Annotated[
-            int, typer.Option("--pool-size", help="Connections (default max(10, concurrency + 2)).")
-        ] = 0,
-        log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "INFO",
-        no_migrate: Annotated[
-            bool,
-            typer.Option(
-                "--no-migrate",
-                help="Run no DDL: only verify the schema version (for an application role "
-                "without DDL rights; the owner runs `langgraph-durable setup`).",
-            ),
-        ] = False,
-        metrics_port: Annotated[
-            int | None,
-            typer.Option(
-                "--metrics-port",
-                help="Serve Prometheus /metrics and a /healthz probe on this port "
-                "(needs the 'prometheus' extra for /metrics).",
-            ),
-        ] = None,
-        metrics_host: Annotated[
-            str, typer.Option("--metrics-host", help="Address the metrics endpoint binds.")
-        ] = "0.0.0.0",  # all interfaces: the kubelet probes the pod IP
-    ) -> None:
-        """Resume crashed, handed-back and queued threads; many workers may share one DB."""
-        from langgraph_durable.embedded import resolve_dsn
-
-        logging.basicConfig(
-            level=getattr(logging, log_level.upper(), logging.INFO),
-            format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
-            stream=sys.stderr,
-        )
-        if shutdown not in ("step", "finish"):
-            raise typer.BadParameter("--shutdown must be 'step' or 'finish'")
-        try:
-            objects = [(spec, load_object(spec)) for spec in graph]
-        except ConfigurationError as exc:
-            err_console.print(f"[red]{exc}[/red]")
-            raise typer.Exit(2) from exc
-        url = resolve_dsn(dsn)
-        options: dict[str, Any] = {
-            "lease_ttl": lease_ttl,
-            "max_resume_attempts": max_resume_attempts,
-            "run_migrations": not no_migrate,
-        }
-        worker_options: dict[str, Any] = {
-            "concurrency": concurrency,
-            "poll_interval": poll_interval,
-            "retry_errors": retry_errors,
-            "error_backoff": error_backoff,
-            "shutdown": shutdown,
-        }
-        size = pool_size or max(10, concurrency + 2)
-        endpoint = (metrics_host, metrics_port) if metrics_port is not None else None
-        if use_async:
-            import asyncio
-
-            asyncio.run(_arun(url, schema, size, options, objects, worker_options, until_idle, endpoint))
-        else:
-            _run(url, schema, size, options, objects, worker_options, until_idle, endpoint)
+    app.command("worker")(worker)
 
 
 def _serve_metrics(endpoint: tuple[str, int] | None, url: str, saver: Any, worker: Any) -> Any:
