@@ -265,22 +265,36 @@ def classify(
     pend = _pending(checkpoint, pending_writes)
     changes: list[str] = []
     reasons: list[str] = []
+    _judge_nodes(s, r, pend, changes, reasons)
+    _judge_edges(s, r, pend, changes, reasons)
+    _judge_channels(stored, running, pend, changes, reasons)
+    known = {"channels", "nodes", "edges", "waiting_edges", "branches"}
+    for key in sorted((set(s) | set(r)) - known):
+        if s.get(key) != r.get(key):
+            reasons.append(f"unclassified change in {key!r}")
+    if reasons:
+        return Compatibility("incompatible", tuple(changes), tuple(reasons), automatic)
+    if not changes:
+        return Compatibility("identical", automatic=automatic)
+    return Compatibility("compatible", tuple(changes), (), automatic)
 
-    def work(node: str) -> str:
-        # Interrupts are stored per task id, which hashes the node with its triggers: the
-        # thread is known to be paused at an interrupt, not (without the old graph) whose.
-        return (
-            "pending work (the thread is paused at an interrupt)"
-            if pend.interrupted
-            else "pending work"
-        )
 
+def _work(pend: _Pending) -> str:
+    # Interrupts are stored per task id, which hashes the node with its triggers: the
+    # thread is known to be paused at an interrupt, not (without the old graph) whose.
+    return "pending work (the thread is paused at an interrupt)" if pend.interrupted else "pending work"
+
+
+def _judge_nodes(
+    s: Mapping[str, Any], r: Mapping[str, Any], pend: _Pending, changes: list[str], reasons: list[str]
+) -> None:
+    """Nodes removed, added or changed: a change is a reason only with pending work."""
     s_nodes: Mapping[str, Any] = s.get("nodes") or {}
     r_nodes: Mapping[str, Any] = r.get("nodes") or {}
     for n in sorted(set(s_nodes) - set(r_nodes)):
         if n in pend.nodes:
             reasons.append(
-                f"node {n!r} was removed or renamed but the checkpoint has {work(n)} for it"
+                f"node {n!r} was removed or renamed but the checkpoint has {_work(pend)} for it"
             )
         else:
             changes.append(f"node {n!r} removed (no pending work needs it)")
@@ -294,23 +308,43 @@ def classify(
         if a != b:
             if n in pend.nodes:
                 reasons.append(
-                    f"node {n!r} changed ({', '.join(sorted(set(a) | set(b)))}) and has {work(n)}"
+                    f"node {n!r} changed ({', '.join(sorted(set(a) | set(b)))}) and has {_work(pend)}"
                 )
             else:
                 changes.append(f"node {n!r} changed (no pending work)")
-    if "edges" in s or "edges" in r:
-        for n in sorted(set(s_nodes) | set(r_nodes) | {_START}):
-            if n not in r_nodes and n != _START:
-                continue  # removed: judged above
-            if _out_edges(s, n) != _out_edges(r, n):
-                if n in pend.nodes:
-                    reasons.append(f"edges out of node {n!r} changed and it has pending tasks")
-                else:
-                    changes.append(f"edges out of node {n!r} changed (no pending task)")
-            if n in s_nodes and _joins_into(s, n) != _joins_into(r, n) and n in pend.nodes:
-                reasons.append(f"the join into node {n!r} changed and it has pending tasks")
-    s_ch: Mapping[str, Any] = s.get("channels") or {}
-    r_ch: Mapping[str, Any] = r.get("channels") or {}
+
+
+def _judge_edges(
+    s: Mapping[str, Any], r: Mapping[str, Any], pend: _Pending, changes: list[str], reasons: list[str]
+) -> None:
+    """Routing out of (and joins into) every node still there."""
+    if "edges" not in s and "edges" not in r:
+        return
+    s_nodes: Mapping[str, Any] = s.get("nodes") or {}
+    r_nodes: Mapping[str, Any] = r.get("nodes") or {}
+    for n in sorted(set(s_nodes) | set(r_nodes) | {_START}):
+        if n not in r_nodes and n != _START:
+            continue  # removed: judged with the nodes
+        if _out_edges(s, n) != _out_edges(r, n):
+            if n in pend.nodes:
+                reasons.append(f"edges out of node {n!r} changed and it has pending tasks")
+            else:
+                changes.append(f"edges out of node {n!r} changed (no pending task)")
+        if n in s_nodes and _joins_into(s, n) != _joins_into(r, n) and n in pend.nodes:
+            reasons.append(f"the join into node {n!r} changed and it has pending tasks")
+
+
+def _judge_channels(
+    stored: Mapping[str, Any],
+    running: Mapping[str, Any],
+    pend: _Pending,
+    changes: list[str],
+    reasons: list[str],
+) -> None:
+    """State keys added or removed, and changes of channel kind, reducer or declared
+    type: a reason only where the thread holds data (or writes still to fold)."""
+    s_ch: Mapping[str, Any] = stored["description"].get("channels") or {}
+    r_ch: Mapping[str, Any] = running["description"].get("channels") or {}
     s_types: Mapping[str, Any] = stored.get("types") or {}
     r_types: Mapping[str, Any] = running.get("types") or {}
     for k in sorted(set(s_ch) | set(r_ch)):
@@ -353,15 +387,6 @@ def classify(
             changes.append(f"{k!r}: {ks} -> {kr} (LangGraph reads either from the other)")
         elif type_changed:
             changes.append(f"declared type of {k!r} changed ({ts} -> {tr})")
-    known = {"channels", "nodes", "edges", "waiting_edges", "branches"}
-    for key in sorted((set(s) | set(r)) - known):
-        if s.get(key) != r.get(key):
-            reasons.append(f"unclassified change in {key!r}")
-    if reasons:
-        return Compatibility("incompatible", tuple(changes), tuple(reasons), automatic)
-    if not changes:
-        return Compatibility("identical", automatic=automatic)
-    return Compatibility("compatible", tuple(changes), (), automatic)
 
 
 # --- storage ------------------------------------------------------------------------------
