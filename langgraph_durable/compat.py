@@ -37,6 +37,11 @@ from langchain_core.runnables import RunnableConfig
 
 from langgraph_durable._io import Batch, Flow, Op, Stmt, Tx
 from langgraph_durable._view import SaverView
+from langgraph_durable.sql.versions import (
+    LOAD_VERSIONS_SQL,
+    RECORD_VERSION_SQL,
+    RECORDED_VERSIONS_SQL,
+)
 from langgraph_durable.versioning import (
     _END,
     _INTERRUPT,
@@ -391,21 +396,6 @@ def _judge_channels(
 
 # --- storage ------------------------------------------------------------------------------
 
-# Once per version: a name reused for another topology marks the row ambiguous (its
-# topology no longer says which graph wrote a checkpoint stamped with that name).
-RECORD_VERSION_SQL = """
-INSERT INTO durable_graph_versions AS v (version, fingerprint, topology)
-VALUES (%s, %s, %s)
-ON CONFLICT (version) DO UPDATE SET ambiguous = true
-WHERE v.fingerprint <> EXCLUDED.fingerprint AND NOT v.ambiguous
-"""
-
-LOAD_VERSIONS_SQL = """
-SELECT version, fingerprint, topology, ambiguous FROM durable_graph_versions
-WHERE version = ANY(%s)
-"""
-
-
 def op_record_version(version: str, topology: Mapping[str, Any]) -> Op[None]:
     from psycopg.types.json import Jsonb
 
@@ -544,12 +534,7 @@ def recorded_versions(saver: SaverView) -> dict[str, dict[str, Any]]:
     def op() -> Op[dict[str, dict[str, Any]]]:
         rows = yield Batch(
             [
-                Stmt(
-                    "SELECT version, fingerprint, ambiguous, created_at FROM durable_graph_versions",
-                    None,
-                    fetch=True,
-                    prepare=False,
-                )
+                Stmt(RECORDED_VERSIONS_SQL, None, fetch=True, prepare=False)
             ]
         )
         return {r["version"]: dict(r) for r in rows[0]}

@@ -31,38 +31,15 @@ from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable._view import SaverView
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import DurableError, ThreadBusyError
-from langgraph_durable.versioning import LOCK_THREAD_SQL
-
-THREADS_SQL = """
-SELECT DISTINCT thread_id FROM checkpoints
-WHERE (%(thread_ids)s::text[] IS NULL OR thread_id = ANY(%(thread_ids)s))
-ORDER BY thread_id
-"""
-
-_COUNT_SQL = "SELECT count(*)::int AS n FROM checkpoints WHERE thread_id = %s"
-
-_REF_BLOBS_SQL = """
-SELECT checkpoint_ns, channel, version, blob FROM checkpoint_blobs
-WHERE thread_id = %s AND type = %s
-ORDER BY checkpoint_ns, channel, version
-"""
-
-_REF_WRITES_SQL = """
-SELECT checkpoint_ns, checkpoint_id, task_id, idx, blob FROM checkpoint_writes
-WHERE thread_id = %s AND type = %s
-ORDER BY checkpoint_ns, checkpoint_id, task_id, idx
-"""
-
-_UPDATE_BLOB_SQL = """
-UPDATE checkpoint_blobs SET type = %s, blob = %s
-WHERE thread_id = %s AND checkpoint_ns = %s AND channel = %s AND version = %s AND type = %s
-"""
-
-_UPDATE_WRITE_SQL = """
-UPDATE checkpoint_writes SET type = %s, blob = %s
-WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s AND task_id = %s AND idx = %s
-  AND type = %s
-"""
+from langgraph_durable.sql.export import (
+    EXPORT_THREADS_SQL,
+    REF_BLOBS_SQL,
+    REF_WRITES_SQL,
+    THREAD_CHECKPOINT_COUNT_SQL,
+    UPDATE_BLOB_SQL,
+    UPDATE_WRITE_SQL,
+)
+from langgraph_durable.sql.threads_ops import LOCK_THREAD_LEASE_SQL
 
 
 @dataclass
@@ -121,10 +98,10 @@ def op_export_thread(saver: SaverView, thread_id: str, dry_run: bool) -> Op[Thre
     tid = str(thread_id)
     rows = yield Batch(
         [
-            Stmt(LOCK_THREAD_SQL, (tid,), fetch=True),
-            Stmt(_COUNT_SQL, (tid,), fetch=True),
-            Stmt(_REF_BLOBS_SQL, (tid, REF_TYPE), fetch=True, prepare=False),
-            Stmt(_REF_WRITES_SQL, (tid, REF_TYPE), fetch=True, prepare=False),
+            Stmt(LOCK_THREAD_LEASE_SQL, (tid,), fetch=True),
+            Stmt(THREAD_CHECKPOINT_COUNT_SQL, (tid,), fetch=True),
+            Stmt(REF_BLOBS_SQL, (tid, REF_TYPE), fetch=True, prepare=False),
+            Stmt(REF_WRITES_SQL, (tid, REF_TYPE), fetch=True, prepare=False),
         ]
     )
     lease = rows[0][0] if rows[0] else None
@@ -173,9 +150,9 @@ def op_export_thread(saver: SaverView, thread_id: str, dry_run: bool) -> Op[Thre
         return out
     stmts = []
     if blob_params:
-        stmts.append(Stmt(_UPDATE_BLOB_SQL, blob_params, many=True))
+        stmts.append(Stmt(UPDATE_BLOB_SQL, blob_params, many=True))
     if write_params:
-        stmts.append(Stmt(_UPDATE_WRITE_SQL, write_params, many=True))
+        stmts.append(Stmt(UPDATE_WRITE_SQL, write_params, many=True))
     yield Batch(stmts)
     return out
 
@@ -183,7 +160,7 @@ def op_export_thread(saver: SaverView, thread_id: str, dry_run: bool) -> Op[Thre
 def op_thread_ids(thread_ids: Sequence[str] | None) -> Op[list[str]]:
     """Threads with checkpoints (all, or those of ``thread_ids`` that exist)."""
     ids = list(thread_ids) if thread_ids is not None else None
-    rows = yield Batch([Stmt(THREADS_SQL, {"thread_ids": ids}, fetch=True, prepare=False)])
+    rows = yield Batch([Stmt(EXPORT_THREADS_SQL, {"thread_ids": ids}, fetch=True, prepare=False)])
     return [r["thread_id"] for r in rows[0]]
 
 

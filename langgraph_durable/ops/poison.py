@@ -46,6 +46,17 @@ from langgraph_durable.errors import (
     ThreadBusyError,
 )
 from langgraph_durable.saver import _jsonb
+from langgraph_durable.sql.quarantine_ops import (
+    FORK_CHECKPOINT_SQL,
+    POISON_HISTORY_SQL,
+    POISON_LOCK_THREAD_SQL,
+    POISON_THREAD_ROW_SQL,
+    QUARANTINE_ENTRY_SQL,
+    QUARANTINE_LIST_SQL,
+    RELEASE_QUARANTINE_SQL,
+    RESET_QUARANTINED_THREAD_SQL,
+    ROOT_HEAD_SQL,
+)
 from langgraph_durable.versioning import VERSION_KEY
 
 logger = logging.getLogger("langgraph_durable")
@@ -54,91 +65,6 @@ QUARANTINED = "quarantined"
 
 # LangGraph's channel for a task's exception (langgraph._internal._constants.ERROR).
 _ERROR_CHANNEL = "__error__"
-
-# head_checkpoint_id: the thread's newest root checkpoint (ids are time-ordered uuid6).
-LIST_SQL = """
-SELECT q.thread_id, q.checkpoint_id, q.attempts, q.last_error, q.graph_version, q.reason,
-       q.quarantined_at,
-       (SELECT c.checkpoint_id FROM checkpoints c
-        WHERE c.thread_id = q.thread_id AND c.checkpoint_ns = ''
-        ORDER BY c.checkpoint_id DESC LIMIT 1) AS head_checkpoint_id
-FROM durable_quarantine q JOIN durable_threads t ON t.thread_id = q.thread_id
-WHERE t.status = 'quarantined'
-ORDER BY q.quarantined_at DESC, q.thread_id
-LIMIT %s
-"""
-
-ENTRY_SQL = """
-SELECT q.thread_id, q.checkpoint_id, q.attempts, q.last_error, q.graph_version, q.reason,
-       q.quarantined_at,
-       (SELECT c.checkpoint_id FROM checkpoints c
-        WHERE c.thread_id = q.thread_id AND c.checkpoint_ns = ''
-        ORDER BY c.checkpoint_id DESC LIMIT 1) AS head_checkpoint_id
-FROM durable_quarantine q WHERE q.thread_id = %s
-"""
-
-THREAD_SQL = """
-SELECT status, attempts, attempts_checkpoint_id, last_error, graph_version, lease_owner,
-       EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS expires_in
-FROM durable_threads WHERE thread_id = %s
-"""
-
-HISTORY_SQL = """
-SELECT c.checkpoint_id, c.parent_checkpoint_id, c.metadata ->> 'step' AS step,
-       c.metadata ->> 'source' AS source, c.metadata ->> %s AS graph_version,
-       c.checkpoint ->> 'ts' AS ts,
-       (SELECT count(*) FROM checkpoint_writes w
-        WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
-          AND w.checkpoint_id = c.checkpoint_id) AS writes,
-       (SELECT count(*) FROM checkpoint_writes w
-        WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
-          AND w.checkpoint_id = c.checkpoint_id AND w.channel = %s) AS errors
-FROM checkpoints c
-WHERE c.thread_id = %s AND c.checkpoint_ns = ''
-ORDER BY c.checkpoint_id DESC
-LIMIT %s
-"""
-
-# Row lock: a run start (ACQUIRE_SQL upserts this row) waits for the operator's change.
-LOCK_THREAD_SQL = """
-SELECT status, lease_owner,
-       EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS expires_in
-FROM durable_threads WHERE thread_id = %s FOR UPDATE
-"""
-
-RELEASE_QUARANTINE_SQL = "DELETE FROM durable_quarantine WHERE thread_id = %s RETURNING thread_id"
-
-# 'stopped': the thread has unfinished work and nothing runs it, like a crashed run, so
-# a recovery worker may pick it up again; the count starts over.
-RESET_THREAD_SQL = """
-UPDATE durable_threads SET status = 'stopped', attempts = 0,
-    attempts_checkpoint_id = COALESCE(%(checkpoint_id)s, attempts_checkpoint_id),
-    last_error = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE thread_id = %(thread_id)s
-"""
-
-HEAD_SQL = """
-SELECT checkpoint_id FROM checkpoints
-WHERE thread_id = %s AND checkpoint_ns = '' ORDER BY checkpoint_id DESC LIMIT 1
-"""
-
-# The fork: the chosen checkpoint copied under a new (newest) id, with the same parent
-# and channel versions, so it reads the same blobs and artifacts (nothing else to copy)
-# and a DeltaChannel walk from it sees what it saw from the original. Pending writes are
-# not copied: every task after the chosen checkpoint runs again. run_id is dropped so a
-# rollback of the old run (delete_for_runs) cannot delete the fork.
-FORK_SQL = """
-INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id,
-                         type, checkpoint, metadata)
-SELECT thread_id, checkpoint_ns, %(new_id)s, parent_checkpoint_id, type,
-       jsonb_set(jsonb_set(checkpoint, '{id}', to_jsonb(%(new_id)s::text)),
-                 '{ts}', to_jsonb(%(ts)s::text)),
-       (metadata - 'run_id') || %(extra)s
-FROM checkpoints
-WHERE thread_id = %(thread_id)s AND checkpoint_ns = '' AND checkpoint_id = %(to)s
-RETURNING checkpoint_id
-"""
-
 
 @dataclass(frozen=True)
 class QuarantineEntry:
@@ -240,16 +166,16 @@ def _entry(row: dict[str, Any]) -> QuarantineEntry:
 
 
 def _op_list(limit: int | None) -> Op[list[QuarantineEntry]]:
-    rows = yield Batch([Stmt(LIST_SQL, (limit,), fetch=True)])
+    rows = yield Batch([Stmt(QUARANTINE_LIST_SQL, (limit,), fetch=True)])
     return [_entry(r) for r in rows[0]]
 
 
 def _op_show(thread_id: str, history: int) -> Op[ThreadReport]:
     rows = yield Batch(
         [
-            Stmt(THREAD_SQL, (thread_id,), fetch=True),
-            Stmt(ENTRY_SQL, (thread_id,), fetch=True),
-            Stmt(HISTORY_SQL, (VERSION_KEY, _ERROR_CHANNEL, thread_id, history), fetch=True),
+            Stmt(POISON_THREAD_ROW_SQL, (thread_id,), fetch=True),
+            Stmt(QUARANTINE_ENTRY_SQL, (thread_id,), fetch=True),
+            Stmt(POISON_HISTORY_SQL, (VERSION_KEY, _ERROR_CHANNEL, thread_id, history), fetch=True),
         ]
     )
     thread, entry, hist = rows
@@ -284,7 +210,7 @@ def _op_show(thread_id: str, history: int) -> Op[ThreadReport]:
 
 def _op_release(thread_id: str) -> Op[QuarantineEntry]:
     rows = yield Batch(
-        [Stmt(LOCK_THREAD_SQL, (thread_id,), fetch=True), Stmt(ENTRY_SQL, (thread_id,), fetch=True)]
+        [Stmt(POISON_LOCK_THREAD_SQL, (thread_id,), fetch=True), Stmt(QUARANTINE_ENTRY_SQL, (thread_id,), fetch=True)]
     )
     thread, entry = rows
     status = thread[0]["status"] if thread else None
@@ -296,7 +222,7 @@ def _op_release(thread_id: str) -> Op[QuarantineEntry]:
     yield Batch(
         [
             Stmt(RELEASE_QUARANTINE_SQL, (thread_id,)),
-            Stmt(RESET_THREAD_SQL, {"thread_id": thread_id, "checkpoint_id": None}),
+            Stmt(RESET_QUARANTINED_THREAD_SQL, {"thread_id": thread_id, "checkpoint_id": None}),
         ]
     )
     released = _entry(entry[0])
@@ -321,7 +247,7 @@ def _next_id(head: str | None) -> str:
 
 def _op_rewind(saver: SaverView, thread_id: str, to: str) -> Op[RewindResult]:
     rows = yield Batch(
-        [Stmt(LOCK_THREAD_SQL, (thread_id,), fetch=True), Stmt(HEAD_SQL, (thread_id,), fetch=True)]
+        [Stmt(POISON_LOCK_THREAD_SQL, (thread_id,), fetch=True), Stmt(ROOT_HEAD_SQL, (thread_id,), fetch=True)]
     )
     thread, head_rows = rows
     if thread and thread[0]["lease_owner"] and (thread[0]["expires_in"] or 0) > 0:
@@ -342,7 +268,7 @@ def _op_rewind(saver: SaverView, thread_id: str, to: str) -> Op[RewindResult]:
         "ts": _dt.datetime.now(_dt.UTC).isoformat(),
         "extra": _jsonb(extra),
     }
-    rows = yield Batch([Stmt(FORK_SQL, params, fetch=True)])
+    rows = yield Batch([Stmt(FORK_CHECKPOINT_SQL, params, fetch=True)])
     if not rows[0]:
         raise CheckpointNotFoundError(thread_id, to)
     # Read the fork back in the same transaction, as the next run will: a chosen
@@ -353,7 +279,7 @@ def _op_rewind(saver: SaverView, thread_id: str, to: str) -> Op[RewindResult]:
     rows = yield Batch(
         [
             Stmt(RELEASE_QUARANTINE_SQL, (thread_id,), fetch=True),
-            Stmt(RESET_THREAD_SQL, {"thread_id": thread_id, "checkpoint_id": new_id}),
+            Stmt(RESET_QUARANTINED_THREAD_SQL, {"thread_id": thread_id, "checkpoint_id": new_id}),
         ]
     )
     released = bool(rows[0])

@@ -154,3 +154,21 @@ RESTORE_BLOBS_SQL = (
     "WHERE l.id = %s ON CONFLICT DO NOTHING"
 )
 MARK_UNDONE_SQL = "UPDATE durable_migration_log SET undone_at = now() WHERE id = %s"
+
+# --- durable_graph_versions (compat.py) --------------------------------------------
+
+# Once per version: a name reused for another topology marks the row ambiguous (its
+# topology no longer says which graph wrote a checkpoint stamped with that name).
+RECORD_VERSION_SQL = """
+INSERT INTO durable_graph_versions AS v (version, fingerprint, topology)
+VALUES (%s, %s, %s)
+ON CONFLICT (version) DO UPDATE SET ambiguous = true
+WHERE v.fingerprint <> EXCLUDED.fingerprint AND NOT v.ambiguous
+"""
+
+LOAD_VERSIONS_SQL = """
+SELECT version, fingerprint, topology, ambiguous FROM durable_graph_versions
+WHERE version = ANY(%s)
+"""
+
+RECORDED_VERSIONS_SQL = "SELECT version, fingerprint, ambiguous, created_at FROM durable_graph_versions"

@@ -1,0 +1,33 @@
+"""SQL of export_stock (export.py): inlining artifact references so the stock saver
+reads a thread."""
+
+EXPORT_THREADS_SQL = """
+SELECT DISTINCT thread_id FROM checkpoints
+WHERE (%(thread_ids)s::text[] IS NULL OR thread_id = ANY(%(thread_ids)s))
+ORDER BY thread_id
+"""
+
+THREAD_CHECKPOINT_COUNT_SQL = "SELECT count(*)::int AS n FROM checkpoints WHERE thread_id = %s"
+
+REF_BLOBS_SQL = """
+SELECT checkpoint_ns, channel, version, blob FROM checkpoint_blobs
+WHERE thread_id = %s AND type = %s
+ORDER BY checkpoint_ns, channel, version
+"""
+
+REF_WRITES_SQL = """
+SELECT checkpoint_ns, checkpoint_id, task_id, idx, blob FROM checkpoint_writes
+WHERE thread_id = %s AND type = %s
+ORDER BY checkpoint_ns, checkpoint_id, task_id, idx
+"""
+
+UPDATE_BLOB_SQL = """
+UPDATE checkpoint_blobs SET type = %s, blob = %s
+WHERE thread_id = %s AND checkpoint_ns = %s AND channel = %s AND version = %s AND type = %s
+"""
+
+UPDATE_WRITE_SQL = """
+UPDATE checkpoint_writes SET type = %s, blob = %s
+WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s AND task_id = %s AND idx = %s
+  AND type = %s
+"""
