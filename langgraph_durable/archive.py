@@ -77,6 +77,15 @@ from langgraph_durable.errors import (
     ArtifactError,
     ConfigurationError,
 )
+from langgraph_durable.sql.archive import (
+    ARTIFACT_ROWS_SQL,
+    TABLE_COLUMNS_SQL,
+    checked_delete_sql,
+    insert_rows_sql,
+    thread_exists_sql,
+    thread_fingerprint_sql,
+    thread_rows_sql,
+)
 from langgraph_durable.sql.retention import THREAD_ENVELOPES_SQL
 
 FORMAT = "langgraph-durable-archive"
@@ -102,50 +111,15 @@ def _package_version() -> str:
         return "unknown"
 
 
-# --------------------------------------------------------------------------- SQL
+# --------------------------------------------------------------------------- statements
 
-_COLUMNS_SQL = """
-SELECT c.relname AS tbl, a.attname AS col, format_type(a.atttypid, a.atttypmod) AS type,
-       (a.attidentity <> '' OR a.attgenerated <> ''
-        OR COALESCE(pg_get_expr(d.adbin, d.adrelid), '') LIKE 'nextval(%%') AS generated,
-       array_position(i.indkey::int2[], a.attnum) AS pk
-FROM pg_attribute a
-JOIN pg_class c ON c.oid = a.attrelid
-LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
-WHERE a.attrelid = ANY(%s::text[]::regclass[]) AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY c.relname, a.attnum
-"""
-
-
-def _rows_sql(table: str, order: list[str]) -> sql.Composed:
-    return sql.SQL("SELECT to_jsonb(t) AS r FROM {} t WHERE thread_id = ANY(%s) ORDER BY {}").format(
-        sql.Identifier(table),
-        sql.SQL(", ").join(sql.Identifier(c) for c in order) if order else sql.SQL("1"),
-    )
 
 
 def fingerprint_stmt(ids: list[str], created: Sequence[str] = ()) -> Stmt:
     """Per thread, an md5 over every row of every per-thread table (order-free).
     ``created``: threads whose ``durable_threads`` row the caller just created to lock
     it (retention does for threads without one); that row is left out."""
-    parts = []
-    for t in TABLES:
-        extra = (
-            sql.SQL(" AND NOT (thread_id = ANY(%(created)s))")
-            if t == "durable_threads"
-            else sql.SQL("")
-        )
-        parts.append(
-            sql.SQL(
-                "SELECT thread_id, md5({name} || to_jsonb(t)::text) AS h FROM {tbl} t "
-                "WHERE thread_id = ANY(%(ids)s){extra}"
-            ).format(name=sql.Literal(t), tbl=sql.Identifier(t), extra=extra)
-        )
-    query = sql.SQL(
-        "SELECT thread_id, md5(string_agg(h, '' ORDER BY h COLLATE \"C\")) AS fp "
-        "FROM ({}) x GROUP BY thread_id"
-    ).format(sql.SQL(" UNION ALL ").join(parts))
+    query = thread_fingerprint_sql(TABLES)
     return Stmt(query, {"ids": ids, "created": list(created)}, fetch=True, prepare=False)
 
 
@@ -167,13 +141,7 @@ def delete_checked_stmts(ids: list[str], created: Sequence[str], sizes: dict[str
     any lease takes no row lock) would be deleted without being archived."""
     out = []
     for t in TABLES:
-        h = sql.SQL("md5({name} || to_jsonb(d)::text)").format(name=sql.Literal(t))
-        if t == "durable_threads":
-            h = sql.SQL("CASE WHEN d.thread_id = ANY(%(created)s) THEN NULL ELSE {} END").format(h)
-        query = sql.SQL(
-            "WITH d AS (DELETE FROM {tbl} WHERE thread_id = ANY(%(ids)s) RETURNING *) "
-            "SELECT d.thread_id, {h} AS h, ({size})::bigint AS size FROM d"
-        ).format(tbl=sql.Identifier(t), h=h, size=sql.SQL(sizes.get(t, "0")))
+        query = checked_delete_sql(t, sizes.get(t, "0"))
         out.append(Stmt(query, {"ids": ids, "created": list(created)}, fetch=True, prepare=False))
     return out
 
@@ -198,7 +166,7 @@ def check_deleted(
     return stats
 
 
-_ARTIFACT_ROWS_SQL = "SELECT to_jsonb(a) AS r FROM durable_artifacts a WHERE digest = ANY(%b) ORDER BY digest"
+
 
 
 # Tables whose rows alone do not make a thread "exist": reference rows outlive a thread
@@ -206,19 +174,6 @@ _ARTIFACT_ROWS_SQL = "SELECT to_jsonb(a) AS r FROM durable_artifacts a WHERE dig
 _ADDITIVE = frozenset({"durable_artifact_refs"})
 
 
-def _exists_sql() -> sql.Composed:
-    return sql.SQL(" UNION ").join(
-        sql.SQL("SELECT thread_id FROM {} WHERE thread_id = ANY(%(ids)s)").format(sql.Identifier(t))
-        for t in TABLES
-        if t not in _ADDITIVE
-    )
-
-
-def _insert_sql(table: str, cols: list[str], *, ignore: bool = False) -> sql.Composed:
-    names = sql.SQL(", ").join(sql.Identifier(c) for c in cols)
-    return sql.SQL(
-        "INSERT INTO {t} ({c}) SELECT {c} FROM jsonb_populate_recordset(NULL::{t}, %s){tail}"
-    ).format(t=sql.Identifier(table), c=names, tail=sql.SQL(" ON CONFLICT DO NOTHING" if ignore else ""))
 
 
 # --------------------------------------------------------------------------- reading
@@ -268,7 +223,7 @@ def _op_dump(saver: SaverView, ids: list[str]) -> Op[list[ThreadDump]]:
 
     yield Batch([Stmt("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")])
     meta = yield Batch(
-        [Stmt(_COLUMNS_SQL, (list((*TABLES, _ARTIFACTS)),), fetch=True, prepare=False)]
+        [Stmt(TABLE_COLUMNS_SQL, (list((*TABLES, _ARTIFACTS)),), fetch=True, prepare=False)]
     )
     cols = _columns(meta[0])
     missing = [t for t in (*TABLES, _ARTIFACTS) if t not in cols]
@@ -282,7 +237,7 @@ def _op_dump(saver: SaverView, ids: list[str]) -> Op[list[ThreadDump]]:
     }
     out = yield Batch(
         [fingerprint_stmt(ids)]
-        + [Stmt(_rows_sql(t, order[t]), (ids,), fetch=True, prepare=False) for t in TABLES]
+        + [Stmt(thread_rows_sql(t, order[t]), (ids,), fetch=True, prepare=False) for t in TABLES]
     )
     fps = {r["thread_id"]: r["fp"] for r in out[0]}
     per: dict[str, dict[str, list[dict[str, Any]]]] = {t: {} for t in ids}
@@ -307,7 +262,7 @@ def _op_dump(saver: SaverView, ids: list[str]) -> Op[list[ThreadDump]]:
             # A damaged chunk: archive what the reference rows name; the thread was
             # unloadable past that chunk before, and is the same after a restore.
             pass
-        arts = yield Batch([Stmt(_ARTIFACT_ROWS_SQL, (sorted(digests),), fetch=True, prepare=False)])
+        arts = yield Batch([Stmt(ARTIFACT_ROWS_SQL, (sorted(digests),), fetch=True, prepare=False)])
         tables = {
             t: {"columns": [c[:3] for c in cols[t]], "rows": _encode_rows(cols[t], recs.get(t, []))}
             for t in TABLES
@@ -666,8 +621,8 @@ def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[Res
     yield Batch([artifact_lock(t) for t in ids])
     meta, exists = yield Batch(
         [
-            Stmt(_COLUMNS_SQL, (list((*TABLES, _ARTIFACTS)),), fetch=True, prepare=False),
-            Stmt(_exists_sql(), {"ids": ids}, fetch=True, prepare=False),
+            Stmt(TABLE_COLUMNS_SQL, (list((*TABLES, _ARTIFACTS)),), fetch=True, prepare=False),
+            Stmt(thread_exists_sql([t for t in TABLES if t not in _ADDITIVE]), {"ids": ids}, fetch=True, prepare=False),
         ]
     )
     if exists:
@@ -705,7 +660,7 @@ def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[Res
             ignore = table == _ARTIFACTS or table in _ADDITIVE
             stmts.append(
                 Stmt(
-                    sql.Composed([_insert_sql(table, keep, ignore=ignore), sql.SQL(" RETURNING 1")]),
+                    sql.Composed([insert_rows_sql(table, keep, ignore=ignore), sql.SQL(" RETURNING 1")]),
                     (Jsonb(rows),),
                     fetch=True,
                     prepare=False,
