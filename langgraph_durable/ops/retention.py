@@ -174,66 +174,54 @@ def _flow_gc(
     saver: SaverView, grace: float, batch_size: int, dry_run: bool, progress: Progress | None
 ) -> Flow[GcReport]:
     report = GcReport(dry_run=dry_run)
+    yield from _flow_orphan_refs(saver, dry_run, report)
+    yield from _flow_unreferenced(grace, batch_size, dry_run, progress, report)
+    return report
 
-    # 1. Reference rows of threads that are gone (deleted by something that did not
-    # delete their references, e.g. the stock saver's delete_thread on this database).
-    def orphans() -> Op[list[str]]:
-        rows = yield Batch([Stmt(ORPHAN_THREADS_SQL, fetch=True)])
-        return [r["thread_id"] for r in rows[0]]
 
-    threads: list[str] = yield Tx(orphans)
+def _flow_orphan_refs(saver: SaverView, dry_run: bool, report: GcReport) -> Flow[None]:
+    """1. Reference rows of threads that are gone (deleted by something that did not
+    delete their references, e.g. the stock saver's delete_thread on this database)."""
+    threads: list[str] = yield Tx(_op_orphan_threads)
     report.orphan_threads = len(threads)
     for start in range(0, len(threads), 100):
         part = threads[start : start + 100]
         if dry_run:
-
-            def count(part: list[str] = part) -> Op[int]:
-                rows = yield Batch([Stmt(ORPHAN_REFS_COUNT_SQL, (part,), fetch=True)])
-                return int(rows[0][0]["n"])
-
-            report.orphan_refs += yield Tx(count)
+            report.orphan_refs += yield Tx(partial(_op_count_orphan_refs, part))
         else:
+            report.orphan_refs += yield Tx(partial(_op_sweep_orphan_refs, saver, part))
 
-            def sweep(part: list[str] = part) -> Op[int]:
-                rows = yield Batch(
-                    [artifact_lock(t) for t in part] + [Stmt(DELETE_ORPHAN_REFS_SQL, (part,), fetch=True)]
-                )
-                for t in part:
-                    yield AfterCommit(partial(saver._known_refs.forget_thread, t))
-                return int(rows[-1][0]["n"])
 
-            report.orphan_refs += yield Tx(sweep)
+def _op_orphan_threads() -> Op[list[str]]:
+    rows = yield Batch([Stmt(ORPHAN_THREADS_SQL, fetch=True)])
+    return [r["thread_id"] for r in rows[0]]
 
-    # 2. Unreferenced artifacts, a page of digests per transaction (keyset order, so
-    # the table is walked once however much is deleted).
-    def total() -> Op[int]:
-        rows = yield Batch([Stmt(COUNT_ARTIFACTS_SQL, fetch=True)])
-        return int(rows[0][0]["n"])
 
-    n_total: int = yield Tx(total)
+def _op_count_orphan_refs(part: list[str]) -> Op[int]:
+    rows = yield Batch([Stmt(ORPHAN_REFS_COUNT_SQL, (part,), fetch=True)])
+    return int(rows[0][0]["n"])
+
+
+def _op_sweep_orphan_refs(saver: SaverView, part: list[str]) -> Op[int]:
+    rows = yield Batch(
+        [artifact_lock(t) for t in part] + [Stmt(DELETE_ORPHAN_REFS_SQL, (part,), fetch=True)]
+    )
+    for t in part:
+        yield AfterCommit(partial(saver._known_refs.forget_thread, t))
+    return int(rows[-1][0]["n"])
+
+
+def _flow_unreferenced(
+    grace: float, batch_size: int, dry_run: bool, progress: Progress | None, report: GcReport
+) -> Flow[None]:
+    """2. Unreferenced artifacts, a page of digests per transaction (keyset order, so
+    the table is walked once however much is deleted)."""
+    n_total: int = yield Tx(_op_count_artifacts)
     lo = b""
     while True:
-
-        def page(lo: bytes = lo) -> Op[tuple[int, bytes | None, dict[str, Any]]]:
-            # A retry after a lost COMMIT reply finds the page's artifacts deleted by
-            # the committed first attempt: report what that attempt deleted (op_memo).
-            memo = op_memo()
-            rows = yield Batch([Stmt(ARTIFACT_PAGE_SQL, (lo, batch_size), fetch=True)])
-            if not rows[0]:
-                return memo.get("page", (0, None, {}))
-            hi = bytes(rows[0][-1]["digest"])
-            params = {"lo": lo, "hi": hi, "grace": grace}
-            sql = GC_DRY_SQL if dry_run else GC_DELETE_SQL
-            out = yield Batch([Stmt(sql, params, fetch=True, prepare=False)])
-            got = _one(out[0])
-            if "page" in memo and not int(got.get("n") or 0):
-                return cast("tuple[int, bytes | None, dict[str, Any]]", memo["page"])
-            memo["page"] = (len(rows[0]), hi, got)
-            return len(rows[0]), hi, got
-
         for attempt in range(_FK_RETRIES + 1):
             try:
-                scanned, hi, got = yield Tx(page)
+                scanned, hi, got = yield Tx(partial(_op_gc_page, lo, batch_size, grace, dry_run))
                 break
             except psycopg.errors.ForeignKeyViolation:
                 # A put referenced one of the page's artifacts after our snapshot: the
@@ -250,7 +238,31 @@ def _flow_gc(
         if scanned < batch_size:
             break
         lo = hi
-    return report
+
+
+def _op_count_artifacts() -> Op[int]:
+    rows = yield Batch([Stmt(COUNT_ARTIFACTS_SQL, fetch=True)])
+    return int(rows[0][0]["n"])
+
+
+def _op_gc_page(
+    lo: bytes, batch_size: int, grace: float, dry_run: bool
+) -> Op[tuple[int, bytes | None, dict[str, Any]]]:
+    # A retry after a lost COMMIT reply finds the page's artifacts deleted by
+    # the committed first attempt: report what that attempt deleted (op_memo).
+    memo = op_memo()
+    rows = yield Batch([Stmt(ARTIFACT_PAGE_SQL, (lo, batch_size), fetch=True)])
+    if not rows[0]:
+        return memo.get("page", (0, None, {}))
+    hi = bytes(rows[0][-1]["digest"])
+    params = {"lo": lo, "hi": hi, "grace": grace}
+    sql = GC_DRY_SQL if dry_run else GC_DELETE_SQL
+    out = yield Batch([Stmt(sql, params, fetch=True, prepare=False)])
+    got = _one(out[0])
+    if "page" in memo and not int(got.get("n") or 0):
+        return cast("tuple[int, bytes | None, dict[str, Any]]", memo["page"])
+    memo["page"] = (len(rows[0]), hi, got)
+    return len(rows[0]), hi, got
 
 
 def gc(
