@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 import ormsgpack
-from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 
 from langgraph_durable.artifacts import (
@@ -38,16 +37,29 @@ from langgraph_durable.artifacts import (
 )
 from langgraph_durable.errors import CheckpointLoadError, InspectError
 from langgraph_durable.sql.inspection import (
+    ARTIFACT_DATA_SQL,
+    ARTIFACT_SIZES_SQL,
+    ARTIFACT_TOTALS_SQL,
+    ARTIFACT_USERS_SQL,
     BLOB_SIZES_SQL,
     CHECKPOINT_COUNT_SQL,
+    CHECKPOINT_PREFIX_SQL,
+    CHECKPOINT_VERSIONS_SQL,
+    DATABASE_SIZE_SQL,
     HISTORY_SQL,
     LEDGER_BY_STATUS_SQL,
+    NTH_CHECKPOINT_SQL,
     QUARANTINE_ROW_SQL,
+    REF_BLOBS_SQL,
+    REF_WRITES_SQL,
+    TABLE_OID_SQL,
+    TABLE_SIZES_SQL,
     THREAD_LIST_SQL,
     THREAD_ROW_SQL,
     THREAD_STATE_COUNTS_SQL,
     UNTRACKED_COUNT_SQL,
     WRITES_SQL,
+    table_count_sql,
 )
 from langgraph_durable.states import STATES, state_of
 
@@ -464,8 +476,7 @@ def thread_history(
         if missing_parent and missing_parent not in by_id:
             extra = _rows(
                 conn,
-                "SELECT checkpoint_id, checkpoint -> 'channel_versions' AS versions FROM checkpoints "
-                "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
+                CHECKPOINT_VERSIONS_SQL,
                 (thread_id, checkpoint_ns, missing_parent),
             )
             for r in extra:
@@ -521,16 +532,14 @@ def resolve_checkpoint(
             back = int(ref.partition("~")[2] or 0)
             rows = _rows(
                 conn,
-                "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s "
-                "ORDER BY checkpoint_id DESC OFFSET %s LIMIT 1",
+                NTH_CHECKPOINT_SQL,
                 (thread_id, checkpoint_ns, back),
             )
         else:
             # starts_with: the prefix is a value, never a LIKE pattern.
             rows = _rows(
                 conn,
-                "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s "
-                "AND starts_with(checkpoint_id, %s) ORDER BY checkpoint_id DESC LIMIT 2",
+                CHECKPOINT_PREFIX_SQL,
                 (thread_id, checkpoint_ns, ref),
             )
             exact = [r for r in rows if r["checkpoint_id"] == ref]
@@ -634,18 +643,17 @@ def diff_checkpoints(
 def _table_stats(conn: Connection[Any], names: Iterable[str]) -> list[dict[str, Any]]:
     out = []
     for name in names:
-        found = _rows(conn, "SELECT to_regclass(%s)::oid AS oid", (name,))[0]["oid"]
+        found = _rows(conn, TABLE_OID_SQL, (name,))[0]["oid"]
         if found is None:
             continue
         size = _rows(
             conn,
-            "SELECT pg_total_relation_size(%s)::bigint AS total, pg_relation_size(%s)::bigint AS heap, "
-            "pg_indexes_size(%s)::bigint AS indexes",
+            TABLE_SIZES_SQL,
             (found, found, found),
         )[0]
         # The name comes from a fixed list and is quoted as an identifier.
         count = _rows(
-            conn, sql.SQL("SELECT count(*)::bigint AS n FROM {}").format(sql.Identifier(name))
+            conn, table_count_sql(name)
         )[0]["n"]
         out.append({"table": name, "rows": count, **size})
     return out
@@ -678,69 +686,14 @@ def _artifact_stats(saver: DurablePostgresSaver, conn: Connection[Any]) -> dict[
     elements); unique bytes: the distinct content; stored bytes: what the artifact
     table holds (compressed). dedup_ratio = logical / stored.
     """
-    elements: Counter[bytes] = Counter()
-    chunks: Counter[bytes] = Counter()
     damaged: list[dict[str, Any]] = []
-    for what, query in (
-        ("blob", "SELECT blob, thread_id, checkpoint_ns, channel FROM checkpoint_blobs WHERE type = %s"),
-        (
-            "write",
-            "SELECT blob, thread_id, checkpoint_ns, channel, checkpoint_id "
-            "FROM checkpoint_writes WHERE type = %s",
-        ),
-    ):
-        with conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query, (REF_TYPE,))
-            for blob, *where in cur:
-                el: Counter[bytes] = Counter()
-                ch: Counter[bytes] = Counter()
-                try:
-                    _count_refs(_envelope_items(bytes(blob)), el, ch)
-                except Exception as exc:  # one damaged row is reported, not fatal
-                    damaged.append(_damage(what, where, exc))
-                    continue
-                elements.update(el)
-                chunks.update(ch)
-    totals = _rows(
-        conn,
-        "SELECT count(*)::bigint AS n, COALESCE(sum(size), 0)::bigint AS unique_bytes, "
-        "COALESCE(sum(octet_length(data)), 0)::bigint AS stored_bytes FROM durable_artifacts",
-    )[0]
-    # What each chunk holds: inline bytes, element refs and sub-chunk refs. Fetched
-    # level by level (a chunk may hold chunks), each chunk once.
-    expansion: dict[bytes, tuple[int, Counter[bytes], Counter[bytes]]] = {}
-    wanted = set(chunks)
-    while wanted:
-        for r in _rows(
-            conn,
-            "SELECT digest, data FROM durable_artifacts WHERE digest = ANY(%s)",
-            (list(wanted),),
-        ):
-            inner_el: Counter[bytes] = Counter()
-            inner_ch: Counter[bytes] = Counter()
-            try:
-                content = saver.codec.unseal(bytes(r["data"]), saver.serde)
-                inline = _count_refs(ormsgpack.unpackb(content[1:]), inner_el, inner_ch)
-            except Exception as exc:  # a damaged chunk artifact: reported, not fatal
-                users = _rows(
-                    conn,
-                    "SELECT thread_id FROM durable_artifact_refs WHERE digest = %s "
-                    "ORDER BY thread_id LIMIT 10",
-                    (r["digest"],),
-                )
-                item = {"artifact": bytes(r["digest"]).hex(), "error": f"{type(exc).__name__}: {exc}"}
-                damaged.append({**item, "thread_ids": [u["thread_id"] for u in users]})
-                inline, inner_el, inner_ch = 0, Counter(), Counter()
-            expansion[bytes(r["digest"])] = (inline, inner_el, inner_ch)
-        wanted = {d for _, _, sub in expansion.values() for d in sub if d not in expansion} - wanted
+    elements, chunks = _referenced_counts(conn, damaged)
+    totals = _rows(conn, ARTIFACT_TOTALS_SQL)[0]
+    expansion = _chunk_expansion(saver, conn, set(chunks), damaged)
     needed = set(elements) | {d for _, el, _ in expansion.values() for d in el}
     sizes: dict[bytes, int] = {}
     if needed:
-        for r in _rows(
-            conn,
-            "SELECT digest, size FROM durable_artifacts WHERE digest = ANY(%s)",
-            (list(needed),),
-        ):
+        for r in _rows(conn, ARTIFACT_SIZES_SQL, (list(needed),)):
             sizes[bytes(r["digest"])] = int(r["size"])
     memo: dict[bytes, int] = {}
 
@@ -765,6 +718,52 @@ def _artifact_stats(saver: DurablePostgresSaver, conn: Connection[Any]) -> dict[
         "dedup_ratio": round(logical / stored, 3) if stored else None,
         "damaged": damaged,
     }
+
+
+def _referenced_counts(
+    conn: Connection[Any], damaged: list[dict[str, Any]]
+) -> tuple[Counter[bytes], Counter[bytes]]:
+    """How often each element and chunk artifact is referenced by the envelopes in
+    checkpoint_blobs and checkpoint_writes (a damaged envelope is reported, not fatal)."""
+    elements: Counter[bytes] = Counter()
+    chunks: Counter[bytes] = Counter()
+    for what, query in (("blob", REF_BLOBS_SQL), ("write", REF_WRITES_SQL)):
+        with conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query, (REF_TYPE,))
+            for blob, *where in cur:
+                el: Counter[bytes] = Counter()
+                ch: Counter[bytes] = Counter()
+                try:
+                    _count_refs(_envelope_items(bytes(blob)), el, ch)
+                except Exception as exc:  # one damaged row is reported, not fatal
+                    damaged.append(_damage(what, where, exc))
+                    continue
+                elements.update(el)
+                chunks.update(ch)
+    return elements, chunks
+
+
+def _chunk_expansion(
+    saver: DurablePostgresSaver, conn: Connection[Any], wanted: set[bytes], damaged: list[dict[str, Any]]
+) -> dict[bytes, tuple[int, Counter[bytes], Counter[bytes]]]:
+    """What each chunk holds: inline bytes, element refs and sub-chunk refs. Fetched
+    level by level (a chunk may hold chunks), each chunk once."""
+    expansion: dict[bytes, tuple[int, Counter[bytes], Counter[bytes]]] = {}
+    while wanted:
+        for r in _rows(conn, ARTIFACT_DATA_SQL, (list(wanted),)):
+            inner_el: Counter[bytes] = Counter()
+            inner_ch: Counter[bytes] = Counter()
+            try:
+                content = saver.codec.unseal(bytes(r["data"]), saver.serde)
+                inline = _count_refs(ormsgpack.unpackb(content[1:]), inner_el, inner_ch)
+            except Exception as exc:  # a damaged chunk artifact: reported, not fatal
+                users = _rows(conn, ARTIFACT_USERS_SQL, (r["digest"],))
+                item = {"artifact": bytes(r["digest"]).hex(), "error": f"{type(exc).__name__}: {exc}"}
+                damaged.append({**item, "thread_ids": [u["thread_id"] for u in users]})
+                inline, inner_el, inner_ch = 0, Counter(), Counter()
+            expansion[bytes(r["digest"])] = (inline, inner_el, inner_ch)
+        wanted = {d for _, _, sub in expansion.values() for d in sub if d not in expansion} - wanted
+    return expansion
 
 
 def _damage(what: str, where: list[Any], exc: Exception) -> dict[str, Any]:
@@ -792,7 +791,7 @@ def storage_stats(saver: DurablePostgresSaver) -> dict[str, Any]:
         )
         db = _rows(
             conn,
-            "SELECT current_database() AS name, pg_database_size(current_database())::bigint AS bytes",
+            DATABASE_SIZE_SQL,
         )[0]
     by_name = {t["table"]: t for t in tables}
     return {

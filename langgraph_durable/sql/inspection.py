@@ -151,3 +151,50 @@ CHECKPOINT_COUNT_SQL = (
 LEDGER_BY_STATUS_SQL = (
     "SELECT status, count(*)::int AS n FROM durable_ledger WHERE thread_id = %s GROUP BY status"
 )
+
+# storage_stats' dedup figures: the envelopes referencing artifacts, the artifact table's
+# totals, chunk contents and element sizes, and who uses a damaged chunk.
+REF_BLOBS_SQL = "SELECT blob, thread_id, checkpoint_ns, channel FROM checkpoint_blobs WHERE type = %s"
+REF_WRITES_SQL = (
+    "SELECT blob, thread_id, checkpoint_ns, channel, checkpoint_id "
+    "FROM checkpoint_writes WHERE type = %s"
+)
+ARTIFACT_TOTALS_SQL = (
+    "SELECT count(*)::bigint AS n, COALESCE(sum(size), 0)::bigint AS unique_bytes, "
+    "COALESCE(sum(octet_length(data)), 0)::bigint AS stored_bytes FROM durable_artifacts"
+)
+ARTIFACT_DATA_SQL = "SELECT digest, data FROM durable_artifacts WHERE digest = ANY(%s)"
+ARTIFACT_SIZES_SQL = "SELECT digest, size FROM durable_artifacts WHERE digest = ANY(%s)"
+ARTIFACT_USERS_SQL = (
+    "SELECT thread_id FROM durable_artifact_refs WHERE digest = %s ORDER BY thread_id LIMIT 10"
+)
+
+# Checkpoint references: one checkpoint's channel versions (a history's missing parent),
+# the n-th newest (``~n``), the ones an id prefix matches (starts_with: never a pattern).
+CHECKPOINT_VERSIONS_SQL = (
+    "SELECT checkpoint_id, checkpoint -> 'channel_versions' AS versions FROM checkpoints "
+    "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s"
+)
+NTH_CHECKPOINT_SQL = (
+    "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s "
+    "ORDER BY checkpoint_id DESC OFFSET %s LIMIT 1"
+)
+CHECKPOINT_PREFIX_SQL = (
+    "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s "
+    "AND starts_with(checkpoint_id, %s) ORDER BY checkpoint_id DESC LIMIT 2"
+)
+
+# Table and database sizes (storage_stats).
+TABLE_OID_SQL = "SELECT to_regclass(%s)::oid AS oid"
+TABLE_SIZES_SQL = (
+    "SELECT pg_total_relation_size(%s)::bigint AS total, pg_relation_size(%s)::bigint AS heap, "
+    "pg_indexes_size(%s)::bigint AS indexes"
+)
+DATABASE_SIZE_SQL = (
+    "SELECT current_database() AS name, pg_database_size(current_database())::bigint AS bytes"
+)
+
+
+def table_count_sql(name: str) -> sql.Composed:
+    """Rows of ``name`` (from the package's fixed table lists; quoted as an identifier)."""
+    return sql.SQL("SELECT count(*)::bigint AS n FROM {}").format(sql.Identifier(name))
