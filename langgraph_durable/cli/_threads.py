@@ -196,15 +196,33 @@ def threads_show(
     json_out: JsonOption = False,
 ) -> None:
     """Latest state of a thread: channels and sizes, next nodes, lease, quarantine."""
-    from rich.table import Table
-    from rich.text import Text
-
     from langgraph_durable.ops import inspection as lgi
     with _saver(dsn, schema) as saver:
         info = lgi.show_thread(saver, thread_id)
     if json_out:
         print_json(info)
         return
+    console.print(_show_summary(info))
+    if info.get("load_error"):
+        console.print(
+            "[red]the latest checkpoint cannot be decoded: its values are not shown; a run "
+            "from it is quarantined (see `langgraph-durable quarantine show`, then rewind)[/]"
+        )
+        return
+    console.print(_show_channels(info, show_all))
+    if info["finished_tasks"]:
+        console.print(_show_finished(info, show_all))
+    for i in info["interrupts"]:
+        console.print(f"[cyan]interrupt[/] in {i['node'] or i['task_id']}: {i['value']}")
+    for e in info["errors"]:
+        console.print(f"[red]error write[/] from {e['node'] or e['task_id']}: {e['error']}")
+
+
+def _show_summary(info: dict[str, Any]) -> Any:
+    """The thread's facts, one per row: state, version, checkpoint, lease, quarantine."""
+    from rich.table import Table
+    from rich.text import Text
+
     cp = info["checkpoint"] or {}
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
@@ -240,13 +258,11 @@ def threads_show(
         grid.add_row("damaged", Text(damage["message"], style="bold red"))
     else:
         grid.add_row("next", ", ".join(info["next"]) or "(nothing: the run is complete)")
-    console.print(grid)
-    if damage:
-        console.print(
-            "[red]the latest checkpoint cannot be decoded: its values are not shown; a run "
-            "from it is quarantined (see `langgraph-durable quarantine show`, then rewind)[/]"
-        )
-        return
+    return grid
+
+
+def _show_channels(info: dict[str, Any], show_all: bool) -> Any:
+    from rich.table import Table
 
     channels = [c for c in info["channels"] if show_all or not c["internal"]]
     table = Table(title="channels", title_justify="left")
@@ -260,29 +276,28 @@ def threads_show(
         if c["storage"] != "inline":
             stored += f" ({c['storage']})"
         table.add_row(c["channel"], c["type"], fmt_bytes(c["size"]), stored, c["preview"])
-    console.print(table)
+    return table
 
-    if info["finished_tasks"]:
-        done = Table(
-            title="tasks already finished in this step (restored on resume, not re-run)",
-            title_justify="left",
+
+def _show_finished(info: dict[str, Any], show_all: bool) -> Any:
+    from rich.table import Table
+
+    done = Table(
+        title="tasks already finished in this step (restored on resume, not re-run)",
+        title_justify="left",
+    )
+    done.add_column("node")
+    done.add_column("task id", no_wrap=True)
+    done.add_column("writes")
+    done.add_column("bytes", justify="right")
+    for t in info["finished_tasks"]:
+        done.add_row(
+            t["node"] or "(push)",
+            t["task_id"],
+            ", ".join(t["channels"] if show_all else _channel_labels(t["channels"])),
+            fmt_bytes(t["bytes"]),
         )
-        done.add_column("node")
-        done.add_column("task id", no_wrap=True)
-        done.add_column("writes")
-        done.add_column("bytes", justify="right")
-        for t in info["finished_tasks"]:
-            done.add_row(
-                t["node"] or "(push)",
-                t["task_id"],
-                ", ".join(t["channels"] if show_all else _channel_labels(t["channels"])),
-                fmt_bytes(t["bytes"]),
-            )
-        console.print(done)
-    for i in info["interrupts"]:
-        console.print(f"[cyan]interrupt[/] in {i['node'] or i['task_id']}: {i['value']}")
-    for e in info["errors"]:
-        console.print(f"[red]error write[/] from {e['node'] or e['task_id']}: {e['error']}")
+    return done
 
 
 @threads_app.command("history")
