@@ -203,75 +203,104 @@ def list_cmd(
     """Threads grouped by the graph version of their latest checkpoint (what must drain
     before the old code goes), or one row per thread with --version/--threads. With
     --graph, how that graph would treat each thread (its pending work included)."""
-    from rich.table import Table
-
-    from langgraph_durable import compat
-    from langgraph_durable.ops import migrations as mig
-
     if version is not None and unversioned:
         raise _fail("--version and --unversioned exclude each other")
     per_thread = threads or version is not None or unversioned or status is not None
     g = _graph(graph)[0] if graph else None
     with open_saver(dsn, schema, readonly=True) as saver:
-        recorded = compat.recorded_versions(saver)
         if not per_thread:
-            groups = mig.version_summary(saver)
-            for grp in groups:
-                row = recorded.get(grp["graph_version"] or "")
-                grp["topology"] = (
-                    "ambiguous" if row and row["ambiguous"] else "stored" if row else "none"
-                )
-            if g is not None:
-                verdicts = _classify_all(saver, g)
-                for grp in groups:
-                    counts: dict[str, int] = {}
-                    for ver, verdict in verdicts:
-                        if ver == grp["graph_version"]:
-                            counts[verdict] = counts.get(verdict, 0) + 1
-                    grp["vs_graph"] = counts
-            if as_json:
-                print_json(groups)
-                return
-            table = Table(title="Threads by graph version (latest checkpoint)")
-            cols = ["graph version", "threads", "unfinished", "by status", "last activity", "topology"]
-            if g is not None:
-                cols.append("vs --graph")
-            for col in cols:
-                table.add_column(col, justify="right" if col in ("threads", "unfinished") else "left")
-            for grp in groups:
-                cells = [
-                    _label(grp["graph_version"]),
-                    str(grp["threads"]),
-                    str(grp["unfinished"]),
-                    ", ".join(f"{k} {n}" for k, n in sorted(grp["by_status"].items())),
-                    _when(grp["last_activity"]),
-                    grp["topology"],
-                ]
-                if g is not None:
-                    cells.append(", ".join(f"{k} {n}" for k, n in sorted(grp["vs_graph"].items())))
-                table.add_row(*cells)
-            console.print(table)
-            if not groups:
-                console.print("no threads")
-            return
-        rows = mig.list_threads(
-            saver,
-            version=None if unversioned else version,
-            any_version=version is None and not unversioned,
-            status=status,
-            limit=limit,
-        )
-        if g is not None:
-            found = compat.classify_threads(saver, g, [r["thread_id"] for r in rows])
-            for r in rows:
-                c = found.get(r["thread_id"])
-                r["compatibility"] = c.as_dict() if c is not None else None
+            groups = _version_groups(saver, g)
+        else:
+            rows = _thread_rows(saver, g, version, unversioned, status, limit)
+    if not per_thread:
+        if as_json:
+            print_json(groups)
+        else:
+            _print_groups(groups, g is not None)
+        return
     if as_json:
         print_json(rows)
         return
+    _print_threads(rows, g is not None, version, unversioned, limit)
+
+
+def _version_groups(saver: Any, g: Any) -> list[dict[str, Any]]:
+    """The version groups, each with whether its topology is stored and, with a graph,
+    how that graph would treat its threads."""
+    from langgraph_durable import compat
+    from langgraph_durable.ops import migrations as mig
+
+    recorded = compat.recorded_versions(saver)
+    groups = mig.version_summary(saver)
+    for grp in groups:
+        row = recorded.get(grp["graph_version"] or "")
+        grp["topology"] = "ambiguous" if row and row["ambiguous"] else "stored" if row else "none"
+    if g is not None:
+        verdicts = _classify_all(saver, g)
+        for grp in groups:
+            counts: dict[str, int] = {}
+            for ver, verdict in verdicts:
+                if ver == grp["graph_version"]:
+                    counts[verdict] = counts.get(verdict, 0) + 1
+            grp["vs_graph"] = counts
+    return groups
+
+
+def _thread_rows(
+    saver: Any, g: Any, version: str | None, unversioned: bool, status: str | None, limit: int
+) -> list[dict[str, Any]]:
+    from langgraph_durable import compat
+    from langgraph_durable.ops import migrations as mig
+
+    rows = mig.list_threads(
+        saver,
+        version=None if unversioned else version,
+        any_version=version is None and not unversioned,
+        status=status,
+        limit=limit,
+    )
+    if g is not None:
+        found = compat.classify_threads(saver, g, [r["thread_id"] for r in rows])
+        for r in rows:
+            c = found.get(r["thread_id"])
+            r["compatibility"] = c.as_dict() if c is not None else None
+    return rows
+
+
+def _print_groups(groups: list[dict[str, Any]], vs_graph: bool) -> None:
+    from rich.table import Table
+
+    table = Table(title="Threads by graph version (latest checkpoint)")
+    cols = ["graph version", "threads", "unfinished", "by status", "last activity", "topology"]
+    if vs_graph:
+        cols.append("vs --graph")
+    for col in cols:
+        table.add_column(col, justify="right" if col in ("threads", "unfinished") else "left")
+    for grp in groups:
+        cells = [
+            _label(grp["graph_version"]),
+            str(grp["threads"]),
+            str(grp["unfinished"]),
+            ", ".join(f"{k} {n}" for k, n in sorted(grp["by_status"].items())),
+            _when(grp["last_activity"]),
+            grp["topology"],
+        ]
+        if vs_graph:
+            cells.append(", ".join(f"{k} {n}" for k, n in sorted(grp["vs_graph"].items())))
+        table.add_row(*cells)
+    console.print(table)
+    if not groups:
+        console.print("no threads")
+
+
+def _print_threads(
+    rows: list[dict[str, Any]], vs_graph: bool, version: str | None, unversioned: bool, limit: int
+) -> None:
+    from rich.table import Table
+
     table = Table(title=f"Threads{f' at {version}' if version else ''}{' (unversioned)' if unversioned else ''}")
     cols = ["thread", "graph version", "status", "step", "migrated from", "last activity"]
-    if g is not None:
+    if vs_graph:
         cols.append("vs --graph")
     for col in cols:
         table.add_column(col)
@@ -284,9 +313,8 @@ def list_cmd(
             r["migrated_from"] or "-",
             _when(r["last_activity"]),
         ]
-        if g is not None:
-            c = r.get("compatibility")
-            cells.append(_verdict_cell(c))
+        if vs_graph:
+            cells.append(_verdict_cell(r.get("compatibility")))
         table.add_row(*cells)
     console.print(table)
     console.print(f"{len(rows)} thread(s)" + (" (limit reached)" if len(rows) >= limit else ""))
