@@ -625,8 +625,6 @@ def _rename_state_keys(w: _Work, m: Migration) -> None:
 
 def _rename_nodes(w: _Work, m: Migration) -> None:
     """Step 2: node renames / drops: routing channels, versions_seen, Sends, writes."""
-    from langgraph.types import Send
-
     r, drop = m.rename_nodes, m.drop_nodes
     tracked = {c for c in w.current_of.values() if c is not None}
     for orig, cur in list(w.current_of.items()):
@@ -641,6 +639,41 @@ def _rename_nodes(w: _Work, m: Migration) -> None:
     def dropped(ch: str, drop: frozenset[str] = drop) -> bool:
         target = _target_node(ch)
         return target is not None and target in drop
+
+    _rename_node_values(w, r, drop, dropped)
+    new_versions: dict[str, Any] = {}
+    for k, v in w.versions.items():
+        if dropped(k):
+            continue
+        nk = rename_channel(k, r)
+        if nk in new_versions:
+            w.merged.add(nk)
+            v = _max_version([v, new_versions[nk]])
+        new_versions[nk] = v
+    w.versions = new_versions
+    new_seen: dict[str, dict[str, Any]] = {}
+    for n, s in w.seen.items():
+        if n in drop:
+            continue
+        renamed = {rename_channel(c, r): v for c, v in s.items() if not dropped(c)}
+        target = r.get(n, n)
+        if target in new_seen:
+            for c, v in renamed.items():
+                prev = new_seen[target].get(c)
+                new_seen[target][c] = v if prev is None else min(prev, v)
+        else:
+            new_seen[target] = renamed
+    w.seen = new_seen
+    w.updated = [rename_channel(c, r) for c in w.updated if not dropped(c)]
+    _rename_node_writes(w, r, drop, dropped)
+
+
+def _rename_node_values(
+    w: _Work, r: Mapping[str, str], drop: frozenset[str], dropped: Callable[[str], bool]
+) -> None:
+    """Channel values under the renamed nodes' channels: barrier sets and Sends renamed
+    (a changed value is re-versioned), merged channels united."""
+    from langgraph.types import Send
 
     new_values: dict[str, Any] = {}
     for k, v in w.values.items():
@@ -666,30 +699,15 @@ def _rename_nodes(w: _Work, m: Migration) -> None:
                 v = prev | v
         new_values[nk] = v
     w.values = new_values
-    new_versions: dict[str, Any] = {}
-    for k, v in w.versions.items():
-        if dropped(k):
-            continue
-        nk = rename_channel(k, r)
-        if nk in new_versions:
-            w.merged.add(nk)
-            v = _max_version([v, new_versions[nk]])
-        new_versions[nk] = v
-    w.versions = new_versions
-    new_seen: dict[str, dict[str, Any]] = {}
-    for n, s in w.seen.items():
-        if n in drop:
-            continue
-        renamed = {rename_channel(c, r): v for c, v in s.items() if not dropped(c)}
-        target = r.get(n, n)
-        if target in new_seen:
-            for c, v in renamed.items():
-                prev = new_seen[target].get(c)
-                new_seen[target][c] = v if prev is None else min(prev, v)
-        else:
-            new_seen[target] = renamed
-    w.seen = new_seen
-    w.updated = [rename_channel(c, r) for c in w.updated if not dropped(c)]
+
+
+def _rename_node_writes(
+    w: _Work, r: Mapping[str, str], drop: frozenset[str], dropped: Callable[[str], bool]
+) -> None:
+    """Pending writes: Sends to a dropped node go, to a renamed one follow it; barrier
+    writes name the node that finished."""
+    from langgraph.types import Send
+
     new_writes = []
     for t, c, v in w.writes:
         if dropped(c):
