@@ -165,8 +165,6 @@ def retain_command(
     with --keep-last K keep only the last K checkpoints of the others. Never touches a
     thread that is running, leased or quarantined. With --archive URL each deleted
     thread is archived (and verified) first."""
-    from rich.table import Table
-
     from langgraph_durable.ops import retention
     statuses = status or ["done"]
     gc_report: retention.GcReport | None = None
@@ -194,6 +192,25 @@ def retain_command(
         out["gc"] = gc_report.as_dict() if gc_report is not None else None
         print_json(out)
         return
+    console.print(_retain_table(report, days, keep_last, dry_run, archive))
+    for d in report.damaged:
+        err_console.print(
+            f"skipped damaged thread {d['thread_id']!r} (checkpoint {d['checkpoint_id']}): "
+            f"{d['error']}",
+            style="red",
+            markup=False,
+            highlight=False,
+        )
+    if gc_report is not None:
+        console.print(_gc_table(gc_report, "gc"))
+
+
+def _retain_table(
+    report: Any, days: float, keep_last: int | None, dry_run: bool, archive: str | None
+) -> Any:
+    """What retain deleted (or would), as a table."""
+    from rich.table import Table
+
     verb = "would delete" if dry_run else "deleted"
     table = Table(title="retain (dry run)" if dry_run else "retain", header_style="bold")
     table.add_column("what")
@@ -219,17 +236,8 @@ def retain_command(
         )
     for reason, n in sorted(report.skipped.items()):
         table.add_row(f"[dim]threads skipped: {reason}[/]", str(n), "")
-    console.print(table)
-    for d in report.damaged:
-        err_console.print(
-            f"skipped damaged thread {d['thread_id']!r} (checkpoint {d['checkpoint_id']}): "
-            f"{d['error']}",
-            style="red",
-            markup=False,
-            highlight=False,
-        )
-    if gc_report is not None:
-        console.print(_gc_table(gc_report, "gc"))
+    return table
+
 
 
 def restore_command(
