@@ -70,7 +70,6 @@ def export_stock_command(
     from langgraph_durable import export
 
     url = resolve_dsn(dsn)
-    mismatches: dict[str, list[str]] = {}
     with open_saver(url, schema) as saver:
         ids = thread or None
         before: dict[str, Any] = {}
@@ -78,13 +77,7 @@ def export_stock_command(
             listed = saver.run_op(lambda: export.op_thread_ids(ids))
             before = {tid: export.snapshot_thread(saver, tid) for tid in listed}
         report = export.export_stock(saver, thread_ids=ids, dry_run=dry_run)
-    if before:
-        conn, stock = _stock_saver(url, schema)
-        with conn:
-            for tid, snap in before.items():
-                problems = export.compare_snapshots(snap, export.snapshot_thread(stock, tid))
-                if problems:
-                    mismatches[tid] = problems
+    mismatches = _verify_with_stock(url, schema, before) if before else {}
     out = report.as_dict()
     if verify and not dry_run:
         out["verified"] = {"threads": len(before), "mismatches": sum(map(len, mismatches.values()))}
@@ -92,54 +85,76 @@ def export_stock_command(
     if as_json:
         print_json(out)
     else:
-        totals = report.totals()
-        verb = "would inline" if dry_run else "inlined"
-        from rich.table import Table
-
-        table = Table(title="export-stock" + (" (dry run: nothing written)" if dry_run else ""))
-        for col in (
-            "thread",
-            "checkpoints",
-            "blobs",
-            "writes",
-            "envelopes",
-            "stock rows",
-            "channels",
-        ):
-            table.add_column(col)
-        for t in report.threads:
-            if t.changed:
-                table.add_row(
-                    t.thread_id,
-                    str(t.checkpoints),
-                    str(t.blobs),
-                    str(t.writes),
-                    fmt_bytes(t.envelope_bytes),
-                    fmt_bytes(t.stock_bytes),
-                    ", ".join(t.channels),
-                )
-        if totals["threads_changed"]:
-            console.print(table)
-        console.print(
-            f"{totals['threads']} thread(s), {totals['checkpoints']} checkpoint(s): {verb} "
-            f"{totals['blobs']} blob(s) and {totals['writes']} write(s) in "
-            f"{totals['threads_changed']} thread(s) ({fmt_bytes(totals['envelope_bytes'])} of "
-            f"envelopes -> {fmt_bytes(totals['stock_bytes'])} of stock rows); "
-            f"busy {len(report.busy)}, failed {len(report.failed)}"
-        )
-        if verify and not dry_run:
-            n = sum(map(len, mismatches.values()))
-            console.print(
-                f"verified with the stock saver: {len(before)} thread(s), {n} mismatch(es)"
-            )
-        for tid, err in report.failed.items():
-            err_console.print(f"[red]failed[/] {tid}: {err}")
-        for tid in report.busy:
-            err_console.print(f"[yellow]busy[/] {tid}: a live run holds it; run again later")
-        for tid, problems in mismatches.items():
-            err_console.print(f"[red]mismatch[/] {tid}: {'; '.join(problems[:5])}")
+        _print_report(report, dry_run, verify, before, mismatches)
     if not report.ok or mismatches:
         raise typer.Exit(1)
+
+
+
+def _verify_with_stock(url: str, schema: str | None, before: dict[str, Any]) -> dict[str, list[str]]:
+    """Each exported thread as the stock saver reads it, against its snapshot taken
+    through this package before the export: the differences, by thread."""
+    from langgraph_durable import export
+
+    mismatches: dict[str, list[str]] = {}
+    conn, stock = _stock_saver(url, schema)
+    with conn:
+        for tid, snap in before.items():
+            problems = export.compare_snapshots(snap, export.snapshot_thread(stock, tid))
+            if problems:
+                mismatches[tid] = problems
+    return mismatches
+
+
+def _print_report(
+    report: Any, dry_run: bool, verify: bool, before: dict[str, Any], mismatches: dict[str, list[str]]
+) -> None:
+    totals = report.totals()
+    verb = "would inline" if dry_run else "inlined"
+    from rich.table import Table
+
+    table = Table(title="export-stock" + (" (dry run: nothing written)" if dry_run else ""))
+    for col in (
+        "thread",
+        "checkpoints",
+        "blobs",
+        "writes",
+        "envelopes",
+        "stock rows",
+        "channels",
+    ):
+        table.add_column(col)
+    for t in report.threads:
+        if t.changed:
+            table.add_row(
+                t.thread_id,
+                str(t.checkpoints),
+                str(t.blobs),
+                str(t.writes),
+                fmt_bytes(t.envelope_bytes),
+                fmt_bytes(t.stock_bytes),
+                ", ".join(t.channels),
+            )
+    if totals["threads_changed"]:
+        console.print(table)
+    console.print(
+        f"{totals['threads']} thread(s), {totals['checkpoints']} checkpoint(s): {verb} "
+        f"{totals['blobs']} blob(s) and {totals['writes']} write(s) in "
+        f"{totals['threads_changed']} thread(s) ({fmt_bytes(totals['envelope_bytes'])} of "
+        f"envelopes -> {fmt_bytes(totals['stock_bytes'])} of stock rows); "
+        f"busy {len(report.busy)}, failed {len(report.failed)}"
+    )
+    if verify and not dry_run:
+        n = sum(map(len, mismatches.values()))
+        console.print(
+            f"verified with the stock saver: {len(before)} thread(s), {n} mismatch(es)"
+        )
+    for tid, err in report.failed.items():
+        err_console.print(f"[red]failed[/] {tid}: {err}")
+    for tid in report.busy:
+        err_console.print(f"[yellow]busy[/] {tid}: a live run holds it; run again later")
+    for tid, problems in mismatches.items():
+        err_console.print(f"[red]mismatch[/] {tid}: {'; '.join(problems[:5])}")
 
 
 def register(app: typer.Typer) -> None:
