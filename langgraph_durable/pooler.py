@@ -43,6 +43,13 @@ from langgraph_durable import _sql
 from langgraph_durable._io import Batch, Op, Sleep, Stmt, Tx
 from langgraph_durable._view import SaverView
 from langgraph_durable.errors import ConfigurationError, SchemaNotReadyError
+from langgraph_durable.sql.pooler import (
+    CURRENT_SCHEMA_SQL,
+    TABLE_EXISTS_SQL,
+    TRY_SETUP_XACT_LOCK_SQL,
+    migration_version_sql,
+    record_migration_sql,
+)
 
 POOLER_ENV = "LANGGRAPH_DURABLE_POOLER"
 Pooler = Literal["transaction"] | None
@@ -108,7 +115,7 @@ def _op_pooled_migrate(saver: SaverView, stock: list[str]) -> Op[bool]:
     the lock: a waiter holds a snapshot, which a direct-connection setup's CREATE INDEX
     CONCURRENTLY would wait for (see ``_DurableBase._op_setup``)."""
     rows = yield Batch(
-        [Stmt("SELECT pg_try_advisory_xact_lock(%s) AS ok", (_sql.SETUP_LOCK_KEY,), fetch=True)]
+        [Stmt(TRY_SETUP_XACT_LOCK_SQL, (_sql.SETUP_LOCK_KEY,), fetch=True)]
     )
     if not rows[0][0]["ok"]:
         return False
@@ -117,11 +124,11 @@ def _op_pooled_migrate(saver: SaverView, stock: list[str]) -> Op[bool]:
         yield from _op_check_search_path(saver)
     for table, migrations in (("checkpoint_migrations", stock), ("durable_migrations", _sql.MIGRATIONS)):
         yield Batch([Stmt(_in_transaction(migrations[0]))])
-        rows = yield Batch([Stmt(sql.SQL("SELECT max(v) AS v FROM {}").format(sql.Identifier(table)), fetch=True)])
+        rows = yield Batch([Stmt(migration_version_sql(sql.Identifier(table)), fetch=True)])
         version = rows[0][0]["v"] if rows[0][0]["v"] is not None else -1
         for v in range(version + 1, len(migrations)):
             yield Batch([Stmt(_in_transaction(migrations[v]))])
-            yield Batch([Stmt(sql.SQL("INSERT INTO {} (v) VALUES (%s)").format(sql.Identifier(table)), (v,))])
+            yield Batch([Stmt(record_migration_sql(sql.Identifier(table)), (v,))])
     return True
 
 
@@ -132,7 +139,7 @@ def flow_pooled_setup(saver: SaverView, stock: list[str]) -> Iterator[Any]:
 
 
 def _op_check_search_path(saver: SaverView) -> Op[None]:
-    rows = yield Batch([Stmt("SELECT current_schema() AS s, current_user AS u", fetch=True)])
+    rows = yield Batch([Stmt(CURRENT_SCHEMA_SQL, fetch=True)])
     current, role = rows[0][0]["s"], rows[0][0]["u"]
     if current != saver.schema:
         raise ConfigurationError(
@@ -155,10 +162,10 @@ def op_check_schema(saver: SaverView, stock: list[str]) -> Op[None]:
     ):
         ident = sql.Identifier(saver.schema, table) if saver.schema else sql.Identifier(table)
         regclass = f"{saver.schema}.{table}" if saver.schema else table
-        rows = yield Batch([Stmt("SELECT to_regclass(%s) IS NOT NULL AS ok", (regclass,), fetch=True)])
+        rows = yield Batch([Stmt(TABLE_EXISTS_SQL, (regclass,), fetch=True)])
         found: int | None = None
         if rows[0][0]["ok"]:
-            rows = yield Batch([Stmt(sql.SQL("SELECT max(v) AS v FROM {}").format(ident), fetch=True)])
+            rows = yield Batch([Stmt(migration_version_sql(ident), fetch=True)])
             found = rows[0][0]["v"]
         if found is None or found < len(migrations) - 1:
             raise SchemaNotReadyError(saver.schema, component, found, len(migrations) - 1)

@@ -17,6 +17,7 @@ from langgraph_durable import telemetry
 from langgraph_durable._io import Batch, Stmt
 from langgraph_durable._view import SaverView
 from langgraph_durable.recovery import _op_status_counts
+from langgraph_durable.sql.inspection import STATEMENT_TIMEOUT_SQL
 
 logger = logging.getLogger("langgraph_durable.telemetry")
 
@@ -36,7 +37,7 @@ class _QueueCollector:
     def _counts(self) -> dict[str, int] | None:
         def op() -> Any:
             ms = max(int(self.timeout * 1000), 1)
-            yield Batch([Stmt("SELECT set_config('statement_timeout', %s, true)", (f"{ms}ms",))])
+            yield Batch([Stmt(STATEMENT_TIMEOUT_SQL, (f"{ms}ms",))])
             return (yield from _op_status_counts())
 
         with self._lock:

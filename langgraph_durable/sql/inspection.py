@@ -198,3 +198,7 @@ DATABASE_SIZE_SQL = (
 def table_count_sql(name: str) -> sql.Composed:
     """Rows of ``name`` (from the package's fixed table lists; quoted as an identifier)."""
     return sql.SQL("SELECT count(*)::bigint AS n FROM {}").format(sql.Identifier(name))
+
+# A statement timeout for this transaction only (the queue gauge: a scrape never waits
+# on a slow count).
+STATEMENT_TIMEOUT_SQL = "SELECT set_config('statement_timeout', %s, true)"
