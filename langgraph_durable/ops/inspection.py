@@ -557,6 +557,44 @@ def resolve_checkpoint(
     return str(rows[0]["checkpoint_id"])
 
 
+def _channel_diff(
+    saver: DurablePostgresSaver,
+    channel: str,
+    va: Mapping[str, Any],
+    vb: Mapping[str, Any],
+    xa: Mapping[str, Any],
+    xb: Mapping[str, Any],
+) -> dict[str, Any]:
+    """One channel of ``diff_checkpoints``: what changed (by version, then bytes), sizes
+    and previews on both sides."""
+    in_a, in_b = channel in xa, channel in xb
+    size_a = _size(saver, xa[channel]) if in_a else None
+    size_b = _size(saver, xb[channel]) if in_b else None
+    if not in_a and not in_b:
+        change = "same" if va.get(channel) == vb.get(channel) else "changed"
+    elif not in_a:
+        change = "added"
+    elif not in_b:
+        change = "removed"
+    elif va.get(channel) == vb.get(channel):
+        change = "same"
+    else:
+        same_bytes = saver.serde.dumps_typed(xa[channel]) == saver.serde.dumps_typed(xb[channel])
+        change = "rewritten" if same_bytes else "changed"
+    return {
+        "channel": channel,
+        "internal": is_internal(channel),
+        "change": change,
+        "version_a": va.get(channel),
+        "version_b": vb.get(channel),
+        "size_a": size_a,
+        "size_b": size_b,
+        "delta": (size_b or 0) - (size_a or 0),
+        "before": preview(xa[channel]) if in_a else None,
+        "after": preview(xb[channel]) if in_b else None,
+    }
+
+
 def diff_checkpoints(
     saver: DurablePostgresSaver,
     thread_id: str,
@@ -589,38 +627,10 @@ def diff_checkpoints(
     ca, cb = (t.checkpoint for t in tuples)
     va, vb = ca.get("channel_versions") or {}, cb.get("channel_versions") or {}
     xa, xb = ca.get("channel_values") or {}, cb.get("channel_values") or {}
-    channels = []
-    for channel in sorted(set(va) | set(vb) | set(xa) | set(xb)):
-        in_a, in_b = channel in xa, channel in xb
-        size_a = _size(saver, xa[channel]) if in_a else None
-        size_b = _size(saver, xb[channel]) if in_b else None
-        if not in_a and not in_b:
-            change = "same" if va.get(channel) == vb.get(channel) else "changed"
-        elif not in_a:
-            change = "added"
-        elif not in_b:
-            change = "removed"
-        elif va.get(channel) == vb.get(channel):
-            change = "same"
-        else:
-            same_bytes = saver.serde.dumps_typed(xa[channel]) == saver.serde.dumps_typed(
-                xb[channel]
-            )
-            change = "rewritten" if same_bytes else "changed"
-        channels.append(
-            {
-                "channel": channel,
-                "internal": is_internal(channel),
-                "change": change,
-                "version_a": va.get(channel),
-                "version_b": vb.get(channel),
-                "size_a": size_a,
-                "size_b": size_b,
-                "delta": (size_b or 0) - (size_a or 0),
-                "before": preview(xa[channel]) if in_a else None,
-                "after": preview(xb[channel]) if in_b else None,
-            }
-        )
+    channels = [
+        _channel_diff(saver, channel, va, vb, xa, xb)
+        for channel in sorted(set(va) | set(vb) | set(xa) | set(xb))
+    ]
     meta = [dict(t.metadata or {}) for t in tuples]
     return {
         "thread_id": thread_id,
