@@ -613,6 +613,33 @@ def _json_rows(cols: list[list[Any]], rows: list[list[Any]], keep: list[str]) ->
     return out
 
 
+def _insert_stmts(dump: ThreadDump, current: dict[str, list[list[Any]]]) -> tuple[list[Stmt], list[str]]:
+    """One thread's inserts, artifacts first then its tables in restore order, and the
+    table each statement fills."""
+    stmts = []
+    plan: list[str] = []
+    for table, part in [(_ARTIFACTS, dump.artifacts)] + [
+        (t, dump.tables[t]) for t in _restore_order(list(dump.tables))
+    ]:
+        if not part["rows"]:
+            continue
+        have = {c[0]: c for c in current[table]}
+        # Columns this database has and fills itself (a sequence) are left to it.
+        keep = [c[0] for c in part["columns"] if c[0] in have and not have[c[0]][2]]
+        rows = _json_rows(part["columns"], part["rows"], keep)
+        ignore = table == _ARTIFACTS or table in _ADDITIVE
+        stmts.append(
+            Stmt(
+                sql.Composed([insert_rows_sql(table, keep, ignore=ignore), sql.SQL(" RETURNING 1")]),
+                (Jsonb(rows),),
+                fetch=True,
+                prepare=False,
+            )
+        )
+        plan.append(table)
+    return stmts, plan
+
+
 def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[RestoreReport]:
 
     ids = [d.thread_id for _, d in items]
@@ -646,27 +673,7 @@ def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[Res
                 url=url,
                 thread_id=dump.thread_id,
             )
-        stmts = []
-        plan: list[str] = []
-        for table, part in [(_ARTIFACTS, dump.artifacts)] + [
-            (t, dump.tables[t]) for t in _restore_order(list(dump.tables))
-        ]:
-            if not part["rows"]:
-                continue
-            have = {c[0]: c for c in current[table]}
-            # Columns this database has and fills itself (a sequence) are left to it.
-            keep = [c[0] for c in part["columns"] if c[0] in have and not have[c[0]][2]]
-            rows = _json_rows(part["columns"], part["rows"], keep)
-            ignore = table == _ARTIFACTS or table in _ADDITIVE
-            stmts.append(
-                Stmt(
-                    sql.Composed([insert_rows_sql(table, keep, ignore=ignore), sql.SQL(" RETURNING 1")]),
-                    (Jsonb(rows),),
-                    fetch=True,
-                    prepare=False,
-                )
-            )
-            plan.append(table)
+        stmts, plan = _insert_stmts(dump, current)
         try:
             out = yield Batch(stmts)
         except psycopg.errors.UniqueViolation as exc:
