@@ -33,7 +33,7 @@ from langgraph_durable.cli._common import (
 from langgraph_durable.errors import DurableError
 
 if TYPE_CHECKING:
-    pass
+    from langgraph_durable._view import SaverView
 
 versions_app = typer.Typer(
     help="Graph versions of stored threads: list, migrate, log, undo, fingerprint.",
@@ -224,7 +224,7 @@ def list_cmd(
     _print_threads(rows, g is not None, version, unversioned, limit)
 
 
-def _version_groups(saver: Any, g: Any) -> list[dict[str, Any]]:
+def _version_groups(saver: SaverView, g: Any) -> list[dict[str, Any]]:
     """The version groups, each with whether its topology is stored and, with a graph,
     how that graph would treat its threads."""
     from langgraph_durable import compat
@@ -247,7 +247,7 @@ def _version_groups(saver: Any, g: Any) -> list[dict[str, Any]]:
 
 
 def _thread_rows(
-    saver: Any, g: Any, version: str | None, unversioned: bool, status: str | None, limit: int
+    saver: SaverView, g: Any, version: str | None, unversioned: bool, status: str | None, limit: int
 ) -> list[dict[str, Any]]:
     from langgraph_durable import compat
     from langgraph_durable.ops import migrations as mig
@@ -320,7 +320,7 @@ def _print_threads(
     console.print(f"{len(rows)} thread(s)" + (" (limit reached)" if len(rows) >= limit else ""))
 
 
-def _classify_all(saver: Any, graph: Any) -> list[tuple[str | None, str]]:
+def _classify_all(saver: SaverView, graph: Any) -> list[tuple[str | None, str]]:
     """(stored version, verdict) of every thread, classified against ``graph``."""
     from langgraph_durable import compat
     from langgraph_durable.ops import migrations as mig

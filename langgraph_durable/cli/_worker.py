@@ -17,12 +17,16 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from langgraph_durable.cli._common import DsnOption, SchemaOption, err_console
 from langgraph_durable.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from langgraph_durable._view import SaverView
+    from langgraph_durable.saver import _DurableBase
 
 
 def load_object(spec: str) -> Any:
@@ -61,7 +65,7 @@ def load_object(spec: str) -> Any:
     return obj
 
 
-def build_graph(obj: Any, saver: Any, spec: str = "") -> Any:
+def build_graph(obj: Any, saver: _DurableBase, spec: str = "") -> Any:
     """A compiled graph checkpointed by a durable saver, from whatever ``--graph`` named."""
     from langgraph.graph.state import StateGraph
     from langgraph.pregel import Pregel
@@ -213,7 +217,9 @@ def register(app: typer.Typer) -> None:
     app.command("worker")(worker)
 
 
-def _serve_metrics(endpoint: tuple[str, int] | None, url: str, saver: Any, worker: Any) -> Any:
+def _serve_metrics(
+    endpoint: tuple[str, int] | None, url: str, saver: SaverView, worker: Any
+) -> Any:
     """Start ``/metrics`` and ``/healthz`` (see langgraph_durable.telemetry.serve).
     Healthy: the worker loop runs (not stopping, its thread alive) and a NEW connection
     to the database answers ``SELECT 1`` within the timeout (a pooled connection could
