@@ -113,9 +113,10 @@ class Sampler:
             if self.samples and time.time() - self.samples[-1]["t"] < min_age:
                 return
             try:
-                with self.saver.connection() as conn, conn.cursor() as cur:
+                with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
                     cur.execute(q.SAMPLE_SQL)
-                    ins, wins, total, _at = cur.fetchone()
+                    row = cur.fetchone()
+                    ins, wins, total = row["checkpoints_inserted"], row["writes_inserted"], row["total_bytes"]
             except Exception:  # a sample is best effort; the page reports errors itself
                 logger.debug("console sample failed", exc_info=True)
                 return
