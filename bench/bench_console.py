@@ -41,8 +41,10 @@ VIEWS = [
     ("quarantine", "/quarantine"),
     ("ledger (unknown)", "/ledger"),
     ("versions", "/versions"),
+    ("versions (exact)", "/versions?exact=1"),
     ("storage (no dedup)", "/storage?dedup=0"),
     ("storage (dedup)", "/storage"),
+    ("storage largest threads", "/storage?dedup=0&largest=1"),
     ("storage retention dry-run", "/storage?dedup=0&dry_run=1&older_than_days=0.5"),
     ("audit", "/audit"),
 ]

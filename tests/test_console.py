@@ -134,13 +134,14 @@ def _unknown_outcome(saver: Any, key: str) -> None:
 def data(dsn: str) -> Iterator[Data]:
     d = Data(dsn)
     with DurablePostgresSaver.from_conn_string(dsn, max_resume_attempts=2) as saver:
+        # v1 first (the old deployment: a finished thread, poisoned ones), then v2.
         _graph(saver, version="v1").invoke({"x": 1, "log": []}, _cfg(d.done_v1))
-        _graph(saver, version="v2").invoke({"x": 2, "log": []}, _cfg(d.done_v2))
-        asking = _graph(saver, version="v2", ask=True)
-        asking.invoke({"x": 3, "log": []}, _cfg(d.waiting))
         failing = _graph(saver, version="v1", fail=True)
         for tid in d.poisoned.values():
             _quarantine(failing, tid)
+        _graph(saver, version="v2").invoke({"x": 2, "log": []}, _cfg(d.done_v2))
+        asking = _graph(saver, version="v2", ask=True)
+        asking.invoke({"x": 3, "log": []}, _cfg(d.waiting))
         for key in d.unknown.values():
             _unknown_outcome(saver, key)
         assert asking.get_state(_cfg(d.waiting)).next == ("approve",)
@@ -213,12 +214,37 @@ def test_views_show_the_runs(console_saver: Any, data: Data) -> None:
         assert "receipt" in client.get(f"/thread?id={data.done_v1}").text  # its ledger call
         ledger = client.get("/ledger").text
         assert all(k[:30] in ledger for k in data.unknown.values())
-        versions = client.get("/versions").text
-        assert "v1" in versions and "v2" in versions
-        assert 'id="drain"' in versions
+        for versions in (client.get("/versions").text, client.get("/versions?exact=1").text):
+            assert "v1" in versions and "v2" in versions
+            # v1 has unfinished (quarantined) threads: it must drain.
+            drain = versions[versions.index('id="drain"'):]
+            assert "v1" in drain[: drain.index("</ul>")]
+        largest = client.get("/storage?largest=1").text
+        assert "/thread?id=" in largest[largest.index('id="largest"'):]
         storage = client.get("/storage?dry_run=1&older_than_days=0").text
         assert 'id="retention-report"' in storage and data.done_v1 in storage
         assert client.get("/thread?id=no-such-thread").status_code == 404
+
+
+def test_versions_migrate_dry_run_writes_nothing(console_saver: Any, data: Data) -> None:
+    from langgraph_durable.versioning import MigrationRegistry
+
+    registry = MigrationRegistry()
+    registry.register("v1", "v2")  # v2 runs v1 checkpoints as they are
+    with DurablePostgresSaver.from_conn_string(data.dsn) as saver:
+        graph = _graph(saver, version="v2")
+    before = q(data.dsn, "SELECT count(*) AS n FROM checkpoints")[0]["n"]
+    app = create_app(console_saver, sample_interval=0, graph=graph, registry=registry)
+    with TestClient(app) as client:
+        page = client.get("/versions").text
+        assert 'class="inline dry-form"' in page
+        r = client.get("/versions?from=v1&to=v2")
+        assert r.status_code == 200, r.text[-800:]
+        dry = r.text[r.text.index('id="dry"'):]
+        assert "v1 → v2" in dry and "would migrate" in dry and "Nothing was written" in dry
+        assert client.get("/versions?from=v1&to=v9").status_code == 400  # no path
+    assert q(data.dsn, "SELECT count(*) AS n FROM checkpoints")[0]["n"] == before
+    assert _audit(data.dsn, action="versions.migrate") == []  # a dry run is not recorded
 
 
 def _sign_in(client: TestClient, token: str = TOKEN) -> Any:

@@ -29,6 +29,10 @@ def ui_command(
         str | None,
         typer.Option(help="module:builder of the current graph, for the versions page's migrate dry-run."),
     ] = None,
+    migrations: Annotated[
+        str | None,
+        typer.Option(help="The MigrationRegistry as module:attr (default: found as `versions migrate` finds it)."),
+    ] = None,
     sample_interval: Annotated[
         float, typer.Option(help="Seconds between samples for the overview charts.")
     ] = 10.0,
@@ -47,18 +51,19 @@ def ui_command(
     from langgraph_durable.cli._common import saver_or_exit
     from langgraph_durable.console._security import new_token
 
-    graph_obj = None
+    graph_obj = registry = None
     if graph:
-        from langgraph_durable.cli._versions import load_object
+        from langgraph_durable.cli._versions import find_registry, load_object
 
-        graph_obj, _module = load_object(graph)
+        graph_obj, module = load_object(graph)
+        registry = find_registry(migrations, graph_obj, module)
     token = None
     if allow_actions:
         token = os.environ.get(ENV_TOKEN) or new_token()
     with saver_or_exit(dsn, schema, False, readonly=not allow_actions) as saver:
         app = create_app(
             saver, allow_actions=allow_actions, token=token, sample_interval=sample_interval,
-            graph=graph_obj,
+            graph=graph_obj, registry=registry,
         )
         url = f"http://{host}:{port}/"
         if allow_actions:

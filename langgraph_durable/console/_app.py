@@ -164,6 +164,7 @@ class Console:
         token: str | None,
         sample_interval: float = 10.0,
         graph: Any = None,
+        registry: Any = None,
     ) -> None:
         if allow_actions and not token:
             raise ValueError("allow_actions needs a token")
@@ -173,6 +174,7 @@ class Console:
         self.env = _env()
         self.sampler = Sampler(saver, sample_interval)
         self.graph = graph
+        self.registry = registry
 
     # ---------------------------------------------------------------- rendering
     def session(self, request: Request) -> Session | None:
@@ -310,19 +312,56 @@ class Console:
         return self.render(request, "ledger.html", entries=entries, show=show)
 
     def versions(self, request: Request) -> HTMLResponse:
-        summary = versioning.version_summary(self.saver)
-        current = summary[0]["graph_version"] if summary else None
-        drain = [g for g in summary[1:] if g["unfinished"]]
+        exact = request.query_params.get("exact") == "1"
+        fast = self._version_summary()
+        summary = versioning.version_summary(self.saver) if exact else fast
+        # The current version: ?current=, else the one the newest thread started on
+        # (new threads start on the deployed code; old versions' threads only resume).
+        newest = max(fast, key=lambda g: g["newest_thread"] or _EPOCH, default=None)
+        current = request.query_params.get("current") or (newest["graph_version"] if newest else None)
+        summary = sorted(summary, key=lambda g: g["graph_version"] != current)
+        drain = [g for g in summary if g["graph_version"] != current and g["unfinished"]]
         log = versioning.migration_log(self.saver, limit=30)
         dry = None
         p = request.query_params
         if self.graph is not None and p.get("from"):
             dry = versioning.migrate_threads(
-                self.saver, p["from"], graph=self.graph, dry_run=True, limit=1000
+                self.saver, p["from"], p.get("to") or current or None, graph=self.graph,
+                registry=self.registry, dry_run=True, limit=1000,
             )
         return self.render(
             request, "versions.html", summary=summary, current=current, drain=drain, log=log,
-            dry=dry, has_graph=self.graph is not None,
+            dry=dry, has_graph=self.graph is not None, exact=exact,
+        )
+
+    def _version_summary(self) -> list[dict[str, Any]]:
+        """``versioning.version_summary``'s shape from durable_threads alone (fast)."""
+        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+            cur.execute(q.VERSIONS_SQL)
+            rows = cur.fetchall()
+        groups: dict[Any, dict[str, Any]] = {}
+        for row in rows:
+            g = groups.setdefault(
+                row["graph_version"],
+                {"graph_version": row["graph_version"], "threads": 0, "by_status": {},
+                 "last_activity": None, "newest_thread": None},
+            )
+            if row["newest_thread"] is not None and (
+                g["newest_thread"] is None or row["newest_thread"] > g["newest_thread"]
+            ):
+                g["newest_thread"] = row["newest_thread"]
+            g["threads"] += row["threads"]
+            g["by_status"][row["status"]] = row["threads"]
+            if row["last_activity"] is not None and (
+                g["last_activity"] is None or row["last_activity"] > g["last_activity"]
+            ):
+                g["last_activity"] = row["last_activity"]
+        for g in groups.values():
+            g["unfinished"] = g["threads"] - g["by_status"].get("done", 0)
+        return sorted(
+            groups.values(),
+            key=lambda g: (g["last_activity"] is not None, g["last_activity"] or 0),
+            reverse=True,
         )
 
     def storage(self, request: Request) -> HTMLResponse:
@@ -330,8 +369,10 @@ class Console:
         with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.TABLE_SIZES_SQL)
             tables = cur.fetchall()
-            cur.execute(q.LARGEST_SQL, (15,))
-            largest = cur.fetchall()
+            largest = None
+            if p.get("largest") == "1":
+                cur.execute(q.LARGEST_SQL, (15,))
+                largest = cur.fetchall()
         stats = lgi.storage_stats(self.saver) if p.get("dedup", "1") != "0" else None
         report = None
         form = {
@@ -427,6 +468,9 @@ class Console:
             return f"{key} was not in the ledger", "/ledger"
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 class _Refused(Exception):
     pass
 
@@ -480,15 +524,16 @@ def create_app(
     token: str | None = None,
     sample_interval: float = 10.0,
     graph: Any = None,
+    registry: Any = None,
 ) -> Starlette:
     """The console as an ASGI app on a set-up sync ``DurablePostgresSaver``.
 
     ``allow_actions``: enable release/rewind/resolve/forget (``token`` is then
     required). ``graph``: the current graph (builder or compiled), for the versions
-    page's migrate dry-run."""
+    page's migrate dry-run, with ``registry`` (default: ``saver.migrations``)."""
     c = Console(
         saver, allow_actions=allow_actions, token=token, sample_interval=sample_interval,
-        graph=graph,
+        graph=graph, registry=registry,
     )
 
     def view(fn: Callable[[Request], HTMLResponse]) -> Callable[[Request], Response]:

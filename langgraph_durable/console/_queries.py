@@ -91,3 +91,13 @@ SELECT COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables
            AS total_bytes,
        now() AS at
 """
+
+# Threads per graph version and status from durable_threads (the version the saver
+# stamped at the thread's last run start or migration): one scan of durable_threads,
+# where versioning.version_summary reads every thread's latest checkpoint (exact, also
+# for untracked threads, but ~2 s at 100k threads; the versions page offers it).
+VERSIONS_SQL = """
+SELECT graph_version, status, count(*)::int AS threads, max(updated_at) AS last_activity,
+       max(created_at) AS newest_thread
+FROM durable_threads GROUP BY 1, 2
+"""
