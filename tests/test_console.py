@@ -498,3 +498,50 @@ def test_browser_every_view_and_release_rewind_resolve(
         browser.close()
     assert len(list(shots.glob("*.png"))) >= len(VIEWS) + 3
     print("screenshots in", shots, json.dumps(sorted(p.name for p in shots.glob("*.png"))))
+
+
+# ------------------------------------------------------------------ audit edge cases
+def test_a_retry_after_a_lost_commit_reply_records_the_action_once(data: Data) -> None:
+    """The driver retries an op whose COMMIT reply was lost: the first attempt's audit
+    row committed with it, the retry's insert (same event id) adds none."""
+    from langgraph_durable import _io
+
+    key = data.unknown["py"]
+    seen = {"injected": 0}
+
+    def hook(conn: Any, attempt: int) -> None:
+        if attempt == 0:
+            seen["injected"] += 1
+            conn.pgconn.finish()
+            raise psycopg.OperationalError("injected: connection lost before the COMMIT reply")
+
+    # A pool: the retry needs a fresh connection (a single one is gone with the reply).
+    with DurablePostgresSaver.from_conn_string(data.dsn) as saver:
+        previous = _io.set_after_commit_hook(hook)
+        try:
+            Ledger(saver).resolve(key, {"verified": True})
+        finally:
+            _io.set_after_commit_hook(previous)
+        assert seen["injected"] == 1
+        assert Ledger(saver).result(key) == {"verified": True}
+    rows = [r for r in _audit(data.dsn, action="ledger.resolve") if r["detail"]["key"] == key]
+    assert len(rows) == 1 and rows[0]["detail"]["status"] == ["started", "completed"]
+
+
+def test_retention_and_gc_runs_are_audited_dry_runs_are_not(data: Data) -> None:
+    from langgraph_durable import retention
+
+    with DurablePostgresSaver.from_conn_string(data.dsn) as saver:
+        dry = retention.retain(saver, older_than_days=0, dry_run=True)
+        assert data.done_v1 in dry.deleted_thread_ids
+        assert _audit(data.dsn, action="storage.retain") == []
+        with audit.acting_as("dave", via="cron"):
+            report = retention.retain(saver, older_than_days=0)
+            retention.gc(saver, grace=0)
+    [row] = _audit(data.dsn, action="storage.retain")
+    assert (row["actor"], row["via"]) == ("dave", "cron")
+    assert sorted(row["detail"]["deleted_thread_ids"]) == sorted(report.deleted_thread_ids)
+    assert data.done_v1 in row["detail"]["deleted_thread_ids"]
+    assert q(data.dsn, "SELECT 1 FROM checkpoints WHERE thread_id = %s", data.done_v1) == []
+    [gc_row] = _audit(data.dsn, action="storage.gc")
+    assert gc_row["detail"]["dry_run"] is False
