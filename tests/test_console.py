@@ -545,3 +545,55 @@ def test_retention_and_gc_runs_are_audited_dry_runs_are_not(data: Data) -> None:
     assert q(data.dsn, "SELECT 1 FROM checkpoints WHERE thread_id = %s", data.done_v1) == []
     [gc_row] = _audit(data.dsn, action="storage.gc")
     assert gc_row["detail"]["dry_run"] is False
+
+
+# ------------------------------------------------------------------ the command
+def _serve(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from langgraph_durable.cli import main; main()", "ui",
+         "--port", str(port), "--sample-interval", "0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait_up(url: str, proc: subprocess.Popen[str]) -> Any:
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            return httpx.get(url + "/", timeout=2)
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "langgraph-durable ui did not start"
+            time.sleep(0.2)
+
+
+def test_ui_command_serves_read_only_by_default_and_prints_a_token(data: Data) -> None:
+    import httpx
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("LGD_CONSOLE_TOKEN", None)
+    proc, url = _serve(["--dsn", data.dsn], env)
+    try:
+        r = _wait_up(url, proc)
+        assert r.status_code == 200 and "read-only" in r.text
+        assert httpx.post(url + "/act/release", data={"thread": "x"}).status_code == 403
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "read-only" in err and "127.0.0.1" in err
+
+    env["LGD_CONSOLE_TOKEN"] = "from-the-environment"
+    proc, url = _serve(["--dsn", data.dsn, "--allow-actions"], env)
+    try:
+        _wait_up(url, proc)
+        ok = httpx.post(url + "/login", data={"token": "from-the-environment", "name": "eve"})
+        assert ok.status_code == 303 and "lgd_console" in ok.headers.get("set-cookie", "")
+        assert httpx.post(url + "/login", data={"token": "nope", "name": "eve"}).status_code == 403
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "actions enabled" in err and "from-the-environment" not in err
