@@ -23,10 +23,10 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_scale  # noqa: E402  (the scale bench's database builder)
+import bench_scale
 
-from langgraph_durable import DurablePostgresSaver  # noqa: E402
-from langgraph_durable.console import _queries as q  # noqa: E402
+from langgraph_durable import DurablePostgresSaver
+from langgraph_durable.console import _queries as q
 
 VIEWS = [
     ("overview", "/"),

@@ -313,6 +313,16 @@ def test_actions_need_the_token_csrf_and_the_confirmation(console_saver: Any, da
         r = client.get("/confirm/resolve", params={"key": key, "result": "{not json"})
         assert r.status_code == 409
         assert _ledger_status(data.dsn, key) == "started"
+        # Forget: the confirmation names the row, the POST deletes it, one audit row.
+        page = client.get("/confirm/forget", params={"key": key})
+        assert page.status_code == 200 and "charge_card" in page.text and "deleted" in page.text
+        r = client.post(
+            "/act/forget", data={"key": key, "confirmed": "yes", "csrf": _csrf(page.text)},
+            follow_redirects=False,
+        )
+        assert r.status_code == 303 and _ledger_status(data.dsn, key) is None
+        [row] = [x for x in _audit(data.dsn, action="ledger.forget") if x["detail"]["key"] == key]
+        assert row["via"] == "console" and row["actor"].startswith("alice")
 
 
 # ------------------------------------------------------------------ audit: API and CLI
@@ -597,3 +607,30 @@ def test_ui_command_serves_read_only_by_default_and_prints_a_token(data: Data) -
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert "actions enabled" in err and "from-the-environment" not in err
+
+
+def test_migrate_and_undo_are_audited(data: Data) -> None:
+    from langgraph_durable import versioning
+    from langgraph_durable.versioning import MigrationRegistry
+
+    registry = MigrationRegistry()
+    registry.register("v1", "v2")
+    tid = f"migrated-{uuid.uuid4().hex[:6]}"
+    with DurablePostgresSaver.from_conn_string(data.dsn) as saver:
+        _graph(saver, version="v1", ask=True).invoke({"x": 5, "log": []}, _cfg(tid))
+        v2 = _graph(saver, version="v2", ask=True)
+        dry = versioning.migrate_threads(
+            saver, "v1", "v2", graph=v2, registry=registry, thread_ids=[tid], dry_run=True
+        )
+        assert dry.migrated == [tid] and _audit(data.dsn, action="versions.migrate") == []
+        report = versioning.migrate_threads(
+            saver, "v1", "v2", graph=v2, registry=registry, thread_ids=[tid]
+        )
+        assert report.migrated == [tid]
+        undone = versioning.undo_migration(saver, tid)
+    [row] = _audit(data.dsn, action="versions.migrate")
+    assert row["thread_id"] == tid and row["detail"]["version"] == ["v1", "v2"]
+    assert row["detail"]["migrated"] == [tid]
+    [row] = _audit(data.dsn, action="versions.undo")
+    assert row["thread_id"] == tid and row["detail"]["migration_id"] == undone["migration_id"]
+    assert row["detail"]["version"] == ["v2", "v1"]
