@@ -591,6 +591,8 @@ def test_ui_command_serves_read_only_by_default_and_prints_a_token(data: Data) -
         r = _wait_up(url, proc)
         assert r.status_code == 200 and "read-only" in r.text
         assert httpx.post(url + "/act/release", data={"thread": "x"}).status_code == 403
+        # DNS rebinding: a request naming another host is refused.
+        assert httpx.get(url + "/", headers={"host": "evil.example"}).status_code == 400
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
@@ -603,6 +605,11 @@ def test_ui_command_serves_read_only_by_default_and_prints_a_token(data: Data) -
         ok = httpx.post(url + "/login", data={"token": "from-the-environment", "name": "eve"})
         assert ok.status_code == 303 and "lgd_console" in ok.headers.get("set-cookie", "")
         assert httpx.post(url + "/login", data={"token": "nope", "name": "eve"}).status_code == 403
+        # A POST from another origin is refused even with the session cookie.
+        cookies = {"lgd_console": ok.cookies["lgd_console"]}
+        r = httpx.post(url + "/act/release", data={"thread": "x", "confirmed": "yes"},
+                       headers={"origin": "http://evil.example"}, cookies=cookies)
+        assert r.status_code == 403 and "cross-origin" in r.text
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)

@@ -64,6 +64,7 @@ def ui_command(
         app = create_app(
             saver, allow_actions=allow_actions, token=token, sample_interval=sample_interval,
             graph=graph_obj, registry=registry,
+            allowed_hosts=None if host in ("0.0.0.0", "::") else [host, "127.0.0.1", "localhost", "::1"],
         )
         url = f"http://{host}:{port}/"
         if allow_actions:

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
@@ -232,8 +232,10 @@ class Console:
         }
         quarantined = poison.list_quarantined(self.saver, limit=5)
         unknown = [e for e in Ledger(self.saver).entries(status="started", limit=200) if e.outcome_unknown]
+        refresh = request.query_params.get("refresh", "")
         return self.render(
-            request, "overview.html", counts=counts, states=STATES, workers=workers,
+            request, "overview.html", refresh=int(refresh) if refresh.isdigit() else 0,
+            counts=counts, states=STATES, workers=workers,
             leases=leases, charts=charts, quarantined=quarantined, unknown=unknown[:5],
             unknown_count=len(unknown),
         )
@@ -525,12 +527,15 @@ def create_app(
     sample_interval: float = 10.0,
     graph: Any = None,
     registry: Any = None,
+    allowed_hosts: list[str] | None = None,
 ) -> Starlette:
     """The console as an ASGI app on a set-up sync ``DurablePostgresSaver``.
 
     ``allow_actions``: enable release/rewind/resolve/forget (``token`` is then
     required). ``graph``: the current graph (builder or compiled), for the versions
-    page's migrate dry-run, with ``registry`` (default: ``saver.migrations``)."""
+    page's migrate dry-run, with ``registry`` (default: ``saver.migrations``).
+    ``allowed_hosts``: the Host headers served (others get 400: a page of another site
+    cannot reach the console through DNS rebinding); the CLI passes the loopback names."""
     c = Console(
         saver, allow_actions=allow_actions, token=token, sample_interval=sample_interval,
         graph=graph, registry=registry,
@@ -600,6 +605,9 @@ def create_app(
         refused = refuse(request, action)
         if refused is not None:
             return refused
+        origin = request.headers.get("origin")
+        if origin and urlsplit(origin).netloc != request.headers.get("host"):
+            return c.error(request, 403, "cross-origin request", f"refused a POST from {origin}")
         form = await request.form()
         session = c.session(request)
         if session is None:
@@ -651,6 +659,12 @@ def create_app(
         Route("/act/{action}", act, methods=["POST"]),
         Mount("/static", StaticFiles(directory=static), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    middleware = []
+    if allowed_hosts:
+        from starlette.middleware import Middleware
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.console = c
     return app
