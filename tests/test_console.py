@@ -224,6 +224,8 @@ def test_views_show_the_runs(console_saver: Any, data: Data) -> None:
         storage = client.get("/storage?dry_run=1&older_than_days=0").text
         assert 'id="retention-report"' in storage and data.done_v1 in storage
         assert client.get("/thread?id=no-such-thread").status_code == 404
+        assert client.get("/threads?limit=abc").status_code == 400
+        assert client.get("/storage?dry_run=1&older_than_days=soon").status_code == 400
 
 
 def test_versions_migrate_dry_run_writes_nothing(console_saver: Any, data: Data) -> None:

@@ -208,6 +208,8 @@ class Console:
         except DurableError as exc:
             status = 404 if isinstance(exc, LookupError) else 400
             return self.error(request, status, type(exc).__name__, exc.message)
+        except ValueError as exc:  # a malformed query parameter (limit=abc)
+            return self.error(request, 400, "bad request", str(exc))
 
     # ---------------------------------------------------------------- views
     def overview(self, request: Request) -> HTMLResponse:
