@@ -360,3 +360,18 @@ def describe_retain(result: Any, *args: Any, **kwargs: Any) -> AuditRecord | Non
 
 def describe_gc(result: Any, *args: Any, **kwargs: Any) -> AuditRecord | None:
     return None if result.dry_run else AuditRecord(detail=result.as_dict())
+
+
+def describe_restore(result: Any, saver: Any, items: Any) -> AuditRecord | None:
+    if not result.thread_ids:
+        return None
+    ids = result.thread_ids
+    return AuditRecord(
+        thread_id=ids[0] if len(ids) == 1 else None,
+        detail={
+            "thread_ids": ids[:_MAX_IDS],
+            "threads_restored": result.threads_restored,
+            "files": [f for f, _dump in items][:_MAX_IDS],
+            "rows": result.rows,
+        },
+    )

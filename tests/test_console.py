@@ -540,23 +540,28 @@ def test_a_retry_after_a_lost_commit_reply_records_the_action_once(data: Data) -
     assert len(rows) == 1 and rows[0]["detail"]["status"] == ["started", "completed"]
 
 
-def test_retention_and_gc_runs_are_audited_dry_runs_are_not(data: Data) -> None:
-    from langgraph_durable import retention
+def test_retention_gc_and_restore_are_audited_dry_runs_are_not(data: Data, tmp_path: Path) -> None:
+    from langgraph_durable import archive, retention
 
     with DurablePostgresSaver.from_conn_string(data.dsn) as saver:
         dry = retention.retain(saver, older_than_days=0, dry_run=True)
         assert data.done_v1 in dry.deleted_thread_ids
         assert _audit(data.dsn, action="storage.retain") == []
         with audit.acting_as("dave", via="cron"):
-            report = retention.retain(saver, older_than_days=0)
+            report = retention.retain(saver, older_than_days=0, archive=str(tmp_path))
             retention.gc(saver, grace=0)
+            restored = archive.restore(saver, str(tmp_path), thread_ids=[data.done_v1])
+        assert restored.thread_ids == [data.done_v1]
     [row] = _audit(data.dsn, action="storage.retain")
     assert (row["actor"], row["via"]) == ("dave", "cron")
     assert sorted(row["detail"]["deleted_thread_ids"]) == sorted(report.deleted_thread_ids)
     assert data.done_v1 in row["detail"]["deleted_thread_ids"]
-    assert q(data.dsn, "SELECT 1 FROM checkpoints WHERE thread_id = %s", data.done_v1) == []
+    assert row["detail"]["threads_archived"] == len(report.deleted_thread_ids)
     [gc_row] = _audit(data.dsn, action="storage.gc")
     assert gc_row["detail"]["dry_run"] is False
+    [restore_row] = _audit(data.dsn, action="storage.restore")
+    assert restore_row["thread_id"] == data.done_v1 and restore_row["actor"] == "dave"
+    assert q(data.dsn, "SELECT 1 FROM checkpoints WHERE thread_id = %s LIMIT 1", data.done_v1)
 
 
 # ------------------------------------------------------------------ the command
