@@ -648,3 +648,32 @@ def test_migrate_and_undo_are_audited(data: Data) -> None:
     [row] = _audit(data.dsn, action="versions.undo")
     assert row["thread_id"] == tid and row["detail"]["migration_id"] == undone["migration_id"]
     assert row["detail"]["version"] == ["v2", "v1"]
+
+
+def test_the_audit_row_commits_with_the_action_or_neither_does(data: Data) -> None:
+    """The audit insert is the action's last statement, in its transaction: when it
+    fails (here a trigger refuses it), the release rolls back with it."""
+    tid = f"poison-tx-{uuid.uuid4().hex[:6]}"
+    with DurablePostgresSaver.from_conn_string(data.dsn, max_resume_attempts=2) as saver:
+        _quarantine(_graph(saver, version="v1", fail=True), tid)
+        with psycopg.connect(data.dsn, autocommit=True) as conn:
+            conn.execute(
+                "CREATE FUNCTION lgd_test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'audit refused'; END $$"
+            )
+            conn.execute(
+                "CREATE TRIGGER lgd_test_refuse BEFORE INSERT ON durable_audit "
+                "FOR EACH ROW EXECUTE FUNCTION lgd_test_refuse()"
+            )
+        try:
+            with pytest.raises(psycopg.errors.RaiseException, match="audit refused"):
+                poison.release(saver, tid)
+            assert _status(data.dsn, tid) == "quarantined"
+            assert q(data.dsn, "SELECT 1 FROM durable_quarantine WHERE thread_id = %s", tid)
+        finally:
+            with psycopg.connect(data.dsn, autocommit=True) as conn:
+                conn.execute("DROP TRIGGER lgd_test_refuse ON durable_audit")
+                conn.execute("DROP FUNCTION lgd_test_refuse()")
+        poison.release(saver, tid)
+    assert _status(data.dsn, tid) == "stopped"
+    assert len(_audit(data.dsn, thread_id=tid)) == 1
