@@ -272,6 +272,9 @@ def test_actions_need_the_token_csrf_and_the_confirmation(console_saver: Any, da
         # A wrong token signs nobody in.
         assert _sign_in(client, "wrong").status_code == 403
         assert client.cookies.get("lgd_console") is None
+        r = client.post("/login?next=/\\evil.example", data={"token": TOKEN, "name": "alice"},
+                        follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/"  # no open redirect
         r = _sign_in(client)
         assert r.status_code == 303 and client.cookies.get("lgd_console")
         page = client.get(f"/confirm/release?thread={tid}")

@@ -554,7 +554,7 @@ def create_app(
             return c.error(request, 403, "read-only console",
                            "this console was started without --allow-actions: nothing to sign in to")
         nxt = request.query_params.get("next") or "/"
-        if not nxt.startswith("/") or nxt.startswith("//"):
+        if not nxt.startswith("/") or nxt.startswith("//") or "\\" in nxt:  # no open redirect
             nxt = "/"
         if request.method == "GET":
             return c.render(request, "login.html", next=nxt, failed=False)
