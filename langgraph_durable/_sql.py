@@ -350,6 +350,21 @@ MIGRATIONS: list[str] = [
     """ALTER TABLE durable_threads
         ADD COLUMN IF NOT EXISTS lease_prev_status TEXT,
         ADD COLUMN IF NOT EXISTS lease_prev_version TEXT""",
+    # Issue 17 (operator console): the audit trail of operator actions, from the
+    # console, the CLI and the Python API (langgraph_durable/audit.py writes it).
+    """CREATE TABLE IF NOT EXISTS durable_audit (
+        id BIGSERIAL PRIMARY KEY,
+        event_id UUID NOT NULL UNIQUE,
+        at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        actor TEXT NOT NULL,
+        via TEXT NOT NULL,
+        action TEXT NOT NULL,
+        thread_id TEXT,
+        before_id TEXT,
+        after_id TEXT,
+        detail JSONB NOT NULL DEFAULT '{}'::jsonb
+    )""",
+    "CREATE INDEX IF NOT EXISTS durable_audit_thread_idx ON durable_audit (thread_id, id)",
 ]
 
 # --- leases / lifecycle --------------------------------------------------------------

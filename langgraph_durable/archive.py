@@ -65,6 +65,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from langgraph_durable import _sql
+from langgraph_durable import audit as _audit
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import (
@@ -656,6 +657,7 @@ def _json_rows(cols: list[list[Any]], rows: list[list[Any]], keep: list[str]) ->
     return out
 
 
+@_audit.audited("storage.restore", _audit.describe_restore)
 def _op_restore(saver: Any, items: list[tuple[str, ThreadDump]]) -> Op[RestoreReport]:
     from langgraph_durable.retention import _lock
 

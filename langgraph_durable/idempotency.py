@@ -68,6 +68,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pydantic import ConfigDict, PrivateAttr
 
 from langgraph_durable import _sql, granularity
+from langgraph_durable import audit as _audit
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import (
     CONNECTION_RETRIES,
@@ -1810,6 +1811,7 @@ class Ledger:
             ) from exc
         return tag, data
 
+    @_audit.audited("ledger.resolve", _audit.describe_ledger_change, prefetch=_audit.ledger_row)
     def _op_change(self, sql: str, key: str, params: tuple[Any, ...]) -> Generator[Any, Any, None]:
         memo = op_memo()
         rows = yield Batch([Stmt(sql, params, fetch=True), Stmt(READ_SQL, (key,), fetch=True)])
@@ -1827,6 +1829,7 @@ class Ledger:
             f"idempotency key {key!r} is already {current['status']}", key=key
         )
 
+    @_audit.audited("ledger.forget", _audit.describe_ledger_forget, prefetch=_audit.ledger_row)
     def _op_forget(self, key: str) -> Generator[Any, Any, bool]:
         memo = op_memo()
         rows = yield Batch([Stmt(FORGET_SQL, (key,), fetch=True), Stmt(READ_SQL, (key,), fetch=True)])
@@ -1837,6 +1840,7 @@ class Ledger:
             raise CallInFlightError(key, 0.0)
         return bool(memo.get("forgot"))  # True: this forget committed, its reply was lost
 
+    @_audit.audited("ledger.purge_expired", _audit.describe_ledger_purge)
     def _op_purge(self) -> Generator[Any, Any, int]:
         rows = yield Batch([Stmt(PURGE_EXPIRED_SQL + " RETURNING key", None, fetch=True)])
         return len(rows[0])

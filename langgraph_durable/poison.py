@@ -37,6 +37,7 @@ from typing import Any, cast
 
 from langgraph.checkpoint.base.id import uuid6
 
+from langgraph_durable import audit as _audit
 from langgraph_durable._io import Batch, Op, Stmt, op_memo
 from langgraph_durable.errors import (
     CheckpointNotFoundError,
@@ -280,6 +281,7 @@ def _op_show(thread_id: str, history: int) -> Op[ThreadReport]:
     )
 
 
+@_audit.audited("quarantine.release", _audit.describe_release)
 def _op_release(thread_id: str) -> Op[QuarantineEntry]:
     rows = yield Batch(
         [Stmt(LOCK_THREAD_SQL, (thread_id,), fetch=True), Stmt(ENTRY_SQL, (thread_id,), fetch=True)]
@@ -317,6 +319,7 @@ def _next_id(head: str | None) -> str:
     return new
 
 
+@_audit.audited("quarantine.rewind", _audit.describe_rewind)
 def _op_rewind(saver: Any, thread_id: str, to: str) -> Op[RewindResult]:
     rows = yield Batch(
         [Stmt(LOCK_THREAD_SQL, (thread_id,), fetch=True), Stmt(HEAD_SQL, (thread_id,), fetch=True)]

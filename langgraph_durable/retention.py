@@ -50,6 +50,7 @@ import psycopg
 from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
 
 from langgraph_durable import _sql
+from langgraph_durable import audit as _audit
 from langgraph_durable._completion import HEADS_SQL, effective_status
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx, op_memo
 from langgraph_durable._values import ISO_TS_RE
@@ -453,6 +454,7 @@ def _one(rows: list[Any]) -> dict[str, Any]:
     return dict(rows[0]) if rows else {}
 
 
+@_audit.audited_flow("storage.gc", _audit.describe_gc)
 def _flow_gc(
     saver: Any, grace: float, batch_size: int, dry_run: bool, progress: Progress | None
 ) -> Flow[GcReport]:
@@ -655,6 +657,7 @@ def _add_stats(report: RetentionReport, table: str, n: int, size: int) -> None:
     report.bytes += size
 
 
+@_audit.audited_flow("storage.retain", _audit.describe_retain)
 def _flow_retain(
     saver: Any,
     older_than: float,

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import orjson
 
+from langgraph_durable import audit as _audit
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx, op_memo
 from langgraph_durable.errors import (
@@ -1053,6 +1054,7 @@ def _flow_migrate_thread(
     return "migrated"
 
 
+@_audit.audited_flow("versions.migrate", _audit.describe_migrate)
 def _flow_migrate_threads(
     saver: Any,
     from_version: str,
@@ -1290,6 +1292,7 @@ def _op_verify_backup(saver: Any, tid: str, log: Mapping[str, Any]) -> Op[list[b
     return need
 
 
+@_audit.audited("versions.undo", _audit.describe_undo)
 def op_undo(
     thread_id: str,
     migration_id: int | None = None,
