@@ -75,7 +75,7 @@ from langgraph_durable._io import (
     Batch,
     Stmt,
     SyncDriver,
-    _is_connection_failure,
+    is_connection_failure,
     op_memo,
 )
 from langgraph_durable.errors import (
@@ -1342,7 +1342,7 @@ def _run_tx(call: _Call) -> Any:
         try:
             return _run_tx_once(call, used)
         except Exception as exc:
-            if attempt < CONNECTION_RETRIES and _is_connection_failure(exc, used[-1] if used else None):
+            if attempt < CONNECTION_RETRIES and is_connection_failure(exc, used[-1] if used else None):
                 logger.warning("idempotent call %s: connection lost (%s); retrying", call.key, exc)
                 pool = getattr(call.ledger, "conn", None)
                 if isinstance(pool, ConnectionPool):
@@ -1407,7 +1407,7 @@ async def _arun_tx(call: _Call) -> Any:
         try:
             return await _arun_tx_once(call, used)
         except Exception as exc:
-            if attempt < CONNECTION_RETRIES and _is_connection_failure(exc, used[-1] if used else None):
+            if attempt < CONNECTION_RETRIES and is_connection_failure(exc, used[-1] if used else None):
                 logger.warning("idempotent call %s: connection lost (%s); retrying", call.key, exc)
                 pool = getattr(call.ledger, "conn", None)
                 if isinstance(pool, AsyncConnectionPool):
