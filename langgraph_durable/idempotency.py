@@ -20,12 +20,12 @@ the same transaction as the claim and the record, so a database effect and its r
 commit together or not at all: no "started" state is ever visible.
 
 The decision logic is written once as generators (the package's sans-I/O style, see
-``_io``) and driven by four small drivers: sync/async x plain/transactional.
+``_io``): one flow per call (``_call_flow``), run by the sync or the async driver;
+only the entry point and a ``Mode`` (which driver, which connections) differ.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import dataclasses
@@ -45,10 +45,8 @@ import typing
 import uuid
 import weakref
 from collections.abc import (
-    AsyncIterator,
     Callable,
     Generator,
-    Iterator,
     Mapping,
     Sequence,
 )
@@ -63,19 +61,22 @@ from langchain_core.callbacks import (
 )
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pydantic import ConfigDict, PrivateAttr
 
 from langgraph_durable import _sql, granularity
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import (
-    CONNECTION_RETRIES,
     AsyncDriver,
     Batch,
+    Call,
+    Hook,
+    Sleep,
     Stmt,
     SyncDriver,
-    is_connection_failure,
+    Tx,
+    aconnect,
+    connect,
     op_memo,
 )
 from langgraph_durable.errors import (
@@ -890,23 +891,6 @@ def _prepare(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Cal
 # --- the protocol -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Op:
-    """Run one ledger op (a generator of Batches) in its own transaction."""
-
-    factory: Callable[[], Generator[Any, Any, Any]]
-
-
-@dataclass(frozen=True)
-class _Wait:
-    seconds: float
-
-
-@dataclass(frozen=True)
-class _Invoke:
-    """Run the user's function; the driver sends back its result or throws its error."""
-
-
 @dataclass
 class _Outcome:
     value: Any = None
@@ -920,14 +904,17 @@ class _Outcome:
 
 def _op_claim(call: _Call) -> Generator[Any, Any, tuple[bool, dict[str, Any] | None]]:
     rows = yield Batch(
-        [Stmt(CLAIM_SQL, call.params(), fetch=True), Stmt(READ_SQL, (call.key,), fetch=True)]
+        [
+            Stmt(CLAIM_SQL, call.params(), fetch=True, name="claim"),
+            Stmt(READ_SQL, (call.key,), fetch=True, name="row"),
+        ]
     )
-    row = rows[1][0] if rows[1] else None
+    row = rows["row"][0] if rows["row"] else None
     # A 'started' row under this call's own owner (unique per call) is this very claim:
     # it committed, the reply to the COMMIT was lost and the driver ran the op again.
     # The function has not run yet: proceed, not "in flight" / "outcome unknown".
     mine = row is not None and row["status"] == "started" and row["owner"] == call.owner
-    return bool(rows[0]) or mine, row
+    return bool(rows["claim"]) or mine, row
 
 
 def _op_one(sql: str, params: Any) -> Generator[Any, Any, list[dict[str, Any]]]:
@@ -937,6 +924,11 @@ def _op_one(sql: str, params: Any) -> Generator[Any, Any, list[dict[str, Any]]]:
 
 def _op_exec(sql: str, params: Any) -> Generator[Any, Any, None]:
     yield Batch([Stmt(sql, params)])
+
+
+def _tx(sql: str, params: Any, *, fetch: bool = True) -> Tx:
+    """A flow item: one statement in its own transaction (its rows, if ``fetch``)."""
+    return Tx(functools.partial(_op_one if fetch else _op_exec, sql, params))
 
 
 def _decode(call: _Call, row: Mapping[str, Any]) -> Any:
@@ -1009,16 +1001,14 @@ def _await_checkpoint(call: _Call) -> Generator[Any, Any, None]:
         return
     started, delay = time.monotonic(), 0.005
     while True:
-        rows = yield _Op(functools.partial(_op_one, CHECKPOINT_STORED_SQL, call.await_checkpoint))
+        rows = yield _tx(CHECKPOINT_STORED_SQL, call.await_checkpoint)
         if rows and rows[0]["ok"]:
             if call.task_state is not None:
                 call.task_state.stored = True
             return
         lease = _RUN_LEASE.get()
         if lease is not None and lease.thread_id == call.await_checkpoint[0]:
-            held = yield _Op(
-                functools.partial(_op_one, LEASE_HELD_SQL, (lease.thread_id, lease.token, lease.owner))
-            )
+            held = yield _tx(LEASE_HELD_SQL, (lease.thread_id, lease.token, lease.owner))
             if lease.lost or not (held and held[0]["held"]):
                 lease.lost = True
                 raise LeaseLostError(lease.thread_id, lease.token)
@@ -1029,7 +1019,7 @@ def _await_checkpoint(call: _Call) -> Generator[Any, Any, None]:
                 call.await_checkpoint[1],
                 f"the checkpoint this task runs from was not stored after {waited:.1f} s",
             )
-        yield _Wait(delay)
+        yield Sleep(delay)
         delay = min(delay * 2, 0.2)
 
 
@@ -1043,9 +1033,7 @@ def _adopt_legacy_key(call: _Call) -> Generator[Any, Any, None]:
     read per tool call; rows under the old scheme are never created any more."""
     if call.legacy_key is None or call.task_id is None:
         return
-    rows = yield _Op(
-        functools.partial(_op_one, LEGACY_TOOL_KEY_SQL, (call.legacy_key, call.thread_id, call.task_id))
-    )
+    rows = yield _tx(LEGACY_TOOL_KEY_SQL, (call.legacy_key, call.thread_id, call.task_id))
     if rows:
         # Only the key changes: a tool's invoke ignores the key it was built with, and
         # calls nested in it are keyed from call.key when it runs (_enter).
@@ -1054,12 +1042,11 @@ def _adopt_legacy_key(call: _Call) -> Generator[Any, Any, None]:
 
 def _protocol(call: _Call) -> Generator[Any, Any, Any]:
     """The plain (non-transactional) call: claim, run, record."""
-    yield from _await_checkpoint(call)
     started = time.monotonic()
     delay = 0.02
     logged = False
     while True:
-        claimed, row = yield _Op(lambda: _op_claim(call))
+        claimed, row = yield Tx(lambda: _op_claim(call))
         if claimed:
             break
         if row is None:  # released between our two statements: claim again
@@ -1074,7 +1061,7 @@ def _protocol(call: _Call) -> Generator[Any, Any, Any]:
                 "key": call.key,
                 "old_owner": row["owner"],
             }
-            taken = yield _Op(functools.partial(_op_one, TAKEOVER_SQL, takeover))
+            taken = yield _tx(TAKEOVER_SQL, takeover)
             if taken:
                 logger.warning(
                     "re-running %s (idempotency key %r, attempt %s) after an unknown outcome "
@@ -1088,33 +1075,34 @@ def _protocol(call: _Call) -> Generator[Any, Any, Any]:
         if not logged:
             logged = True
             logger.debug("call %s (key %r) is in flight elsewhere; waiting", call.spec.name, call.key)
-        yield _Wait(min(delay, max(call.spec.wait_timeout - waited, 0.001)))
+        yield Sleep(min(delay, max(call.spec.wait_timeout - waited, 0.001)))
         delay = min(delay * 2, 0.5)
     try:
-        result = yield _Invoke()
+        # interrupts: a cancellation mid-call is thrown in too (the effect may have happened).
+        result = yield Hook(_invoking(call, renew=True), (None,), interrupts=True)
     except BaseException as exc:
         mine = (call.key, call.owner)
         if isinstance(exc, Exception) and not _is_bubble(exc) and call.spec.caches(exc):
             failed = (type(exc).__qualname__, f"{exc}"[:4000], *mine)
-            yield _Op(functools.partial(_op_exec, FAIL_SQL, failed))
+            yield _tx(FAIL_SQL, failed, fetch=False)
         elif isinstance(exc, Exception):
             # An exception (or an interrupt) means the call did not happen: run it again
             # next time.
-            yield _Op(functools.partial(_op_exec, RELEASE_SQL, mine))
+            yield _tx(RELEASE_SQL, mine, fetch=False)
         else:  # cancelled / interrupted mid-call: the effect may have happened
             with contextlib.suppress(Exception):
-                yield _Op(functools.partial(_op_exec, ABANDON_SQL, mine))
+                yield _tx(ABANDON_SQL, mine, fetch=False)
         raise exc
     try:
         tag, data, value = _encode(call, result)
     except SerializationError as err:
         failed = ("SerializationError", err.message[:4000], call.key, call.owner)
-        yield _Op(functools.partial(_op_exec, FAIL_SQL, failed))
+        yield _tx(FAIL_SQL, failed, fetch=False)
         raise
-    done = yield _Op(functools.partial(_op_one, COMPLETE_SQL, (tag, data, call.key, call.owner)))
+    done = yield _tx(COMPLETE_SQL, (tag, data, call.key, call.owner))
     if not done:
         # Completed by this call already (a retry after a lost COMMIT reply), or taken over.
-        done = yield _Op(functools.partial(_op_one, READ_SQL, (call.key,)))
+        done = yield _tx(READ_SQL, (call.key,))
         done = [r for r in done if r["owner"] == call.owner and r["status"] == "completed"]
     if not done:
         logger.error(
@@ -1125,22 +1113,29 @@ def _protocol(call: _Call) -> Generator[Any, Any, Any]:
     return value
 
 
-def _tx_protocol(call: _Call) -> Generator[Any, Any, _Outcome]:
-    """The transactional call: everything in one transaction on the driver's
-    connection; statements are yielded as Batches, the function as _Invoke."""
+def _tx_protocol(call: _Call, started: float) -> Generator[Any, Any, _Outcome]:
+    """The transactional call: one op, on a connection of its own (``_run_tx``); the
+    function runs as a ``Call``, in a savepoint: its writes roll back if it fails, the
+    claim stays. A lock wait past wait_timeout is CallInFlightError."""
+    try:
+        return (yield from _tx_steps(call))
+    except psycopg.errors.LockNotAvailable as exc:
+        raise CallInFlightError(call.key, time.monotonic() - started) from exc
+
+
+def _tx_steps(call: _Call) -> Generator[Any, Any, _Outcome]:
     timeout_ms = max(int(call.spec.wait_timeout * 1000), 1)
     rows = yield Batch(
         [
-            Stmt("SELECT current_setting('lock_timeout') AS v", fetch=True),
+            Stmt("SELECT current_setting('lock_timeout') AS v", fetch=True, name="previous"),
             Stmt("SELECT set_config('lock_timeout', %s, true)", (f"{timeout_ms}ms",)),
-            Stmt(CLAIM_SQL, call.params(), fetch=True),
-            Stmt(READ_SQL, (call.key,), fetch=True),
+            Stmt(CLAIM_SQL, call.params(), fetch=True, name="claim"),
+            Stmt(READ_SQL, (call.key,), fetch=True, name="row"),
         ]
     )
-    previous = rows[0][0]["v"]
-    claimed = bool(rows[2])
-    if not claimed:
-        row = rows[3][0] if rows[3] else None
+    previous = rows["previous"][0]["v"]
+    if not rows["claim"]:
+        row = rows["row"][0] if rows["row"] else None
         if row is None:
             return _Outcome(error=CallInFlightError(call.key, 0.0))
         try:
@@ -1151,20 +1146,13 @@ def _tx_protocol(call: _Call) -> Generator[Any, Any, _Outcome]:
             return _Outcome(value=_decode(call, row))
         if action == "wait":  # a plain (non-transactional) call holds it
             return _Outcome(error=CallInFlightError(call.key, 0.0))
-        taken = yield Batch(
-            [
-                Stmt(
-                    TAKEOVER_SQL,
-                    {"owner": call.owner, "claim_ttl": None, "key": call.key, "old_owner": row["owner"]},
-                    fetch=True,
-                )
-            ]
-        )
+        takeover = {"owner": call.owner, "claim_ttl": None, "key": call.key, "old_owner": row["owner"]}
+        taken = yield Batch([Stmt(TAKEOVER_SQL, takeover, fetch=True)])
         if not taken[0]:
             return _Outcome(error=CallInFlightError(call.key, 0.0))
     yield Batch([Stmt("SELECT set_config('lock_timeout', %s, true)", (previous,))])
     try:
-        result = yield _Invoke()
+        result = yield Call(_invoking(call, renew=False))
     except Exception as exc:
         # The driver rolled the function's savepoint back: its writes are gone.
         if call.spec.caches(exc) and not _is_bubble(exc):
@@ -1179,7 +1167,44 @@ def _tx_protocol(call: _Call) -> Generator[Any, Any, _Outcome]:
     return _Outcome(value=value)
 
 
-# --- drivers ----------------------------------------------------------------------------
+def _call_flow(call: _Call, mode: Mode) -> Generator[Any, Any, Any]:
+    """One wrapped call, sync or async alike (``mode`` says which)."""
+    # A deferred checkpoint (checkpoint_policy) is stored before the key is claimed.
+    yield Hook(mode.before_effect)
+    if call.legacy_key is not None:
+        yield from _adopt_legacy_key(call)
+    yield from _await_checkpoint(call)
+    if call.spec.transactional:
+        outcome = yield Hook(_run_tx, (call, mode))
+        return cast(_Outcome, outcome).unwrap()
+    return (yield from _protocol(call))
+
+
+# --- running it -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What differs between a sync and an async call: the driver class, the saver and
+    pool classes whose connections it can use, how it opens one of its own, the
+    checkpoint_policy flush, and the saver's op runner. Everything else is one body."""
+
+    driver: type[SyncDriver] | type[AsyncDriver]
+    saver: type[_DurableBase]
+    pool: type
+    connect: Callable[..., Any]
+    before_effect: Callable[[], Any]
+    run_op: str
+
+    def flows(self, ledger: _DurableBase) -> Any:
+        """A driver running flows in the caller and their ops on ``ledger``."""
+        return self.driver.over(getattr(ledger, self.run_op))
+
+
+SYNC = Mode(SyncDriver, DurablePostgresSaver, ConnectionPool, connect, granularity.before_effect, "run_op")
+ASYNC = Mode(
+    AsyncDriver, AsyncDurablePostgresSaver, AsyncConnectionPool, aconnect, granularity.abefore_effect, "arun_op"
+)
 
 
 @_telemetry.instrument("ledger_run")
@@ -1189,79 +1214,56 @@ def _enter(call: _Call) -> contextvars.Token[_Parent | None]:
     return _PARENT.set(_Parent(call.key, call.thread_id, call.origin, call.ttl, chain=chain))
 
 
+def within(enter: Callable[[], Callable[[], None]], fn: Callable[[], Any]) -> Any:
+    """``fn()`` between ``enter()`` and the exit it returns: its value, or, when ``fn``
+    is async, a coroutine doing the same around its ``await`` (in the awaiting task's
+    context, so a context variable set by ``enter`` is seen by the call's code)."""
+    leave = enter()
+    try:
+        result = fn()
+    except BaseException:
+        leave()
+        raise
+    if not inspect.iscoroutine(result):
+        leave()
+        return result
+
+    async def finish() -> Any:
+        try:
+            return await result
+        finally:
+            leave()
+
+    return finish()
+
+
+def _invoking(call: _Call, *, renew: bool) -> Callable[[Any], Any]:
+    """The user's function for a Hook/Call: nested calls key from this one while it
+    runs; a plain call's claim is renewed meanwhile."""
+
+    def enter() -> Callable[[], None]:
+        if renew:
+            _RENEWER.add(call)
+        token = _enter(call)
+
+        def leave() -> None:
+            _PARENT.reset(token)
+            if renew:
+                _RENEWER.remove(call)
+
+        return leave
+
+    return lambda conn: within(enter, lambda: call.invoke(conn))
+
+
 @_telemetry.instrument("idempotent")
 def _run(call: _Call) -> Any:
-    # A deferred checkpoint (checkpoint_policy) is stored before the key is claimed.
-    granularity.before_effect()
-    if call.legacy_key is not None:
-        _drive(call, _adopt_legacy_key(call))
-    if call.spec.transactional:
-        _drive(call, _await_checkpoint(call))
-        return _run_tx(call)
-    return _drive(call, _protocol(call))
-
-
-def _drive(call: _Call, gen: Generator[Any, Any, Any]) -> Any:
-    send: Any = None
-    throw: BaseException | None = None
-    while True:
-        try:
-            cmd = gen.throw(throw) if throw is not None else gen.send(send)
-        except StopIteration as stop:
-            return stop.value
-        send, throw = None, None
-        try:
-            if isinstance(cmd, _Op):
-                send = call.ledger.run_op(cmd.factory)
-            elif isinstance(cmd, _Wait):
-                time.sleep(cmd.seconds)
-            else:
-                _RENEWER.add(call)
-                token = _enter(call)
-                try:
-                    send = call.invoke(None)
-                finally:
-                    _PARENT.reset(token)
-                    _RENEWER.remove(call)
-        except BaseException as exc:
-            throw = exc
+    return SYNC.flows(call.ledger).run_flow(_call_flow(call, SYNC))
 
 
 @_telemetry.instrument("idempotent")
 async def _arun(call: _Call) -> Any:
-    await granularity.abefore_effect()
-    if call.legacy_key is not None:
-        await _adrive(call, _adopt_legacy_key(call))
-    if call.spec.transactional:
-        await _adrive(call, _await_checkpoint(call))
-        return await _arun_tx(call)
-    return await _adrive(call, _protocol(call))
-
-
-async def _adrive(call: _Call, gen: Generator[Any, Any, Any]) -> Any:
-    send: Any = None
-    throw: BaseException | None = None
-    while True:
-        try:
-            cmd = gen.throw(throw) if throw is not None else gen.send(send)
-        except StopIteration as stop:
-            return stop.value
-        send, throw = None, None
-        try:
-            if isinstance(cmd, _Op):
-                send = await call.ledger.arun_op(cmd.factory)
-            elif isinstance(cmd, _Wait):
-                await asyncio.sleep(cmd.seconds)
-            else:
-                _RENEWER.add(call)
-                token = _enter(call)
-                try:
-                    send = await call.invoke(None)
-                finally:
-                    _PARENT.reset(token)
-                    _RENEWER.remove(call)
-        except BaseException as exc:
-            throw = exc
+    return await ASYNC.flows(call.ledger).run_flow(_call_flow(call, ASYNC))
 
 
 def _pooled(ledger: _DurableBase, pool_type: type) -> bool:
@@ -1290,163 +1292,29 @@ def _prepare_threshold(ledger: _DurableBase) -> int | None:
     return cast("int | None", kwargs.get("prepare_threshold", 0))
 
 
-@contextlib.contextmanager
-def _sync_connection(ledger: _DurableBase) -> Iterator[psycopg.Connection[Any]]:
-    if isinstance(ledger, DurablePostgresSaver) and _pooled(ledger, ConnectionPool):
-        with ledger.connection() as conn:
-            yield conn
-        return
-    # A single-connection saver (see _pooled), or an async saver, whose connections
-    # cannot serve a sync function: open one like them.
-    conn = psycopg.Connection.connect(
-        cast(Any, ledger)._conninfo,
-        autocommit=True,
-        prepare_threshold=_prepare_threshold(ledger),
-        row_factory=dict_row,
-    )
-    try:
-        if schema := session_schema(ledger):
-            conn.execute(_sql.set_search_path(schema))
-        yield conn
-    finally:
-        conn.close()
-
-
-@contextlib.asynccontextmanager
-async def _async_connection(ledger: _DurableBase) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    if isinstance(ledger, AsyncDurablePostgresSaver) and _pooled(ledger, AsyncConnectionPool):
-        async with ledger.connection() as conn:
-            yield conn
-        return
-    conn = await psycopg.AsyncConnection.connect(
-        cast(Any, ledger)._conninfo,
-        autocommit=True,
-        prepare_threshold=_prepare_threshold(ledger),
-        row_factory=dict_row,
-    )
-    try:
-        if schema := session_schema(ledger):
-            await conn.execute(_sql.set_search_path(schema))
-        yield conn
-    finally:
-        await conn.close()
-
-
-def _run_tx(call: _Call) -> Any:
-    """``_run_tx_once``, again on a fresh connection when the connection itself failed
-    (a failover, a restart, an idle kill). Always safe: the claim, the function's writes
+def _run_tx(call: _Call, mode: Mode) -> Any:
+    """Run ``_tx_protocol`` in one transaction: on one of the saver's connections when
+    its pool has room (``_pooled``), else (a single-connection saver, or a saver of the
+    other kind, whose connections cannot serve this function) on one opened like them.
+    The driver retries on a fresh connection when the connection itself failed (a
+    failover, a restart, an idle kill). Always safe: the claim, the function's writes
     and the record are one transaction, so a failure before COMMIT left nothing, and a
-    COMMIT whose reply was lost left a completed claim that the retry replays."""
-    for attempt in range(CONNECTION_RETRIES + 1):
-        used: list[Any] = []
-        try:
-            return _run_tx_once(call, used)
-        except Exception as exc:
-            if attempt < CONNECTION_RETRIES and is_connection_failure(exc, used[-1] if used else None):
-                logger.warning("idempotent call %s: connection lost (%s); retrying", call.key, exc)
-                pool = getattr(call.ledger, "conn", None)
-                if isinstance(pool, ConnectionPool):
-                    with contextlib.suppress(Exception):
-                        pool.check()
-                time.sleep(min(0.2 * 2**attempt, 2.0))
-                continue
-            raise
-    raise AssertionError("unreachable")
+    COMMIT whose reply was lost left a completed claim that the retry replays. Returns
+    the outcome (a coroutine of it for ``ASYNC``)."""
+    ledger = call.ledger
+    source: Callable[[], Any]
+    if isinstance(ledger, mode.saver) and _pooled(ledger, mode.pool):
+        source = cast(Any, ledger).connection
+    else:
+        conninfo, threshold = cast(Any, ledger)._conninfo, _prepare_threshold(ledger)
+        schema = session_schema(ledger)
 
+        def source() -> Any:
+            return mode.connect(conninfo, prepare_threshold=threshold, schema=schema)
 
-@contextlib.contextmanager
-def _tracked(cm: Any, used: list[Any]) -> Iterator[Any]:
-    """``cm``'s connection, remembered in ``used`` (is it broken, after an error?)."""
-    with cm as conn:
-        used.append(conn)
-        yield conn
-
-
-@contextlib.asynccontextmanager
-async def _atracked(cm: Any, used: list[Any]) -> AsyncIterator[Any]:
-    async with cm as conn:
-        used.append(conn)
-        yield conn
-
-
-def _run_tx_once(call: _Call, used: list[Any]) -> Any:
-    started = time.monotonic()
-    try:
-        with _tracked(_sync_connection(call.ledger), used) as conn, conn.transaction():
-            gen = _tx_protocol(call)
-            send: Any = None
-            throw: BaseException | None = None
-            while True:
-                try:
-                    cmd = gen.throw(throw) if throw is not None else gen.send(send)
-                except StopIteration as stop:
-                    outcome = cast(_Outcome, stop.value)
-                    break
-                send, throw = None, None
-                if isinstance(cmd, Batch):
-                    send = SyncDriver._execute(conn, cmd)
-                    continue
-                token = _enter(call)
-                try:
-                    # A savepoint: a failing function's writes roll back, the claim stays.
-                    with conn.transaction():
-                        send = call.invoke(conn)
-                except Exception as exc:
-                    throw = exc
-                finally:
-                    _PARENT.reset(token)
-    except psycopg.errors.LockNotAvailable as exc:
-        raise CallInFlightError(call.key, time.monotonic() - started) from exc
-    return outcome.unwrap()
-
-
-async def _arun_tx(call: _Call) -> Any:
-    """``_run_tx`` for async functions."""
-    for attempt in range(CONNECTION_RETRIES + 1):
-        used: list[Any] = []
-        try:
-            return await _arun_tx_once(call, used)
-        except Exception as exc:
-            if attempt < CONNECTION_RETRIES and is_connection_failure(exc, used[-1] if used else None):
-                logger.warning("idempotent call %s: connection lost (%s); retrying", call.key, exc)
-                pool = getattr(call.ledger, "conn", None)
-                if isinstance(pool, AsyncConnectionPool):
-                    with contextlib.suppress(Exception):
-                        await pool.check()
-                await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
-                continue
-            raise
-    raise AssertionError("unreachable")
-
-
-async def _arun_tx_once(call: _Call, used: list[Any]) -> Any:
-    started = time.monotonic()
-    try:
-        async with _atracked(_async_connection(call.ledger), used) as conn, conn.transaction():
-            gen = _tx_protocol(call)
-            send: Any = None
-            throw: BaseException | None = None
-            while True:
-                try:
-                    cmd = gen.throw(throw) if throw is not None else gen.send(send)
-                except StopIteration as stop:
-                    outcome = cast(_Outcome, stop.value)
-                    break
-                send, throw = None, None
-                if isinstance(cmd, Batch):
-                    send = await AsyncDriver._execute(conn, cmd)
-                    continue
-                token = _enter(call)
-                try:
-                    async with conn.transaction():
-                        send = await call.invoke(conn)
-                except Exception as exc:
-                    throw = exc
-                finally:
-                    _PARENT.reset(token)
-    except psycopg.errors.LockNotAvailable as exc:
-        raise CallInFlightError(call.key, time.monotonic() - started) from exc
-    return outcome.unwrap()
+    pool = getattr(ledger, "conn", None)
+    driver = mode.driver(cast(Any, pool) if isinstance(pool, mode.pool) else None, None, source=source)
+    return driver.run_op(lambda: _tx_protocol(call, time.monotonic()))
 
 
 # --- claim renewal ----------------------------------------------------------------------

@@ -27,7 +27,6 @@ thread. The choices specific to the journal:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import socket
@@ -48,21 +47,22 @@ from langchain_core.runnables import (
     RunnableSequence,
 )
 
-from langgraph_durable import granularity
-from langgraph_durable._io import Batch, Stmt
+from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable.errors import ConfigurationError, NoLedgerError, SerializationError
 from langgraph_durable.idempotency import (
     _PARENT,
+    ASYNC,
     READ_SQL,
+    SYNC,
+    Mode,
     _canonical,
     _current_site,
     _digest,
     _dumps,
-    _Invoke,
-    _Op,
     _op_one,
     _Parent,
     _Site,
+    within,
 )
 from langgraph_durable.saver import _DurableBase
 
@@ -273,69 +273,41 @@ def _decode(entry: _Entry, row: Mapping[str, Any]) -> Any:
         ) from exc
 
 
-def _protocol(entry: _Entry) -> Generator[Any, Any, tuple[bool, Any]]:
-    """Read, call if nothing is recorded, record. Returns (replayed, value); the caller
-    of a live call gets the decoded record, like every replay after it."""
-    rows = yield _Op(functools.partial(_op_one, READ_SQL, (entry.key,)))
+def _op_lookup(entry: _Entry) -> Op[tuple[bool, Any]]:
+    """(True, the recorded value) when this call is recorded, else (False, None)."""
+    rows = yield from _op_one(READ_SQL, (entry.key,))
     if rows and rows[0]["status"] == "completed" and not rows[0]["expired"]:
         return True, _decode(entry, rows[0])
-    result = yield _Invoke()
+    return False, None
+
+
+def _op_store(entry: _Entry, result: Any) -> Op[Any]:
+    """Record a live call's result; returns the decoded record, like every replay after
+    it (another execution's, if it recorded first). Encodes before its first statement,
+    so before the driver checks a connection out."""
     result_type, data = _encode(entry, result)
-    rows = yield _Op(functools.partial(_op_record, entry, result_type, data))
+    rows = yield from _op_record(entry, result_type, data)
     row = rows[0] if rows else None
     if row is not None and row["status"] == "completed" and row["owner"] != entry.owner:
-        return False, _decode(entry, row)  # another execution recorded first
-    return False, entry.ledger.serde.loads_typed((result_type, data))
+        return _decode(entry, row)  # another execution recorded first
+    return entry.ledger.serde.loads_typed((result_type, data))
 
 
-def _drive(entry: _Entry, call: Callable[[], Any]) -> Any:
+def _flow(entry: _Entry, call: Callable[[], Any], mode: Mode) -> Flow[Any]:
+    """Read, call if nothing is recorded, record: sync or async alike (``mode``)."""
     # Store a deferred checkpoint first (checkpoint_policy): the journal key hashes
     # the task id, which only a stored checkpoint gives back on resume.
-    granularity.before_effect()
-    gen = _protocol(entry)
-    send: Any = None
-    throw: BaseException | None = None
-    while True:
-        try:
-            cmd = gen.throw(throw) if throw is not None else gen.send(send)
-        except StopIteration as stop:
-            return stop.value[1]
-        send, throw = None, None
-        try:
-            if isinstance(cmd, _Op):
-                send = entry.ledger.run_op(cmd.factory)
-            else:
-                token = _PARENT.set(entry.parent())
-                try:
-                    send = call()
-                finally:
-                    _PARENT.reset(token)
-        except BaseException as exc:
-            throw = exc
+    yield Hook(mode.before_effect)
+    found, value = yield Tx(lambda: _op_lookup(entry))
+    if found:
+        return value
+    result = yield Hook(within, (lambda: _enter(entry), call))
+    return (yield Tx(lambda: _op_store(entry, result)))
 
 
-async def _adrive(entry: _Entry, call: Callable[[], Any]) -> Any:
-    await granularity.abefore_effect()
-    gen = _protocol(entry)
-    send: Any = None
-    throw: BaseException | None = None
-    while True:
-        try:
-            cmd = gen.throw(throw) if throw is not None else gen.send(send)
-        except StopIteration as stop:
-            return stop.value[1]
-        send, throw = None, None
-        try:
-            if isinstance(cmd, _Op):
-                send = await entry.ledger.arun_op(cmd.factory)
-            else:
-                token = _PARENT.set(entry.parent())
-                try:
-                    send = await call()
-                finally:
-                    _PARENT.reset(token)
-        except BaseException as exc:
-            throw = exc
+def _enter(entry: _Entry) -> Callable[[], None]:
+    token = _PARENT.set(entry.parent())
+    return lambda: _PARENT.reset(token)
 
 
 def _resolve(ledger: Any) -> _DurableBase:
@@ -477,7 +449,9 @@ class JournaledRunnable(Runnable[Any, Any]):
         if entry is None:
             return self.bound.invoke(input, config, **kwargs)
         try:
-            return _drive(entry, lambda: self.bound.invoke(input, config, **kwargs))
+            return SYNC.flows(entry.ledger).run_flow(
+                _flow(entry, lambda: self.bound.invoke(input, config, **kwargs), SYNC)
+            )
         except Exception:
             _give_back(entry.taken)
             raise
@@ -487,7 +461,9 @@ class JournaledRunnable(Runnable[Any, Any]):
         if entry is None:
             return await self.bound.ainvoke(input, config, **kwargs)
         try:
-            return await _adrive(entry, lambda: self.bound.ainvoke(input, config, **kwargs))
+            return await ASYNC.flows(entry.ledger).run_flow(
+                _flow(entry, lambda: self.bound.ainvoke(input, config, **kwargs), ASYNC)
+            )
         except Exception:
             _give_back(entry.taken)
             raise
@@ -497,41 +473,27 @@ class JournaledRunnable(Runnable[Any, Any]):
         if entry is None:
             yield from self.bound.stream(input, config, **kwargs)
             return
-        gen = _protocol(entry)
-        send: Any = None
-        throw: BaseException | None = None
         try:
-            while True:
+            found, value = entry.ledger.run_op(lambda: _op_lookup(entry))
+            if not found:
+                chunks: list[Any] = []
+                inner = _under(entry, self.bound.stream(input, config, **kwargs))
                 try:
-                    cmd = gen.throw(throw) if throw is not None else gen.send(send)
-                except StopIteration as stop:
-                    replayed, value = stop.value
-                    break
-                send, throw = None, None
-                try:
-                    if isinstance(cmd, _Op):
-                        send = entry.ledger.run_op(cmd.factory)
-                    else:
-                        chunks: list[Any] = []
-                        inner = _under(entry, self.bound.stream(input, config, **kwargs))
+                    for chunk in inner:
+                        chunks.append(chunk)
                         try:
-                            for chunk in inner:
-                                chunks.append(chunk)
-                                try:
-                                    yield chunk
-                                except GeneratorExit:
-                                    # The consumer stopped early: record what it saw,
-                                    # so a re-execution sees the same (see _assemble).
-                                    break
-                        finally:
-                            inner.close()
-                        send = _assemble(chunks)
-                except BaseException as exc:
-                    throw = exc
+                            yield chunk
+                        except GeneratorExit:
+                            # The consumer stopped early: record what it saw, so a
+                            # re-execution sees the same (see _assemble).
+                            break
+                finally:
+                    inner.close()
+                entry.ledger.run_op(lambda: _op_store(entry, _assemble(chunks)))
         except Exception:
             _give_back(entry.taken)
             raise
-        if replayed:
+        if found:
             yield from _replayed_chunks(value)
 
     async def astream(
@@ -542,39 +504,25 @@ class JournaledRunnable(Runnable[Any, Any]):
             async for chunk in self.bound.astream(input, config, **kwargs):
                 yield chunk
             return
-        gen = _protocol(entry)
-        send: Any = None
-        throw: BaseException | None = None
         try:
-            while True:
+            found, value = await entry.ledger.arun_op(lambda: _op_lookup(entry))
+            if not found:
+                chunks: list[Any] = []
+                ainner = _aunder(entry, self.bound.astream(input, config, **kwargs))
                 try:
-                    cmd = gen.throw(throw) if throw is not None else gen.send(send)
-                except StopIteration as stop:
-                    replayed, value = stop.value
-                    break
-                send, throw = None, None
-                try:
-                    if isinstance(cmd, _Op):
-                        send = await entry.ledger.arun_op(cmd.factory)
-                    else:
-                        chunks: list[Any] = []
-                        ainner = _aunder(entry, self.bound.astream(input, config, **kwargs))
+                    async for chunk in ainner:
+                        chunks.append(chunk)
                         try:
-                            async for chunk in ainner:
-                                chunks.append(chunk)
-                                try:
-                                    yield chunk
-                                except GeneratorExit:
-                                    break
-                        finally:
-                            await ainner.aclose()
-                        send = _assemble(chunks)
-                except BaseException as exc:
-                    throw = exc
+                            yield chunk
+                        except GeneratorExit:
+                            break
+                finally:
+                    await ainner.aclose()
+                await entry.ledger.arun_op(lambda: _op_store(entry, _assemble(chunks)))
         except Exception:
             _give_back(entry.taken)
             raise
-        if replayed:
+        if found:
             for chunk in _replayed_chunks(value):
                 yield chunk
 

@@ -30,6 +30,7 @@ RENAMES = {
     "AsyncDriver": "SyncDriver",
     "AsyncIterator": "Iterator",
     "AsyncLock": "Lock",
+    "aconnect": "connect",
     "asleep": "sleep",
     "asynccontextmanager": "contextmanager",
     "settle": "settle_sync",

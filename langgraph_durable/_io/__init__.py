@@ -7,9 +7,9 @@
 * ``scripted``: a driver that answers batches from a script, for tests without a database.
 """
 
-from langgraph_durable._io._async import AsyncDriver
+from langgraph_durable._io._async import AsyncDriver, aconnect
 from langgraph_durable._io._base import HAS_PIPELINE, is_connection_failure
-from langgraph_durable._io._sync import SyncDriver
+from langgraph_durable._io._sync import SyncDriver, connect
 from langgraph_durable._io.protocol import (
     CONNECTION_RETRIES,
     AfterCommit,
@@ -41,6 +41,8 @@ __all__ = [
     "Stmt",
     "SyncDriver",
     "Tx",
+    "aconnect",
+    "connect",
     "is_connection_failure",
     "op_memo",
     "set_after_commit_hook",

@@ -53,6 +53,23 @@ T = TypeVar("T")
 ConnectionSource = Callable[[], AbstractAsyncContextManager[AsyncConnection[Any]]]
 
 
+@asynccontextmanager
+async def aconnect(
+    conninfo: str, *, prepare_threshold: int | None, schema: str | None
+) -> AsyncIterator[AsyncConnection[Any]]:
+    """A connection of its own, opened like the saver's (autocommit, dict rows, the
+    saver's prepare_threshold and search_path), closed on exit."""
+    conn = await AsyncConnection.connect(
+        conninfo, autocommit=True, prepare_threshold=prepare_threshold, row_factory=dict_row
+    )
+    try:
+        if schema:
+            await conn.execute(set_search_path(schema))
+        yield conn
+    finally:
+        await conn.close()
+
+
 class AsyncDriver:
     """Runs ops and flows on an ``AsyncConnection`` or ``AsyncConnectionPool``.
 
@@ -72,6 +89,16 @@ class AsyncDriver:
         self.source = source
         self.lock = AsyncLock()  # a single connection is used by one caller at a time
         self._schema_set: set[int] = set()
+        self._ops: Callable[..., Any] | None = None
+
+    @classmethod
+    def over(cls, run_op: Callable[..., Any]) -> AsyncDriver:
+        """A driver that runs flows here and hands their ops to ``run_op`` (a saver's
+        ``arun_op``, which may run them on another thread or event loop): user code
+        (``Hook``) and ``Sleep`` stay with the caller, in its thread, loop and context."""
+        driver = cls(None, None)
+        driver._ops = run_op
+        return driver
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
@@ -113,6 +140,8 @@ class AsyncDriver:
                 logger.debug("pool check failed", exc_info=True)
 
     async def run_op(self, factory: Callable[[], Op[T]], *, transaction: bool = True) -> T:
+        if self._ops is not None:
+            return cast(T, await self._ops(factory, transaction=transaction))
         memo = protocol.OP_MEMO.set({})
         try:
             return await self._run_op(factory, transaction)

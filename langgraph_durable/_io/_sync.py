@@ -48,6 +48,23 @@ T = TypeVar("T")
 ConnectionSource = Callable[[], AbstractContextManager[Connection[Any]]]
 
 
+@contextmanager
+def connect(
+    conninfo: str, *, prepare_threshold: int | None, schema: str | None
+) -> Iterator[Connection[Any]]:
+    """A connection of its own, opened like the saver's (autocommit, dict rows, the
+    saver's prepare_threshold and search_path), closed on exit."""
+    conn = Connection.connect(
+        conninfo, autocommit=True, prepare_threshold=prepare_threshold, row_factory=dict_row
+    )
+    try:
+        if schema:
+            conn.execute(set_search_path(schema))
+        yield conn
+    finally:
+        conn.close()
+
+
 class SyncDriver:
     """Runs ops and flows on an ``AsyncConnection`` or ``AsyncConnectionPool``.
 
@@ -67,6 +84,16 @@ class SyncDriver:
         self.source = source
         self.lock = Lock()  # a single connection is used by one caller at a time
         self._schema_set: set[int] = set()
+        self._ops: Callable[..., Any] | None = None
+
+    @classmethod
+    def over(cls, run_op: Callable[..., Any]) -> SyncDriver:
+        """A driver that runs flows here and hands their ops to ``run_op`` (a saver's
+        ``arun_op``, which may run them on another thread or event loop): user code
+        (``Hook``) and ``Sleep`` stay with the caller, in its thread, loop and context."""
+        driver = cls(None, None)
+        driver._ops = run_op
+        return driver
 
     @contextmanager
     def connection(self) -> Iterator[Connection[Any]]:
@@ -108,6 +135,8 @@ class SyncDriver:
                 logger.debug("pool check failed", exc_info=True)
 
     def run_op(self, factory: Callable[[], Op[T]], *, transaction: bool = True) -> T:
+        if self._ops is not None:
+            return cast(T, self._ops(factory, transaction=transaction))
         memo = protocol.OP_MEMO.set({})
         try:
             return self._run_op(factory, transaction)
