@@ -44,12 +44,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 from langchain_core.runnables import RunnableConfig
 
 from langgraph_durable import telemetry as _telemetry
-from langgraph_durable._io import Batch, Op, Stmt
+from langgraph_durable._io import AsyncDriver, Batch, Flow, Hook, Op, Stmt, SyncDriver, Tx
 from langgraph_durable.errors import (
     ConfigurationError,
     GraphVersionMismatchError,
@@ -454,6 +454,21 @@ async def asubmit(graph: Any, input: Any, config: RunnableConfig) -> RunnableCon
 # --------------------------------------------------------------------------- worker
 
 
+@dataclass(frozen=True)
+class _Mode:
+    """What a sync and an async worker do differently: the driver that runs their
+    flows (ops on the saver), how a claimed thread's graph is streamed, how a slot
+    pauses (interruptible by stop())."""
+
+    driver: type[SyncDriver] | type[AsyncDriver]
+    run_op: str
+    stream: Callable[[RecoveryWorker, _Target, Claim], Any]
+    pause: Callable[[RecoveryWorker, float], Any]
+
+    def flows(self, worker: RecoveryWorker) -> Any:
+        return self.driver.over(getattr(worker.saver, self.run_op))
+
+
 class RecoveryWorker:
     """Resumes unfinished threads of the given graphs; see the module docstring.
 
@@ -462,6 +477,10 @@ class RecoveryWorker:
     thread to the graph that wrote it). ``concurrency``: threads resumed at once (OS
     threads in :meth:`run`, asyncio tasks in :meth:`arun`). ``config``: extra config
     for every resumed run (e.g. ``recursion_limit``)."""
+
+    # How run()/recover_one() and arun()/arecover_one() drive the one body (set below).
+    _sync: ClassVar[_Mode]
+    _async: ClassVar[_Mode]
 
     def __init__(
         self,
@@ -638,12 +657,17 @@ class RecoveryWorker:
     def recover_one(self) -> RecoveryResult | None:
         """Claim one recoverable thread and resume it in this thread; ``None`` when
         there is nothing to do."""
-        claim = cast("Claim | None", self.saver.run_op(self._claim_op()))
+        return cast("RecoveryResult | None", self._sync.flows(self).run_flow(self._recover_flow(self._sync)))
+
+    # One body for both kinds of worker: flows whose ops go to the saver and whose
+    # Hooks (the graph's stream, the pause between polls) come from a _Mode.
+    def _recover_flow(self, mode: _Mode) -> Flow[RecoveryResult | None]:
+        claim = yield Tx(self._claim_op())
         if claim is None:
             return None
-        return self._resume(claim)
+        return (yield from self._resume_flow(claim, mode))
 
-    def _resume(self, claim: Claim) -> RecoveryResult:
+    def _resume_flow(self, claim: Claim, mode: _Mode) -> Flow[RecoveryResult]:
         started = time.monotonic()
         self._log_start(claim)
         target = self._target_for(claim.graph_version)
@@ -652,41 +676,62 @@ class RecoveryWorker:
         try:
             if target is None:  # the claim filtered on versions: only a race gets here
                 raise GraphVersionMismatchError(claim.thread_id, claim.graph_version, None)
-            stream = target.graph.stream(None, self._run_config(claim), stream_mode="values")
-            # Closed explicitly: the run's exit (lease release) happens in close(). The
-            # claim reaches the run's lease acquisition through the context, not config.
-            with claim_handoff(claim.thread_id, claim.owner, claim.token), contextlib.closing(stream):
-                for _ in stream:
-                    # A "values" chunk is emitted after a superstep's writes are applied
-                    # and its checkpoint submitted, before the next step's tasks start:
-                    # closing here ends the run at a step boundary (status 'stopped').
-                    if self._stop.is_set() and self.shutdown == "step":
-                        handed_back = True
-                        break
+            handed_back = yield Hook(mode.stream, (self, target, claim))
         except Exception as e:
             exc = e
         row = None
         try:
-            row = self.saver.run_op(lambda: _op_finish(claim))
+            row = yield Tx(lambda: _op_finish(claim))
         except Exception:
             logger.exception("could not read back thread %s", claim.thread_id)
         return self._result(claim, row, exc, handed_back, started)
 
-    def _slot(self, until_idle: bool, max_recoveries: int | None) -> None:
+    def _stream(self, target: _Target, claim: Claim) -> bool:
+        """Run the claimed thread to its end (or, stopping, to a step boundary): True
+        when it was handed back at a step boundary."""
+        stream = target.graph.stream(None, self._run_config(claim), stream_mode="values")
+        # Closed explicitly: the run's exit (lease release) happens in close(). The
+        # claim reaches the run's lease acquisition through the context, not config.
+        with claim_handoff(claim.thread_id, claim.owner, claim.token), contextlib.closing(stream):
+            for _ in stream:
+                # A "values" chunk is emitted after a superstep's writes are applied
+                # and its checkpoint submitted, before the next step's tasks start:
+                # closing here ends the run at a step boundary (status 'stopped').
+                if self._stop.is_set() and self.shutdown == "step":
+                    return True
+        return False
+
+    async def _astream(self, target: _Target, claim: Claim) -> bool:
+        astream = target.graph.astream(None, self._run_config(claim), stream_mode="values")
+        # An abandoned async generator is only finalized later (by the event loop),
+        # after the worker may have closed its pool: close it here, at the boundary.
+        try:
+            with claim_handoff(claim.thread_id, claim.owner, claim.token):
+                async for _ in astream:
+                    if self._stop.is_set() and self.shutdown == "step":
+                        return True
+        finally:
+            await astream.aclose()
+        return False
+
+    def _slot_flow(self, mode: _Mode, until_idle: bool, max_recoveries: int | None) -> Flow[None]:
         while not self._stop.is_set():
             if max_recoveries is not None and self.stats.claimed >= max_recoveries:
                 return
             try:
-                result = self.recover_one()
+                result = yield from self._recover_flow(mode)
             except Exception as exc:  # database down: back off, keep the worker alive
                 logger.warning("claim failed: %s", exc)
-                self._stop.wait(self.poll_interval)
+                yield Hook(mode.pause, (self, self.poll_interval))
                 continue
             if result is None:
                 if until_idle:
                     return
                 # Jitter spreads the polls of many idle workers.
-                self._stop.wait(self.poll_interval * random.uniform(0.5, 1.5))
+                yield Hook(mode.pause, (self, self.poll_interval * random.uniform(0.5, 1.5)))
+
+    def _slot(self, until_idle: bool, max_recoveries: int | None) -> None:
+        self._sync.flows(self).run_flow(self._slot_flow(self._sync, until_idle, max_recoveries))
 
     def run(
         self,
@@ -746,56 +791,13 @@ class RecoveryWorker:
 
     # ----------------------------------------------------------------- async
     async def arecover_one(self) -> RecoveryResult | None:
-        claim = cast("Claim | None", await self.saver.arun_op(self._claim_op()))
-        if claim is None:
-            return None
-        return await self._aresume(claim)
-
-    async def _aresume(self, claim: Claim) -> RecoveryResult:
-        started = time.monotonic()
-        self._log_start(claim)
-        target = self._target_for(claim.graph_version)
-        exc: BaseException | None = None
-        handed_back = False
-        try:
-            if target is None:
-                raise GraphVersionMismatchError(claim.thread_id, claim.graph_version, None)
-            astream = target.graph.astream(None, self._run_config(claim), stream_mode="values")
-            # An abandoned async generator is only finalized later (by the event loop),
-            # after the worker may have closed its pool: close it here, at the boundary.
-            try:
-                with claim_handoff(claim.thread_id, claim.owner, claim.token):
-                    async for _ in astream:
-                        if self._stop.is_set() and self.shutdown == "step":
-                            handed_back = True
-                            break
-            finally:
-                await astream.aclose()
-        except Exception as e:
-            exc = e
-        row = None
-        try:
-            row = await self.saver.arun_op(lambda: _op_finish(claim))
-        except Exception:
-            logger.exception("could not read back thread %s", claim.thread_id)
-        return self._result(claim, row, exc, handed_back, started)
+        flow = self._recover_flow(self._async)
+        return cast("RecoveryResult | None", await self._async.flows(self).run_flow(flow))
 
     async def _aslot(self, until_idle: bool, max_recoveries: int | None) -> None:
         assert self._aio_stop is not None
-        while not self._stop.is_set():
-            if max_recoveries is not None and self.stats.claimed >= max_recoveries:
-                return
-            try:
-                result = await self.arecover_one()
-            except Exception as exc:  # database down: back off, keep the worker alive
-                logger.warning("claim failed: %s", exc)
-                await self._apause(self.poll_interval)
-                continue
-            if result is None:
-                if until_idle:
-                    return
-                # Jitter spreads the polls of many idle workers.
-                await self._apause(self.poll_interval * random.uniform(0.5, 1.5))
+        flow = self._slot_flow(self._async, until_idle, max_recoveries)
+        await self._async.flows(self).run_flow(flow)
 
     async def _apause(self, seconds: float) -> None:
         assert self._aio_stop is not None
@@ -843,6 +845,12 @@ class RecoveryWorker:
                 loop.remove_signal_handler(signum)
         logger.info("worker %s stopped: %s", self.name, self.stats)
         return self.stats
+
+
+RecoveryWorker._sync = _Mode(
+    SyncDriver, "run_op", RecoveryWorker._stream, lambda w, seconds: w._stop.wait(seconds)
+)
+RecoveryWorker._async = _Mode(AsyncDriver, "arun_op", RecoveryWorker._astream, RecoveryWorker._apause)
 
 
 def recover(graph: Any, **options: Any) -> WorkerStats:
