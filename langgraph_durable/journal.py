@@ -52,7 +52,6 @@ from langgraph_durable.errors import ConfigurationError, NoLedgerError, Serializ
 from langgraph_durable.idempotency import (
     _PARENT,
     ASYNC,
-    READ_SQL,
     SYNC,
     Mode,
     _canonical,
@@ -65,6 +64,7 @@ from langgraph_durable.idempotency import (
     within,
 )
 from langgraph_durable.saver import _DurableBase
+from langgraph_durable.sql.ledger import JOURNAL_RECORD_SQL, LEDGER_READ_SQL
 
 KEY_PREFIX = "llm:"
 _PREVIEW_CHARS = 500
@@ -76,32 +76,6 @@ _CHUNKS = "$journal_chunks"
 # run, kept through RetryPolicy retries), so a resume (a new run) counts from 0 again.
 _COUNTS: weakref.WeakKeyDictionary[Any, dict[tuple[int, str], int]] = weakref.WeakKeyDictionary()
 _COUNTS_LOCK = threading.Lock()
-
-# Record a result; a key recorded meanwhile (another execution of the same task) keeps
-# its first record, which the READ in the same round trip returns to both. An expired
-# key (a journal entry nested in a key= call with a ttl) counts as absent.
-RECORD_SQL = """
-INSERT INTO durable_ledger AS l (
-    key, thread_id, origin_thread_id, checkpoint_ns, task_id, name, fingerprint,
-    args_preview, status, owner, attempts, result_type, result, expires_at, created_at,
-    completed_at)
-VALUES (
-    %(key)s, %(thread_id)s, %(origin)s, %(ns)s, %(task_id)s, %(name)s, %(fp)s,
-    %(preview)s, 'completed', %(owner)s, 1, %(result_type)s, %(result)s,
-    CASE WHEN %(ttl)s::float8 IS NULL THEN NULL
-         ELSE now() + make_interval(secs => %(ttl)s::float8) END,
-    now(), now())
-ON CONFLICT (key) DO UPDATE SET
-    thread_id = EXCLUDED.thread_id, origin_thread_id = EXCLUDED.origin_thread_id,
-    checkpoint_ns = EXCLUDED.checkpoint_ns, task_id = EXCLUDED.task_id,
-    name = EXCLUDED.name, fingerprint = EXCLUDED.fingerprint,
-    args_preview = EXCLUDED.args_preview, status = 'completed', owner = EXCLUDED.owner,
-    attempts = 1, claim_expires_at = NULL, result_type = EXCLUDED.result_type,
-    result = EXCLUDED.result, error_type = NULL, error = NULL,
-    expires_at = EXCLUDED.expires_at, created_at = now(), completed_at = now()
-WHERE l.expires_at IS NOT NULL AND l.expires_at <= now()
-"""
-
 
 def _take_slot(site: _Site, fingerprint: str) -> tuple[Any, tuple[int, str], int]:
     with _COUNTS_LOCK:
@@ -241,7 +215,7 @@ class _Entry:
 
 def _op_record(entry: _Entry, result_type: str, result: bytes) -> Generator[Any, Any, list[dict[str, Any]]]:
     rows = yield Batch(
-        [Stmt(RECORD_SQL, entry.params(result_type, result)), Stmt(READ_SQL, (entry.key,), fetch=True)]
+        [Stmt(JOURNAL_RECORD_SQL, entry.params(result_type, result)), Stmt(LEDGER_READ_SQL, (entry.key,), fetch=True)]
     )
     return list(rows[1])
 
@@ -275,7 +249,7 @@ def _decode(entry: _Entry, row: Mapping[str, Any]) -> Any:
 
 def _op_lookup(entry: _Entry) -> Op[tuple[bool, Any]]:
     """(True, the recorded value) when this call is recorded, else (False, None)."""
-    rows = yield from _op_one(READ_SQL, (entry.key,))
+    rows = yield from _op_one(LEDGER_READ_SQL, (entry.key,))
     if rows and rows[0]["status"] == "completed" and not rows[0]["expired"]:
         return True, _decode(entry, rows[0])
     return False, None
