@@ -215,9 +215,12 @@ class _Entry:
 
 def _op_record(entry: _Entry, result_type: str, result: bytes) -> Generator[Any, Any, list[dict[str, Any]]]:
     rows = yield Batch(
-        [Stmt(JOURNAL_RECORD_SQL, entry.params(result_type, result)), Stmt(LEDGER_READ_SQL, (entry.key,), fetch=True)]
+        [
+            Stmt(JOURNAL_RECORD_SQL, entry.params(result_type, result)),
+            Stmt(LEDGER_READ_SQL, (entry.key,), fetch=True, name="row"),
+        ]
     )
-    return list(rows[1])
+    return list(rows["row"])
 
 
 def _encode(entry: _Entry, result: Any) -> tuple[str, bytes]:

@@ -59,6 +59,17 @@ from langgraph_durable.errors import (
     ThreadBusyError,
 )
 from langgraph_durable.saver import _DurableBase, claim_handoff, process_identity
+from langgraph_durable.sql.recovery import (
+    JIT_OFF_SQL,
+    RECOVERY_CLAIM_SQL,
+    RECOVERY_FINISH_SQL,
+    RECOVERY_QUEUE_SQL,
+    RECOVERY_THREAD_STATE_SQL,
+    STATUS_COUNTS_SQL,
+    STATUS_FOLD_ROWS,
+    STATUS_FOLD_SQL,
+    STATUS_ROWS_SQL,
+)
 from langgraph_durable.versioning import VERSION_KEY, MigrationRegistry, graph_fingerprint
 
 logger = logging.getLogger("langgraph_durable.recovery")
@@ -67,116 +78,6 @@ Shutdown = Literal["step", "finish"]
 
 # Statuses a claim may pick up (besides 'error', which is opt-in with a backoff).
 RECOVERABLE = ("running", "stopped", "queued")
-
-CLAIM_SQL = """
-WITH cand AS (
-    SELECT t.thread_id, t.prev_status, t.attempts, t.attempts_checkpoint_id,
-           cp.checkpoint_id, cp.graph_version
-    FROM (
-        -- The ready queue in claim order (durable_threads_ready_idx). OFFSET 0 keeps
-        -- it a subquery of its own: the latest-checkpoint probe below then runs per
-        -- thread in this order and the LIMIT stops at the first taker, instead of the
-        -- planner probing every candidate and sorting after (issue 14).
-        SELECT r.thread_id, r.status AS prev_status, r.attempts, r.attempts_checkpoint_id
-        FROM durable_threads r
-        WHERE r.status IN ('running', 'stopped', 'queued', 'error')
-          -- ... or a thread this very claim took already: its COMMIT's reply was lost
-          -- and the driver retried it (the retry takes it again, same token).
-          AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(owner)s)
-          AND (r.status = ANY(%(statuses)s)
-               OR (r.status = 'error' AND %(retry_errors)s
-                   AND r.updated_at < now() - make_interval(secs => LEAST(
-                       %(backoff)s * power(2, GREATEST(r.attempts - 1, 0)), %(max_backoff)s))))
-          AND NOT (r.thread_id = ANY(%(skip)s))
-        ORDER BY r.updated_at
-        OFFSET 0
-    ) t
-    CROSS JOIN LATERAL (
-        SELECT c.checkpoint_id, c.metadata ->> 'graph_version' AS graph_version
-        FROM checkpoints c
-        WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = ''
-        ORDER BY c.checkpoint_id DESC
-        LIMIT 1
-    ) cp
-    WHERE (%(any_version)s
-           OR cp.graph_version = ANY(%(versions)s)
-           OR (cp.graph_version IS NULL AND %(adopt)s))
-    LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
-)
-UPDATE durable_threads AS t
-SET lease_owner = %(owner)s,
-    lease_token = CASE WHEN t.lease_owner = %(owner)s THEN t.lease_token ELSE t.lease_token + 1 END,
-    lease_expires_at = now() + make_interval(secs => %(ttl)s)
-FROM cand
-WHERE t.thread_id = cand.thread_id
-RETURNING t.thread_id, t.lease_token, cand.prev_status, cand.checkpoint_id, cand.graph_version,
-          CASE WHEN cand.attempts_checkpoint_id IS NOT DISTINCT FROM cand.checkpoint_id
-               THEN cand.attempts + 1 ELSE 1 END AS attempt
-"""
-
-JIT_OFF_SQL = "SELECT set_config('jit', 'off', true)"
-
-# After a run: drop the claim if the run never took it over (it failed before its
-# lease acquisition), then read where the thread ended up.
-FINISH_SQL = """
-UPDATE durable_threads SET lease_owner = NULL, lease_expires_at = NULL
-WHERE thread_id = %(thread_id)s AND lease_owner = %(owner)s AND lease_token = %(token)s
-"""
-
-THREAD_STATE_SQL = """
-SELECT status, lease_owner, lease_token, attempts, last_error
-FROM durable_threads WHERE thread_id = %s
-"""
-
-QUEUE_SQL = """
-INSERT INTO durable_threads AS t (thread_id, status, graph_version, updated_at)
-VALUES (%(thread_id)s, 'queued', %(version)s, now())
-ON CONFLICT (thread_id) DO UPDATE SET
-    status = 'queued',
-    graph_version = COALESCE(EXCLUDED.graph_version, t.graph_version),
-    attempts = 0,
-    attempts_checkpoint_id = NULL,
-    last_error = NULL,
-    updated_at = now()
-WHERE t.status <> 'quarantined'
-  AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
-RETURNING thread_id
-"""
-
-# Threads by lifecycle, bounded by the live work, not by history (issue 14): done,
-# waiting and quarantined threads (nearly all, in time) are read from the trigger-kept
-# durable_thread_counts; only the threads the ready index holds (running, stopped,
-# queued, error: the backlog and the live runs) are looked at one by one. Same kinds as
-# before: a live lease is 'running' whatever the status, 'orphaned' has no checkpoint.
-STATUS_COUNTS_SQL = """
-WITH totals AS (
-    SELECT status, sum(n)::bigint AS n FROM durable_thread_counts GROUP BY status HAVING sum(n) <> 0
-), live AS (
-    SELECT t.status, count(*)::bigint AS n FROM durable_threads t
-    WHERE t.status IN ('running', 'stopped', 'queued', 'error')
-      AND t.lease_expires_at > now() AND t.lease_owner IS NOT NULL
-    GROUP BY t.status
-), orphans AS (
-    SELECT count(*)::bigint AS n FROM durable_threads t
-    WHERE t.status IN ('running', 'stopped', 'queued')
-      AND NOT (t.lease_owner IS NOT NULL AND t.lease_expires_at > now())
-      AND NOT EXISTS (SELECT 1 FROM checkpoints c
-                      WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '')
-)
-SELECT totals.status, totals.n, COALESCE(live.n, 0) AS live, (SELECT n FROM orphans) AS orphans
-FROM totals LEFT JOIN live ON live.status = totals.status
-"""
-
-# Fold the +1/-1 rows into one per status. Concurrent folds are safe: a row deleted
-# by one is skipped by the other, and rows inserted meanwhile are left for next time.
-STATUS_FOLD_SQL = """
-WITH gone AS (DELETE FROM durable_thread_counts RETURNING status, n)
-INSERT INTO durable_thread_counts SELECT status, sum(n) FROM gone GROUP BY status HAVING sum(n) <> 0
-"""
-# Fold when the table holds more rows than this (a fold costs ~its row count).
-STATUS_FOLD_ROWS = 500
-STATUS_ROWS_SQL = "SELECT count(*) AS n FROM (SELECT 1 FROM durable_thread_counts LIMIT %s) x"
 
 STATUS_KINDS = ("running", "recoverable", "waiting", "quarantined", "done", "error", "orphaned")
 
@@ -320,10 +221,12 @@ def _op_claim(
     }
     # jit off: the plan walks the ready index and stops at the first claimable thread
     # (well under a millisecond); JIT compiling it cost 11-15 ms per poll (issue 14).
-    rows = yield Batch([Stmt(JIT_OFF_SQL), Stmt(CLAIM_SQL, params, fetch=True, prepare=False)])
-    if not rows[1]:
+    rows = yield Batch(
+        [Stmt(JIT_OFF_SQL), Stmt(RECOVERY_CLAIM_SQL, params, fetch=True, prepare=False, name="claim")]
+    )
+    if not rows["claim"]:
         return None
-    r = rows[1][0]
+    r = rows["claim"][0]
     return Claim(
         thread_id=r["thread_id"],
         owner=owner,
@@ -339,24 +242,24 @@ def _op_finish(claim: Claim) -> Op[dict[str, Any] | None]:
     params = {"thread_id": claim.thread_id, "owner": claim.owner, "token": claim.token}
     rows = yield Batch(
         [
-            Stmt(FINISH_SQL, params),
-            Stmt(THREAD_STATE_SQL, (claim.thread_id,), fetch=True),
+            Stmt(RECOVERY_FINISH_SQL, params),
+            Stmt(RECOVERY_THREAD_STATE_SQL, (claim.thread_id,), fetch=True, name="thread"),
         ]
     )
-    return rows[1][0] if rows[1] else None
+    return rows["thread"][0] if rows["thread"] else None
 
 
 def _op_status_counts() -> Op[dict[str, int]]:
     rows = yield Batch(
         [
             Stmt(JIT_OFF_SQL),
-            Stmt(STATUS_ROWS_SQL, (STATUS_FOLD_ROWS + 1,), fetch=True),
-            Stmt(STATUS_COUNTS_SQL, fetch=True),
+            Stmt(STATUS_ROWS_SQL, (STATUS_FOLD_ROWS + 1,), fetch=True, name="rows"),
+            Stmt(STATUS_COUNTS_SQL, fetch=True, name="counts"),
         ]
     )
     counts = dict.fromkeys(STATUS_KINDS, 0)
     orphans = 0
-    for r in rows[2]:
+    for r in rows["counts"]:
         status, n, live = r["status"], int(r["n"]), int(r["live"])
         orphans = int(r["orphans"])  # the same on every row
         if status in ("done", "waiting", "quarantined"):
@@ -369,7 +272,7 @@ def _op_status_counts() -> Op[dict[str, int]]:
     # Orphaned (no checkpoint to resume) among the recoverable-looking ones.
     counts["recoverable"] -= orphans
     counts["orphaned"] += orphans
-    if rows[1][0]["n"] > STATUS_FOLD_ROWS:
+    if rows["rows"][0]["n"] > STATUS_FOLD_ROWS:
         yield Batch([Stmt(STATUS_FOLD_SQL)])
     return counts
 
@@ -402,7 +305,7 @@ def _submit_config(graph: Any, config: RunnableConfig) -> tuple[RunnableConfig, 
 
 
 def _op_check_submittable(thread_id: str) -> Op[None]:
-    rows = yield Batch([Stmt(THREAD_STATE_SQL, (thread_id,), fetch=True)])
+    rows = yield Batch([Stmt(RECOVERY_THREAD_STATE_SQL, (thread_id,), fetch=True)])
     row = rows[0][0] if rows[0] else None
     if row is not None and row["status"] == "quarantined":
         # Refused before anything is written: the operator releases or rewinds it first.
@@ -418,7 +321,7 @@ def _op_check_submittable(thread_id: str) -> Op[None]:
 
 def _op_queue(thread_id: str, version: str | None) -> Op[bool]:
     rows = yield Batch(
-        [Stmt(QUEUE_SQL, {"thread_id": thread_id, "version": version}, fetch=True)]
+        [Stmt(RECOVERY_QUEUE_SQL, {"thread_id": thread_id, "version": version}, fetch=True)]
     )
     return bool(rows[0])
 

@@ -141,11 +141,13 @@ class Ledger:
 
     def _op_change(self, sql: str, key: str, params: tuple[Any, ...]) -> Generator[Any, Any, None]:
         memo = op_memo()
-        rows = yield Batch([Stmt(sql, params, fetch=True), Stmt(LEDGER_READ_SQL, (key,), fetch=True)])
-        if rows[0]:
+        rows = yield Batch(
+            [Stmt(sql, params, fetch=True, name="changed"), Stmt(LEDGER_READ_SQL, (key,), fetch=True, name="row")]
+        )
+        if rows["changed"]:
             memo["changed"] = True
             return
-        current = rows[1][0] if rows[1] else None
+        current = rows["row"][0] if rows["row"] else None
         if memo.get("changed") and current is not None and current["status"] == "completed":
             return  # this very change, committed; the driver retried after a lost reply
         if current is None:
@@ -158,11 +160,16 @@ class Ledger:
 
     def _op_forget(self, key: str) -> Generator[Any, Any, bool]:
         memo = op_memo()
-        rows = yield Batch([Stmt(LEDGER_FORGET_SQL, (key,), fetch=True), Stmt(LEDGER_READ_SQL, (key,), fetch=True)])
-        if rows[0]:
+        rows = yield Batch(
+            [
+                Stmt(LEDGER_FORGET_SQL, (key,), fetch=True, name="forgot"),
+                Stmt(LEDGER_READ_SQL, (key,), fetch=True, name="row"),
+            ]
+        )
+        if rows["forgot"]:
             memo["forgot"] = True
             return True
-        if rows[1]:
+        if rows["row"]:
             raise CallInFlightError(key, 0.0)
         return bool(memo.get("forgot"))  # True: this forget committed, its reply was lost
 
