@@ -32,6 +32,7 @@ from langgraph_durable.idempotency.keys import (
     _fingerprint,
     _next_index,
     _owner,
+    _Parent,
     _Site,
     _task_state,
     _TaskState,
@@ -177,27 +178,31 @@ def _check_key(key: object) -> str:
     return key
 
 
-def _build_call(
-    spec: _Spec,
-    args_for_fp: Mapping[str, Any],
-    key_args: tuple[tuple[Any, ...], dict[str, Any]],
-    tool_call_id: str | None,
-    invoke_factory: Callable[[str], Callable[[Any], Any]],
-) -> _Call:
-    site = _current_site()
-    ledger = _resolve_ledger(spec, site)
-    fingerprint, preview = _fingerprint(spec.name, args_for_fp, ledger.serde)
-    await_checkpoint: tuple[str, str] | None = None
-    state: _TaskState | None = None
-    parent = _PARENT.get()
-    origin = site.thread_id if site else (parent.origin if parent else None)
+@dataclass
+class _Key:
+    """Where a call's key came from: the key, the thread it belongs to (None: it
+    outlives threads), its ttl, the pre-upgrade tool key, the task it was derived from."""
+
+    key: str
+    thread_id: str | None
     ttl: float | None = None
     legacy_key: str | None = None
+    state: _TaskState | None = None
+    await_checkpoint: tuple[str, str] | None = None
+
+
+def _derive_key(
+    spec: _Spec,
+    site: _Site | None,
+    ledger: _DurableBase,
+    parent: _Parent | None,
+    key_args: tuple[tuple[Any, ...], dict[str, Any]],
+    tool_call_id: str | None,
+) -> _Key:
     if spec.key is not None:
-        key = _check_key(spec.key(*key_args[0], **key_args[1]))
-        thread_id = None  # the operation's own identity outlives the thread
-        ttl = spec.ttl
-    elif tool_call_id and site is not None:
+        # The operation's own identity outlives the thread.
+        return _Key(_check_key(spec.key(*key_args[0], **key_args[1])), None, ttl=spec.ttl)
+    if tool_call_id and site is not None:
         # Providers that number calls per message send `call_0` on every turn, so the
         # tool_call_id alone does not name a call: the task that runs the calling AI
         # message does. Its resumes and retries rebuild the same task id (a replay of
@@ -208,27 +213,41 @@ def _build_call(
             "tool-task", site.thread_id or "", site.checkpoint_ns, site.task_id, tool_call_id
         )
         legacy_key = "tool:" + _digest("tool", site.thread_id or "", tool_call_id)
-        thread_id = site.thread_id
-    elif tool_call_id:
+        return _Key(key, site.thread_id, legacy_key=legacy_key, state=state, await_checkpoint=await_checkpoint)
+    if tool_call_id:
         # Outside a task (a ToolCall invoked directly, ledger=): the caller owns the ids.
-        key = "tool:" + _digest("tool", "", tool_call_id)
-        thread_id = None
-    elif parent is not None:
+        return _Key("tool:" + _digest("tool", "", tool_call_id), None)
+    if parent is not None:
         key = "call:" + _digest("nested", parent.key, str(parent.counter()))
-        thread_id, ttl = parent.thread_id, parent.ttl
-    elif site is not None:
+        return _Key(key, parent.thread_id, ttl=parent.ttl)
+    if site is not None:
         state, await_checkpoint = _stable_task(site, ledger)
         index = _next_index(site, state)
         key = "call:" + _digest(
             "task", site.thread_id or "", site.checkpoint_ns, site.task_id, str(index)
         )
-        thread_id = site.thread_id
-    else:
-        raise InvalidIdempotencyKeyError(
-            None,
-            f"{spec.name!r} was called outside a LangGraph task, so no key can be derived "
-            "from where it runs; give it key= or pass idempotency_key=",
-        )
+        return _Key(key, site.thread_id, state=state, await_checkpoint=await_checkpoint)
+    raise InvalidIdempotencyKeyError(
+        None,
+        f"{spec.name!r} was called outside a LangGraph task, so no key can be derived "
+        "from where it runs; give it key= or pass idempotency_key=",
+    )
+
+
+def _build_call(
+    spec: _Spec,
+    args_for_fp: Mapping[str, Any],
+    key_args: tuple[tuple[Any, ...], dict[str, Any]],
+    tool_call_id: str | None,
+    invoke_factory: Callable[[str], Callable[[Any], Any]],
+) -> _Call:
+    site = _current_site()
+    ledger = _resolve_ledger(spec, site)
+    fingerprint, preview = _fingerprint(spec.name, args_for_fp, ledger.serde)
+    parent = _PARENT.get()
+    origin = site.thread_id if site else (parent.origin if parent else None)
+    derived = _derive_key(spec, site, ledger, parent, key_args, tool_call_id)
+    key = derived.key
     if parent is not None and key in parent.chain:
         raise InvalidIdempotencyKeyError(
             key,
@@ -241,16 +260,16 @@ def _build_call(
         key=key,
         fingerprint=fingerprint,
         preview=preview,
-        thread_id=thread_id,
+        thread_id=derived.thread_id,
         origin=origin,
         checkpoint_ns=site.checkpoint_ns if site else None,
         task_id=site.task_id if site else None,
-        ttl=ttl,
+        ttl=derived.ttl,
         claim_ttl=spec.claim_ttl if spec.claim_ttl is not None else ledger.lease_ttl,
         invoke=invoke_factory(key),
-        await_checkpoint=await_checkpoint,
-        task_state=state,
-        legacy_key=legacy_key,
+        await_checkpoint=derived.await_checkpoint,
+        task_state=derived.state,
+        legacy_key=derived.legacy_key,
     )
 
 

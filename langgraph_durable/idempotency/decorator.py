@@ -149,35 +149,23 @@ def _decorate(target: Any, **options: Any) -> Any:
         return _journal_runnable(target, options)
     if not callable(target):
         raise ConfigurationError(f"@idempotent needs a function or a BaseTool, got {target!r}")
-    fn = target
+    return _wrap_function(_function_spec(target, options))
+
+
+def _function_spec(fn: Callable[..., Any], options: Mapping[str, Any]) -> _Spec:
+    """The options checked against ``fn``'s signature, as a ``_Spec``."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"cannot read the signature of {fn!r}") from exc
     params = signature.parameters
     takes_key = KEY_PARAM in params
-    for hidden in (CONN_PARAM, KEY_PARAM):
-        p = params.get(hidden)
-        if p is not None and p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise ConfigurationError(f"parameter {hidden!r} of {fn!r} must accept a keyword")
-    if options["transactional"] and CONN_PARAM not in params:
-        raise ConfigurationError(
-            f"transactional=True: {getattr(fn, '__qualname__', fn)!r} must declare a "
-            f"'{CONN_PARAM}' parameter to receive the psycopg connection"
-        )
-    if options["ttl"] is not None and options["key"] is None:
-        raise ConfigurationError(
-            "ttl applies to keys from key= only: derived keys live exactly as long as "
-            "their thread"
-        )
-    unknown = options["exclude"] - set(params)
-    if unknown:
-        raise ConfigurationError(f"exclude names unknown parameters: {sorted(unknown)}")
+    _check_signature(fn, params, options)
     hide = {CONN_PARAM} if options["transactional"] else set()
     if takes_key:
         hide.add(KEY_PARAM)
     public = signature.replace(parameters=[p for n, p in params.items() if n not in hide])
-    spec = _Spec(
+    return _Spec(
         fn=fn,
         name=options["name"] or getattr(fn, "__qualname__", None) or repr(fn),
         key=options["key"],
@@ -195,6 +183,29 @@ def _decorate(target: Any, **options: Any) -> Any:
         takes_key=takes_key,
     )
 
+
+def _check_signature(fn: Callable[..., Any], params: Mapping[str, inspect.Parameter], options: Mapping[str, Any]) -> None:
+    for hidden in (CONN_PARAM, KEY_PARAM):
+        p = params.get(hidden)
+        if p is not None and p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise ConfigurationError(f"parameter {hidden!r} of {fn!r} must accept a keyword")
+    if options["transactional"] and CONN_PARAM not in params:
+        raise ConfigurationError(
+            f"transactional=True: {getattr(fn, '__qualname__', fn)!r} must declare a "
+            f"'{CONN_PARAM}' parameter to receive the psycopg connection"
+        )
+    if options["ttl"] is not None and options["key"] is None:
+        raise ConfigurationError(
+            "ttl applies to keys from key= only: derived keys live exactly as long as "
+            "their thread"
+        )
+    unknown = options["exclude"] - set(params)
+    if unknown:
+        raise ConfigurationError(f"exclude names unknown parameters: {sorted(unknown)}")
+
+
+def _wrap_function(spec: _Spec) -> Any:
+    fn = spec.fn
     if spec.is_async:
 
         @functools.wraps(fn)
@@ -213,8 +224,6 @@ def _decorate(target: Any, **options: Any) -> Any:
         wrapper = swrapper
     # Tools built from the wrapper (@tool above @idempotent) must not see the
     # parameters the wrapper fills in.
-    wrapper.__signature__ = public
+    wrapper.__signature__ = spec.public
     wrapper.__idempotent__ = spec
     return wrapper
-
-

@@ -224,18 +224,32 @@ def _adopt_legacy_key(call: _Call) -> Generator[Any, Any, None]:
 
 def _protocol(call: _Call) -> Generator[Any, Any, Any]:
     """The plain (non-transactional) call: claim, run, record."""
+    claimed, replayed = yield from _claim(call)
+    if not claimed:
+        return replayed
+    try:
+        # interrupts: a cancellation mid-call is thrown in too (the effect may have happened).
+        result = yield Hook(_invoking(call, renew=True), (None,), interrupts=True)
+    except BaseException as exc:
+        yield from _record_failure(call, exc)
+        raise exc
+    return (yield from _record(call, result))
+
+
+def _claim(call: _Call) -> Generator[Any, Any, tuple[bool, Any]]:
+    """(True, None) once this call holds the key; (False, the recorded result) to replay."""
     started = time.monotonic()
     delay = 0.02
     logged = False
     while True:
         claimed, row = yield Tx(lambda: _op_claim(call))
         if claimed:
-            break
+            return True, None
         if row is None:  # released between our two statements: claim again
             continue
         action = _judge(call, row)
         if action == "replay":
-            return _decode(call, row)
+            return False, _decode(call, row)
         if action == "takeover":
             takeover = {
                 "owner": call.owner,
@@ -249,7 +263,7 @@ def _protocol(call: _Call) -> Generator[Any, Any, Any]:
                     "re-running %s (idempotency key %r, attempt %s) after an unknown outcome "
                     "(on_unknown='retry')", call.spec.name, call.key, taken[0]["attempts"],
                 )
-                break
+                return True, None
             continue
         waited = time.monotonic() - started
         if waited >= call.spec.wait_timeout:
@@ -259,22 +273,23 @@ def _protocol(call: _Call) -> Generator[Any, Any, Any]:
             logger.debug("call %s (key %r) is in flight elsewhere; waiting", call.spec.name, call.key)
         yield Sleep(min(delay, max(call.spec.wait_timeout - waited, 0.001)))
         delay = min(delay * 2, 0.5)
-    try:
-        # interrupts: a cancellation mid-call is thrown in too (the effect may have happened).
-        result = yield Hook(_invoking(call, renew=True), (None,), interrupts=True)
-    except BaseException as exc:
-        mine = (call.key, call.owner)
-        if isinstance(exc, Exception) and not _is_bubble(exc) and call.spec.caches(exc):
-            failed = (type(exc).__qualname__, f"{exc}"[:4000], *mine)
-            yield _tx(LEDGER_FAIL_SQL, failed, fetch=False)
-        elif isinstance(exc, Exception):
-            # An exception (or an interrupt) means the call did not happen: run it again
-            # next time.
-            yield _tx(LEDGER_RELEASE_SQL, mine, fetch=False)
-        else:  # cancelled / interrupted mid-call: the effect may have happened
-            with contextlib.suppress(Exception):
-                yield _tx(LEDGER_ABANDON_SQL, mine, fetch=False)
-        raise exc
+
+
+def _record_failure(call: _Call, exc: BaseException) -> Generator[Any, Any, None]:
+    mine = (call.key, call.owner)
+    if isinstance(exc, Exception) and not _is_bubble(exc) and call.spec.caches(exc):
+        failed = (type(exc).__qualname__, f"{exc}"[:4000], *mine)
+        yield _tx(LEDGER_FAIL_SQL, failed, fetch=False)
+    elif isinstance(exc, Exception):
+        # An exception (or an interrupt) means the call did not happen: run it again
+        # next time.
+        yield _tx(LEDGER_RELEASE_SQL, mine, fetch=False)
+    else:  # cancelled / interrupted mid-call: the effect may have happened
+        with contextlib.suppress(Exception):
+            yield _tx(LEDGER_ABANDON_SQL, mine, fetch=False)
+
+
+def _record(call: _Call, result: Any) -> Generator[Any, Any, Any]:
     try:
         tag, data, value = _encode(call, result)
     except SerializationError as err:

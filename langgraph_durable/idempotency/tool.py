@@ -24,7 +24,7 @@ from langgraph_durable.errors import (
 )
 from langgraph_durable.idempotency.call import _build_call, _Call, _Spec
 from langgraph_durable.idempotency.keys import _TOOL_CALL_ID
-from langgraph_durable.idempotency.protocol import _arun, _run
+from langgraph_durable.idempotency.protocol import _arun, _run, within
 
 logger = logging.getLogger("langgraph_durable.idempotency")
 
@@ -93,6 +93,23 @@ class IdempotentTool(BaseTool):
             return tuple(value)
         return value
 
+    def _tool_call(
+        self, method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], config: RunnableConfig, run_manager: Any
+    ) -> _Call:
+        """The call of the inner tool's ``_run`` or ``_arun`` (``method``): its own
+        tool_call_id hidden from calls nested in it."""
+        extra: dict[str, Any] = {}
+        if _accepts(method, "run_manager"):
+            extra["run_manager"] = run_manager
+        if cp := _config_param(method):
+            extra[cp] = config
+
+        def enter() -> Callable[[], None]:
+            token = _TOOL_CALL_ID.set(None)
+            return lambda: _TOOL_CALL_ID.reset(token)
+
+        return self._prepare_tool(args, kwargs, lambda: within(enter, lambda: method(*args, **kwargs, **extra)))
+
     def _run(
         self,
         *args: Any,
@@ -100,21 +117,7 @@ class IdempotentTool(BaseTool):
         run_manager: CallbackManagerForToolRun | None = None,
         **kwargs: Any,
     ) -> Any:
-        inner = self.tool
-        extra: dict[str, Any] = {}
-        if _accepts(inner._run, "run_manager"):
-            extra["run_manager"] = run_manager
-        if cp := _config_param(inner._run):
-            extra[cp] = config
-
-        def invoke() -> Any:
-            token = _TOOL_CALL_ID.set(None)
-            try:
-                return inner._run(*args, **kwargs, **extra)
-            finally:
-                _TOOL_CALL_ID.reset(token)
-
-        call = self._prepare_tool(args, kwargs, invoke)
+        call = self._tool_call(self.tool._run, args, kwargs, config, run_manager)
         return self._restore(_run(call))
 
     async def _arun(
@@ -124,21 +127,7 @@ class IdempotentTool(BaseTool):
         run_manager: AsyncCallbackManagerForToolRun | None = None,
         **kwargs: Any,
     ) -> Any:
-        inner = self.tool
-        extra: dict[str, Any] = {}
-        if _accepts(inner._arun, "run_manager"):
-            extra["run_manager"] = run_manager
-        if cp := _config_param(inner._arun):
-            extra[cp] = config
-
-        async def invoke() -> Any:
-            token = _TOOL_CALL_ID.set(None)
-            try:
-                return await inner._arun(*args, **kwargs, **extra)
-            finally:
-                _TOOL_CALL_ID.reset(token)
-
-        call = self._prepare_tool(args, kwargs, invoke)
+        call = self._tool_call(self.tool._arun, args, kwargs, config, run_manager)
         return self._restore(await _arun(call))
 
 
