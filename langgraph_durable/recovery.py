@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -333,25 +334,26 @@ def submit(graph: Any, input: Any, config: RunnableConfig) -> RunnableConfig:
     worker running ``graph`` picks it up. Raises ``ThreadBusyError`` while a run holds
     the thread, ``PoisonCheckpointError`` if it is quarantined (nothing written). Returns
     the config of the input checkpoint."""
-    saver = durable_saver_of(graph)
-    cfg, thread_id, version = _submit_config(graph, config)
-    saver.run_op(lambda: _op_check_submittable(thread_id))
-    out = graph.update_state(cfg, input, as_node="__input__")
-    if not saver.run_op(lambda: _op_queue(thread_id, version)):
-        raise ThreadBusyError(thread_id, None, None)
-    logger.info("queued thread=%s graph_version=%s", thread_id, version)
-    return cast(RunnableConfig, out)
+    flow = _submit_flow(graph, input, config, graph.update_state)
+    return cast(RunnableConfig, SyncDriver.for_saver(durable_saver_of(graph)).run_flow(flow))
 
 
 async def asubmit(graph: Any, input: Any, config: RunnableConfig) -> RunnableConfig:
-    saver = durable_saver_of(graph)
+    flow = _submit_flow(graph, input, config, graph.aupdate_state)
+    return cast(RunnableConfig, await AsyncDriver.for_saver(durable_saver_of(graph)).run_flow(flow))
+
+
+def _submit_flow(
+    graph: Any, input: Any, config: RunnableConfig, update_state: Callable[..., Any]
+) -> Flow[Any]:
+    """submit's one body; ``update_state``: the graph's ``update_state`` or ``aupdate_state``."""
     cfg, thread_id, version = _submit_config(graph, config)
-    await saver.arun_op(lambda: _op_check_submittable(thread_id))
-    out = await graph.aupdate_state(cfg, input, as_node="__input__")
-    if not await saver.arun_op(lambda: _op_queue(thread_id, version)):
+    yield Tx(lambda: _op_check_submittable(thread_id))
+    out = yield Hook(functools.partial(update_state, as_node="__input__"), (cfg, input))
+    if not (yield Tx(lambda: _op_queue(thread_id, version))):
         raise ThreadBusyError(thread_id, None, None)
     logger.info("queued thread=%s graph_version=%s", thread_id, version)
-    return cast(RunnableConfig, out)
+    return out
 
 
 # --------------------------------------------------------------------------- worker
@@ -364,12 +366,11 @@ class _Mode:
     pauses (interruptible by stop())."""
 
     driver: type[SyncDriver] | type[AsyncDriver]
-    run_op: str
     stream: Callable[[RecoveryWorker, _Target, Claim], Any]
     pause: Callable[[RecoveryWorker, float], Any]
 
     def flows(self, worker: RecoveryWorker) -> Any:
-        return self.driver.over(getattr(worker.saver, self.run_op))
+        return self.driver.for_saver(worker.saver)
 
 
 class RecoveryWorker:
@@ -750,10 +751,8 @@ class RecoveryWorker:
         return self.stats
 
 
-RecoveryWorker._sync = _Mode(
-    SyncDriver, "run_op", RecoveryWorker._stream, lambda w, seconds: w._stop.wait(seconds)
-)
-RecoveryWorker._async = _Mode(AsyncDriver, "arun_op", RecoveryWorker._astream, RecoveryWorker._apause)
+RecoveryWorker._sync = _Mode(SyncDriver, RecoveryWorker._stream, lambda w, seconds: w._stop.wait(seconds))
+RecoveryWorker._async = _Mode(AsyncDriver, RecoveryWorker._astream, RecoveryWorker._apause)
 
 
 def recover(graph: Any, **options: Any) -> WorkerStats:

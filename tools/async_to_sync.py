@@ -31,6 +31,7 @@ RENAMES = {
     "AsyncIterator": "Iterator",
     "AsyncLock": "Lock",
     "aconnect": "connect",
+    "arun_op": "run_op",
     "asleep": "sleep",
     "asynccontextmanager": "contextmanager",
     "settle": "settle_sync",

@@ -100,6 +100,11 @@ class AsyncDriver:
         driver._ops = run_op
         return driver
 
+    @classmethod
+    def for_saver(cls, saver: Any) -> AsyncDriver:
+        """``over`` the saver's own op runner (``run_op`` / ``arun_op``)."""
+        return cls.over(saver.arun_op)
+
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
         if self.source is not None:

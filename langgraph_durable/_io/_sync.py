@@ -95,6 +95,11 @@ class SyncDriver:
         driver._ops = run_op
         return driver
 
+    @classmethod
+    def for_saver(cls, saver: Any) -> SyncDriver:
+        """``over`` the saver's own op runner (``run_op`` / ``arun_op``)."""
+        return cls.over(saver.run_op)
+
     @contextmanager
     def connection(self) -> Iterator[Connection[Any]]:
         if self.source is not None:

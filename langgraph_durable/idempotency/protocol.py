@@ -384,24 +384,21 @@ def _call_flow(call: _Call, mode: Mode) -> Generator[Any, Any, Any]:
 class Mode:
     """What differs between a sync and an async call: the driver class, the saver and
     pool classes whose connections it can use, how it opens one of its own, the
-    checkpoint_policy flush, and the saver's op runner. Everything else is one body."""
+    checkpoint_policy flush. Everything else is one body."""
 
     driver: type[SyncDriver] | type[AsyncDriver]
     saver: type[_DurableBase]
     pool: type
     connect: Callable[..., Any]
     before_effect: Callable[[], Any]
-    run_op: str
 
     def flows(self, ledger: _DurableBase) -> Any:
         """A driver running flows in the caller and their ops on ``ledger``."""
-        return self.driver.over(getattr(ledger, self.run_op))
+        return self.driver.for_saver(ledger)
 
 
-SYNC = Mode(SyncDriver, DurablePostgresSaver, ConnectionPool, connect, granularity.before_effect, "run_op")
-ASYNC = Mode(
-    AsyncDriver, AsyncDurablePostgresSaver, AsyncConnectionPool, aconnect, granularity.abefore_effect, "arun_op"
-)
+SYNC = Mode(SyncDriver, DurablePostgresSaver, ConnectionPool, connect, granularity.before_effect)
+ASYNC = Mode(AsyncDriver, AsyncDurablePostgresSaver, AsyncConnectionPool, aconnect, granularity.abefore_effect)
 
 
 @_telemetry.instrument("ledger_run")
