@@ -1,7 +1,7 @@
 """The saver's op generators driven by the scripted driver: no database, no socket.
 
-Fencing, dead-owner takeover, exit outcomes and the version gate are decided by the ops'
-own logic on the rows they get back; ``ScriptedDriver`` (the generated sync driver with
+Fencing, dead-owner takeover, exit outcomes, the version gate and the @idempotent
+ledger protocol are decided by the ops' own logic on the rows they get back; ``ScriptedDriver`` (the generated sync driver with
 its I/O replaced) feeds them rows and records what they send. The real-PostgreSQL tests
 (test_leases, test_seams_lease, test_versioning, ...) check the SQL's side of each rule.
 """
@@ -23,8 +23,18 @@ from langgraph_durable import _sql
 from langgraph_durable._io import Batch, Hook, Sleep, Stmt, Tx
 from langgraph_durable._io.protocol import Results
 from langgraph_durable._io.scripted import Script, ScriptedDriver
-from langgraph_durable.errors import GraphVersionMismatchError, LeaseLostError, ThreadBusyError
+from langgraph_durable.errors import (
+    CallInFlightError,
+    GraphVersionMismatchError,
+    IdempotencyConflictError,
+    LeaseLostError,
+    OutcomeUnknownError,
+    ThreadBusyError,
+)
+from langgraph_durable.idempotency.call import _Call, _Spec
+from langgraph_durable.idempotency.protocol import _protocol
 from langgraph_durable.saver import _RUN_LEASE, Lease, _DurableBase, _incarnation, process_identity
+from langgraph_durable.sql import ledger as ledger_sql
 
 THREAD = "t-1"
 
@@ -329,3 +339,112 @@ def test_tx_transaction_false_runs_without_begin() -> None:
     driver.run_flow(flow())
     kinds = [e[0] for e in driver.events]
     assert kinds == ["checkout", "stmt", "checkin", "checkout", "begin", "stmt", "commit", "checkin"]
+
+
+# --------------------------------------------------------------------------- @idempotent
+
+
+def _call(fn: Any, **spec: Any) -> _Call:
+    options: dict[str, Any] = {
+        "fn": fn, "name": "charge", "key": None, "ttl": None, "on_unknown": "raise",
+        "cache_failures": (), "transactional": False, "wait_timeout": 5.0, "claim_ttl": 30.0,
+        "exclude": frozenset(), "ledger": None, "is_async": False, "signature": None,
+        "public": None, "takes_key": False,
+    }
+    options.update(spec)
+    return _Call(
+        spec=_Spec(**options), ledger=_saver(), key="call:k", fingerprint="fp", preview="",
+        thread_id=THREAD, origin=THREAD, checkpoint_ns="", task_id="task", ttl=None,
+        claim_ttl=30.0, invoke=lambda conn: fn(),
+    )
+
+
+def _row(call: _Call, **row: Any) -> dict[str, Any]:
+    dumped = call.serde.dumps_typed(row.pop("value", None))
+    base = {"fingerprint": call.fingerprint, "status": "completed", "owner": "other", "live": False,
+            "result_type": dumped[0], "result": dumped[1], "thread_id": THREAD,
+            "origin_thread_id": THREAD, "name": "charge", "attempts": 1}
+    return {**base, **row}
+
+
+def _run_call(call: _Call, script: Script) -> tuple[Any, ScriptedDriver]:
+    driver = ScriptedDriver(script)
+    return driver.run_flow(_protocol(call)), driver
+
+
+def _sent(driver: ScriptedDriver) -> list[str]:
+    names = {v: k for k, v in vars(ledger_sql).items() if k.startswith("LEDGER_")}
+    return [names.get(sql, sql) for sql, _ in driver.statements]
+
+
+def test_claimed_call_runs_once_and_is_recorded() -> None:
+    runs: list[int] = []
+    call = _call(lambda: runs.append(1) or "paid")
+    script = Script().on_sql(ledger_sql.LEDGER_CLAIM_SQL, [{"key": call.key}])
+    script.on_sql(ledger_sql.LEDGER_COMPLETE_SQL, [{"key": call.key}])
+    value, driver = _run_call(call, script)
+    assert value == "paid" and runs == [1]
+    assert _sent(driver) == ["LEDGER_CLAIM_SQL", "LEDGER_READ_SQL", "LEDGER_COMPLETE_SQL"]
+
+
+def test_recorded_call_replays_without_running() -> None:
+    call = _call(lambda: pytest.fail("a recorded call must not run again"))
+    value, driver = _run_call(call, Script().on_sql(ledger_sql.LEDGER_READ_SQL, [_row(call, value="paid")]))
+    assert value == "paid" and _sent(driver) == ["LEDGER_CLAIM_SQL", "LEDGER_READ_SQL"]
+
+
+def test_other_arguments_under_the_same_key_conflict() -> None:
+    call = _call(lambda: "x")
+    script = Script().on_sql(ledger_sql.LEDGER_READ_SQL, [_row(call, fingerprint="other-fp")])
+    with pytest.raises(IdempotencyConflictError):
+        _run_call(call, script)
+
+
+def test_live_claim_elsewhere_is_waited_for_then_taken_over_when_free() -> None:
+    call = _call(lambda: "ran")
+    script = Script().on_sql(ledger_sql.LEDGER_CLAIM_SQL, [], [{"key": call.key}])
+    script.on_sql(ledger_sql.LEDGER_READ_SQL, [_row(call, status="started", live=True)])
+    script.on_sql(ledger_sql.LEDGER_COMPLETE_SQL, [{"key": call.key}])
+    value, driver = _run_call(call, script)
+    assert value == "ran" and len(driver.sleeps) == 1
+
+
+def test_in_flight_past_wait_timeout_raises() -> None:
+    call = _call(lambda: "x", wait_timeout=0.0)
+    script = Script().on_sql(ledger_sql.LEDGER_READ_SQL, [_row(call, status="started", live=True)])
+    with pytest.raises(CallInFlightError):
+        _run_call(call, script)
+
+
+def test_expired_claim_is_an_unknown_outcome_or_retried() -> None:
+    call = _call(lambda: "again")
+    expired = Script().on_sql(ledger_sql.LEDGER_READ_SQL, [_row(call, status="started")])
+    with pytest.raises(OutcomeUnknownError):
+        _run_call(call, expired)
+    call = _call(lambda: "again", on_unknown="retry")
+    retry = Script().on_sql(ledger_sql.LEDGER_READ_SQL, [_row(call, status="started")])
+    retry.on_sql(ledger_sql.LEDGER_TAKEOVER_SQL, [{"attempts": 2}])
+    retry.on_sql(ledger_sql.LEDGER_COMPLETE_SQL, [{"key": call.key}])
+    value, driver = _run_call(call, retry)
+    assert value == "again" and "LEDGER_TAKEOVER_SQL" in _sent(driver)
+
+
+@pytest.mark.parametrize(
+    ("exc", "cache", "expected"),
+    [
+        (ValueError("declined"), (), "LEDGER_RELEASE_SQL"),  # did not happen: run again next time
+        (ValueError("declined"), (ValueError,), "LEDGER_FAIL_SQL"),  # cached failure
+        (KeyboardInterrupt(), (), "LEDGER_ABANDON_SQL"),  # interrupted mid-call: unknown
+    ],
+    ids=["released", "failed", "abandoned"],
+)
+def test_failed_call_outcome(exc: BaseException, cache: tuple[type[BaseException], ...], expected: str) -> None:
+    def fn() -> Any:
+        raise exc
+
+    call = _call(fn, cache_failures=cache)
+    script = Script().on_sql(ledger_sql.LEDGER_CLAIM_SQL, [{"key": call.key}])
+    driver = ScriptedDriver(script)
+    with pytest.raises(type(exc)):
+        driver.run_flow(_protocol(call))
+    assert _sent(driver)[-1] == expected
