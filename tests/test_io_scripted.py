@@ -32,7 +32,7 @@ from langgraph_durable.errors import (
     ThreadBusyError,
 )
 from langgraph_durable.idempotency.call import _Call, _Spec
-from langgraph_durable.idempotency.protocol import _protocol
+from langgraph_durable.idempotency.protocol import _protocol, _tx_protocol
 from langgraph_durable.saver import _RUN_LEASE, Lease, _DurableBase, _incarnation, process_identity
 from langgraph_durable.sql import ledger as ledger_sql
 
@@ -448,3 +448,32 @@ def test_failed_call_outcome(exc: BaseException, cache: tuple[type[BaseException
     with pytest.raises(type(exc)):
         driver.run_flow(_protocol(call))
     assert _sent(driver)[-1] == expected
+
+
+def test_transactional_call_runs_in_a_savepoint_of_the_claims_transaction() -> None:
+    conns: list[Any] = []
+    call = _call(lambda: "written", transactional=True)
+    call.invoke = lambda conn: conns.append(conn) or "written"
+    script = Script().on("current_setting", [{"v": "0"}]).on_sql(ledger_sql.LEDGER_CLAIM_SQL, [{"key": call.key}])
+    driver = ScriptedDriver(script)
+    outcome = driver.run_op(lambda: _tx_protocol(call, 0.0))
+    assert outcome.unwrap() == "written" and conns == [driver.conn_obj]
+    kinds = [e[0] for e in driver.events]
+    # BEGIN, the claim batch, lock_timeout restored, SAVEPOINT (the call), record, COMMIT.
+    assert kinds == ["checkout", "begin", "stmt", "stmt", "stmt", "stmt", "stmt", "begin", "commit", "stmt", "commit", "checkin"]
+
+
+def test_transactional_call_failure_rolls_its_savepoint_back_and_releases_the_key() -> None:
+    def fn(conn: Any) -> Any:
+        raise ValueError("constraint")
+
+    call = _call(lambda: None, transactional=True)
+    call.invoke = fn
+    script = Script().on("current_setting", [{"v": "0"}]).on_sql(ledger_sql.LEDGER_CLAIM_SQL, [{"key": call.key}])
+    driver = ScriptedDriver(script)
+    outcome = driver.run_op(lambda: _tx_protocol(call, 0.0))
+    with pytest.raises(ValueError, match="constraint"):
+        outcome.unwrap()
+    kinds = [e[0] for e in driver.events]
+    assert kinds[-5:] == ["begin", "rollback", "stmt", "commit", "checkin"]
+    assert _sent(driver)[-1] == "LEDGER_RELEASE_SQL"
