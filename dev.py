@@ -129,6 +129,8 @@ def main(argv: list[str]) -> int:
         return 1
     if _run(PY, "-m", "mypy") != 0:
         return 1
+    if _run(PY, ROOT / "tools" / "async_to_sync.py", "--check") != 0:  # the generated sync driver
+        return 1
     if command == "lint":
         return 0
     if "--long" in rest:
