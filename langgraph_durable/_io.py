@@ -31,7 +31,7 @@ from psycopg import AsyncConnection, Capabilities, Connection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from langgraph_durable._sql import set_search_path
+from langgraph_durable.sql.schema import set_search_path
 
 logger = logging.getLogger("langgraph_durable")
 

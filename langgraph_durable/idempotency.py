@@ -67,7 +67,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pydantic import ConfigDict, PrivateAttr
 
-from langgraph_durable import _sql, granularity
+from langgraph_durable import granularity
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import (
     CONNECTION_RETRIES,
@@ -98,6 +98,7 @@ from langgraph_durable.saver import (
     DurablePostgresSaver,
     _DurableBase,
 )
+from langgraph_durable.sql.schema import set_search_path
 
 logger = logging.getLogger("langgraph_durable.idempotency")
 
@@ -120,7 +121,7 @@ _DURABILITY = "__pregel_durability"
 
 # --- SQL -------------------------------------------------------------------------------
 # Kept beside the protocol that uses it (only this module and journal.py touch durable_ledger rows;
-# delete_thread / prune reach them through _sql.DELETE_THREAD_EXTRA_SQL).
+# delete_thread / prune reach them through sql.checkpoints.DELETE_THREAD_EXTRA_SQL).
 
 # Claim a free key, or a key whose TTL ran out (an expired key= key counts as absent).
 # RETURNING yields a row only when this statement claimed the key. A concurrent
@@ -1306,7 +1307,7 @@ def _sync_connection(ledger: _DurableBase) -> Iterator[psycopg.Connection[Any]]:
     )
     try:
         if schema := session_schema(ledger):
-            conn.execute(_sql.set_search_path(schema))
+            conn.execute(set_search_path(schema))
         yield conn
     finally:
         conn.close()
@@ -1326,7 +1327,7 @@ async def _async_connection(ledger: _DurableBase) -> AsyncIterator[psycopg.Async
     )
     try:
         if schema := session_schema(ledger):
-            await conn.execute(_sql.set_search_path(schema))
+            await conn.execute(set_search_path(schema))
         yield conn
     finally:
         await conn.close()
@@ -1519,7 +1520,7 @@ class _ClaimRenewer:
         conn = ledger._renew_connect()
         conn.autocommit = True
         if schema := session_schema(ledger):
-            conn.execute(_sql.set_search_path(schema))
+            conn.execute(set_search_path(schema))
         self.conns[id(ledger)] = (weakref.ref(ledger), conn)
         return conn
 

@@ -83,7 +83,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from langgraph_durable import _sql, _values
+from langgraph_durable import _values
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import (
     AfterCommit,
@@ -140,6 +140,53 @@ from langgraph_durable.pooler import (
     session_schema,
 )
 from langgraph_durable.retention import op_recompute_refs
+from langgraph_durable.sql.artifacts import (
+    ARTIFACT_LOCK_CLASS,
+    ARTIFACT_LOCK_SHARED_SQL,
+    ARTIFACT_LOCK_SQL,
+    FETCH_ARTIFACTS_SQL,
+    INSERT_ARTIFACT_REF_SQL,
+    UPSERT_ARTIFACT_SQL,
+)
+from langgraph_durable.sql.checkpoints import (
+    COPY_THREAD_SQL,
+    DELETE_FOR_RUNS_SQL,
+    DELETE_STOCK_THREADS_SQL,
+    DELETE_THREAD_EXTRA_SQL,
+    DELETE_THREADS_EXTRA_SQL,
+    DELETE_UNUSED_BLOBS_SQL,
+    EMPTY_THREADS_SQL,
+    GUARDED_INSERT_WRITE_SQL,
+    GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL,
+    GUARDED_UPSERT_CHECKPOINT_SQL,
+    GUARDED_UPSERT_WRITE_SQL,
+    ORDER_SKEW_STATE,
+    RUN_THREADS_SQL,
+)
+from langgraph_durable.sql.quarantine import QUARANTINE_THREAD_SQL
+from langgraph_durable.sql.schema import (
+    MIGRATIONS,
+    SETUP_LOCK_KEY,
+    create_schema,
+    set_search_path,
+    validate_schema,
+)
+from langgraph_durable.sql.threads import (
+    ENSURE_THREAD_ROWS_SQL,
+    FENCE_BUSY_STATE,
+    FENCE_LOST_STATE,
+    FOREIGN_LEASE_RAISING_SQL,
+    FOREIGN_LEASE_SQL,
+    LEASE_ABANDON_SQL,
+    LEASE_ACQUIRE_SQL,
+    LEASE_FENCE_RAISING_SQL,
+    LEASE_FENCE_SQL,
+    LEASE_RELEASE_SQL,
+    LEASE_RENEW_SQL,
+    LOCK_THREAD_ROWS_SQL,
+    LOCK_THREADS_FOR_DELETE_SQL,
+    THREAD_LEASE_ROW_SQL,
+)
 from langgraph_durable.versioning import (
     INSERT_LOG_SQL,
     LOCK_CHECKPOINT_SQL,
@@ -629,7 +676,7 @@ class _DurableBase(BasePostgresSaver):
     ) -> None:
         super().__init__(serde=serde)
         self.checkpoint_policy = checkpoint_policy
-        self.schema = _sql.validate_schema(schema)
+        self.schema = validate_schema(schema)
         if version_policy not in VERSION_POLICIES:
             raise ConfigurationError(f"unknown version_policy {version_policy!r}")
         if unversioned_policy not in ("adopt", "refuse"):
@@ -757,7 +804,7 @@ class _DurableBase(BasePostgresSaver):
         (found with 4 processes calling setup() on a fresh database)."""
         while True:
             rows = yield Batch(
-                [Stmt("SELECT pg_try_advisory_lock(%s) AS ok", (_sql.SETUP_LOCK_KEY,), fetch=True)]
+                [Stmt("SELECT pg_try_advisory_lock(%s) AS ok", (SETUP_LOCK_KEY,), fetch=True)]
             )
             if rows[0][0]["ok"]:
                 break
@@ -765,7 +812,7 @@ class _DurableBase(BasePostgresSaver):
             yield Batch([Stmt("SELECT pg_sleep(0.05)")])
         try:
             if self.schema:
-                yield Batch([Stmt(_sql.create_schema(self.schema)), Stmt(_sql.set_search_path(self.schema))])
+                yield Batch([Stmt(create_schema(self.schema)), Stmt(set_search_path(self.schema))])
             yield Batch([Stmt(STOCK_MIGRATIONS[0])])
             rows = yield Batch(
                 [Stmt("SELECT v FROM checkpoint_migrations ORDER BY v DESC LIMIT 1", fetch=True)]
@@ -774,21 +821,21 @@ class _DurableBase(BasePostgresSaver):
             for v in range(version + 1, len(STOCK_MIGRATIONS)):
                 yield Batch([Stmt(STOCK_MIGRATIONS[v])])
                 yield Batch([Stmt("INSERT INTO checkpoint_migrations (v) VALUES (%s)", (v,))])
-            yield Batch([Stmt(_sql.MIGRATIONS[0])])
+            yield Batch([Stmt(MIGRATIONS[0])])
             rows = yield Batch(
                 [Stmt("SELECT v FROM durable_migrations ORDER BY v DESC LIMIT 1", fetch=True)]
             )
             version = rows[0][0]["v"] if rows[0] else -1
-            for v in range(version + 1, len(_sql.MIGRATIONS)):
-                yield Batch([Stmt(_sql.MIGRATIONS[v])])
+            for v in range(version + 1, len(MIGRATIONS)):
+                yield Batch([Stmt(MIGRATIONS[v])])
                 yield Batch([Stmt("INSERT INTO durable_migrations (v) VALUES (%s)", (v,))])
         except Exception:
             # A failed statement is thrown in here by the driver: release the session
             # lock on this connection before it goes back to the pool. (Not a finally:
             # an op closed with GeneratorExit cannot yield.)
-            yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (_sql.SETUP_LOCK_KEY,))])
+            yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK_KEY,))])
             raise
-        yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (_sql.SETUP_LOCK_KEY,))])
+        yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK_KEY,))])
 
     def _flow_setup_or_check(self) -> Flow[None]:
         """setup() without DDL (``run_migrations=False``: verify the versions), or
@@ -819,7 +866,7 @@ class _DurableBase(BasePostgresSaver):
             if not missing:
                 return local
             rows = yield Batch(
-                [Stmt(_sql.FETCH_ARTIFACTS_SQL, (sorted(missing),), fetch=True, prepare=False)]
+                [Stmt(FETCH_ARTIFACTS_SQL, (sorted(missing),), fetch=True, prepare=False)]
             )
             found = [(r["digest"], r["data"]) for r in rows[0]]
             self.codec.accept(found, serde=self.serde, local=local, locate=locate, **where)
@@ -1066,17 +1113,17 @@ class _DurableBase(BasePostgresSaver):
         if lease is not None:
             if lease.lost:
                 raise LeaseLostError(thread_id, lease.token)
-            sql = _sql.FENCE_RAISING_SQL if raising else _sql.FENCE_SQL
+            sql = LEASE_FENCE_RAISING_SQL if raising else LEASE_FENCE_SQL
             return Stmt(sql, (thread_id, lease.token, lease.owner), fetch=True), lease
         if raising and self.leases_enabled:
-            return Stmt(_sql.FOREIGN_LEASE_RAISING_SQL, (thread_id,), fetch=True), None
-        return Stmt(_sql.FOREIGN_LEASE_SQL, (thread_id,), fetch=True), None
+            return Stmt(FOREIGN_LEASE_RAISING_SQL, (thread_id,), fetch=True), None
+        return Stmt(FOREIGN_LEASE_SQL, (thread_id,), fetch=True), None
 
     def _guard(
         self, thread_id: str, config: RunnableConfig, checkpoint_ns: str | None, checkpoint_id: str | None
     ) -> tuple[tuple[Any, ...], Lease | None]:
         """durable_put_guard's parameters for a put/put_writes (the fence folded into the
-        write's own statement, see _sql.GUARDED_UPSERT_CHECKPOINT_SQL) and the lease it
+        write's own statement, see GUARDED_UPSERT_CHECKPOINT_SQL) and the lease it
         checks: the run's lease (same rule as ``_fence``), else the foreign-lease check
         when leases are on, else none. ``checkpoint_id``: the order check (puts)."""
         lease = _RUN_LEASE.get()
@@ -1095,10 +1142,10 @@ class _DurableBase(BasePostgresSaver):
     def _fence_error(self, thread_id: str, lease: Lease | None, exc: BaseException) -> DurableError | None:
         """The typed error for a raising fence's failure (None: not a fence failure)."""
         state = getattr(exc, "sqlstate", None)
-        if state == _sql.FENCE_LOST_STATE and lease is not None:
+        if state == FENCE_LOST_STATE and lease is not None:
             lease.lost = True
             return LeaseLostError(thread_id, lease.token)
-        if state == _sql.FENCE_BUSY_STATE:
+        if state == FENCE_BUSY_STATE:
             diag = getattr(exc, "diag", None)
             info = json.loads(getattr(diag, "message_detail", None) or "{}")
             return ThreadBusyError(thread_id, info.get("owner"), info.get("expires_in"))
@@ -1110,7 +1157,7 @@ class _DurableBase(BasePostgresSaver):
     ) -> DurableError | None:
         """ClockSkewError for a put refused by durable_checkpoint_order (else None). The
         id clock is moved past the head first, so the caller's retry is ordered."""
-        if getattr(exc, "sqlstate", None) != _sql.ORDER_SKEW_STATE:
+        if getattr(exc, "sqlstate", None) != ORDER_SKEW_STATE:
             return None
         diag = getattr(exc, "diag", None)
         head = str(json.loads(getattr(diag, "message_detail", None) or "{}").get("head") or "")
@@ -1146,11 +1193,11 @@ class _DurableBase(BasePostgresSaver):
         else:
             new = sorted(self._known_refs.unknown(thread_id, digests))
         _telemetry.count("artifacts_deduplicated", len(digests) - len(new))
-        stmts = [Stmt(_sql.ARTIFACT_LOCK_SHARED_SQL, (_sql.ARTIFACT_LOCK_CLASS, thread_id))]
+        stmts = [Stmt(ARTIFACT_LOCK_SHARED_SQL, (ARTIFACT_LOCK_CLASS, thread_id))]
         if new:
             sealed = [self.codec.seal(artifacts[d], self.serde) for d in new]
-            stmts.append(Stmt(_sql.UPSERT_ARTIFACT_SQL, (new, [len(artifacts[d]) for d in new], sealed)))
-        stmts.append(Stmt(_sql.INSERT_ARTIFACT_REF_SQL, (thread_id, digests)))
+            stmts.append(Stmt(UPSERT_ARTIFACT_SQL, (new, [len(artifacts[d]) for d in new], sealed)))
+        stmts.append(Stmt(INSERT_ARTIFACT_REF_SQL, (thread_id, digests)))
         return stmts, digests
 
     def _write(self, thread_id: str, factory: Callable[[], Op[Any]]) -> Any:
@@ -1343,10 +1390,10 @@ class _DurableBase(BasePostgresSaver):
         if VERSION_KEY not in md and parent_id:
             # No version known (a write outside a run, e.g. update_state from a script):
             # inherit the parent's, so editing a thread never makes it "unversioned".
-            sql = _sql.GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL
+            sql = GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL
             row = (*row, thread_id, checkpoint_ns, parent_id)
         else:
-            sql = _sql.GUARDED_UPSERT_CHECKPOINT_SQL
+            sql = GUARDED_UPSERT_CHECKPOINT_SQL
         stmts.append(Stmt(sql, (*row, *guard)))
         try:
             # The only batch: one pipeline, no BEGIN/COMMIT (_io._implicit).
@@ -1415,15 +1462,15 @@ class _DurableBase(BasePostgresSaver):
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         stmts = list(art_stmts)
         if lease is not None or self.leases_enabled:
-            # The rows carry the guard (issue 14, see _sql.GUARDED_UPSERT_WRITE_SQL): it
+            # The rows carry the guard (issue 14, see GUARDED_UPSERT_WRITE_SQL): it
             # runs before the first write row is inserted or locked. A step's few writes
             # all carry it (one executemany, as stock; re-checking a row this transaction
             # already locked is cheap); a large fan-out only its first row. leases=False:
             # no guard, the stock saver's statements exactly.
             guarded = (
-                _sql.GUARDED_UPSERT_WRITE_SQL
+                GUARDED_UPSERT_WRITE_SQL
                 if query is UPSERT_CHECKPOINT_WRITES_SQL
-                else _sql.GUARDED_INSERT_WRITE_SQL
+                else GUARDED_INSERT_WRITE_SQL
             )
             n = len(rows) if len(rows) <= _GUARD_EVERY_ROW else 1
             stmts.append(Stmt(guarded, [(*r, *guard) for r in rows[:n]], many=True))
@@ -1448,11 +1495,11 @@ class _DurableBase(BasePostgresSaver):
         stmts = [
             # Exclusive artifact lock: a put adding references to this thread waits, so
             # its reference rows are never deleted under it (see _artifact_stmts).
-            Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, tid)),
+            Stmt(ARTIFACT_LOCK_SQL, (ARTIFACT_LOCK_CLASS, tid)),
             # Then the thread row: a leased put in flight commits first (see the SQL).
-            *[Stmt(s, ([tid],)) for s in _sql.LOCK_THREADS_FOR_DELETE_SQL],
-            *[Stmt(s, ([tid],)) for s in _sql.DELETE_STOCK_THREADS_SQL],
-            *[Stmt(s, (tid,)) for s in _sql.DELETE_THREAD_EXTRA_SQL],
+            *[Stmt(s, ([tid],)) for s in LOCK_THREADS_FOR_DELETE_SQL],
+            *[Stmt(s, ([tid],)) for s in DELETE_STOCK_THREADS_SQL],
+            *[Stmt(s, (tid,)) for s in DELETE_THREAD_EXTRA_SQL],
         ]
         yield Batch(stmts)
         yield AfterCommit(lambda: self._known_refs.forget_thread(tid))
@@ -1465,7 +1512,7 @@ class _DurableBase(BasePostgresSaver):
         """Delete the runs' checkpoints and writes, the blob rows of their threads that
         no remaining checkpoint uses, and recompute the threads' artifact references;
         a thread left without checkpoints is deleted whole (every table of
-        _sql.THREAD_TABLES). One transaction, so a retry after a lost COMMIT reply
+        THREAD_TABLES). One transaction, so a retry after a lost COMMIT reply
         finds nothing left to do. Returns the threads touched.
 
         A thread a live run holds is refused (``ThreadBusyError``, nothing deleted
@@ -1475,16 +1522,16 @@ class _DurableBase(BasePostgresSaver):
         effects twice); and deleting under a live run dropped blob versions the run
         still points to (issue 11, defect 1). LangGraph's rollback calls this after
         the cancelled run has exited, when the lease is free."""
-        found = yield Batch([Stmt(_sql.RUN_THREADS_SQL, {"runs": runs}, fetch=True)])
+        found = yield Batch([Stmt(RUN_THREADS_SQL, {"runs": runs}, fetch=True)])
         threads = [r["thread_id"] for r in found[0]]
         created: set[str] = set()
         locked: list[str] = []
         while threads:
             params = {"runs": runs, "threads": threads}
             rows = yield Batch(
-                [Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, t)) for t in threads]
-                + [Stmt(_sql.ENSURE_THREAD_ROWS_SQL, params, fetch=True)]
-                + [Stmt(_sql.LOCK_THREAD_ROWS_SQL, params, fetch=True)]
+                [Stmt(ARTIFACT_LOCK_SQL, (ARTIFACT_LOCK_CLASS, t)) for t in threads]
+                + [Stmt(ENSURE_THREAD_ROWS_SQL, params, fetch=True)]
+                + [Stmt(LOCK_THREAD_ROWS_SQL, params, fetch=True)]
             )
             created |= {r["thread_id"] for r in rows[-2]}
             for r in rows[-1]:
@@ -1492,21 +1539,21 @@ class _DurableBase(BasePostgresSaver):
                     raise ThreadBusyError(r["thread_id"], r["lease_owner"], r["expires_in"])
             locked = sorted({*locked, *threads})
             # A run that checkpointed in another thread meanwhile: lock and check it too.
-            again = yield Batch([Stmt(_sql.RUN_THREADS_SQL, {"runs": runs}, fetch=True)])
+            again = yield Batch([Stmt(RUN_THREADS_SQL, {"runs": runs}, fetch=True)])
             threads = sorted({r["thread_id"] for r in again[0]} - set(locked))
         if not locked:
             return []
         params = {"runs": runs, "threads": locked}
         yield Batch(
-            [Stmt(s, params, fetch="RETURNING" in s) for s in _sql.DELETE_FOR_RUNS_SQL]
-            + [Stmt(_sql.DELETE_UNUSED_BLOBS_SQL, params)]
+            [Stmt(s, params, fetch="RETURNING" in s) for s in DELETE_FOR_RUNS_SQL]
+            + [Stmt(DELETE_UNUSED_BLOBS_SQL, params)]
         )
-        rows = yield Batch([Stmt(_sql.EMPTY_THREADS_SQL, params, fetch=True)])
+        rows = yield Batch([Stmt(EMPTY_THREADS_SQL, params, fetch=True)])
         empty = [r["thread_id"] for r in rows[0]]
         if empty:
             yield Batch(
-                [Stmt(s, (empty,)) for s in _sql.DELETE_STOCK_THREADS_SQL]
-                + [Stmt(s, (empty,)) for s in _sql.DELETE_THREADS_EXTRA_SQL]
+                [Stmt(s, (empty,)) for s in DELETE_STOCK_THREADS_SQL]
+                + [Stmt(s, (empty,)) for s in DELETE_THREADS_EXTRA_SQL]
             )
             yield AfterCommit(partial(self._forget_threads, empty))
         kept_created = sorted(created - set(empty))
@@ -1551,7 +1598,7 @@ class _DurableBase(BasePostgresSaver):
         try:
             rows = yield Batch(
                 [
-                    Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, params["target"])),
+                    Stmt(ARTIFACT_LOCK_SQL, (ARTIFACT_LOCK_CLASS, params["target"])),
                     Stmt(
                         "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s) AS taken",
                         (params["target"],),
@@ -1564,7 +1611,7 @@ class _DurableBase(BasePostgresSaver):
                     return  # a retry after a lost COMMIT reply: the first attempt copied
                 raise ThreadExistsError(params["source"], params["target"])
             memo["copy_sent"] = True
-            yield Batch([Stmt(s, params) for s in _sql.COPY_THREAD_SQL])
+            yield Batch([Stmt(s, params) for s in COPY_THREAD_SQL])
         except psycopg.Error as exc:
             err = _values.canceled_error(exc, "copy_thread", params["target"])
             if err is None:
@@ -1610,12 +1657,12 @@ class _DurableBase(BasePostgresSaver):
 
             def delete_all() -> Op[None]:
                 yield Batch(
-                    [Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, t)) for t in sorted(set(ids))]
-                    + [Stmt(s, (ids,)) for s in _sql.LOCK_THREADS_FOR_DELETE_SQL]
-                    + [Stmt(s, (ids,)) for s in _sql.DELETE_STOCK_THREADS_SQL]
+                    [Stmt(ARTIFACT_LOCK_SQL, (ARTIFACT_LOCK_CLASS, t)) for t in sorted(set(ids))]
+                    + [Stmt(s, (ids,)) for s in LOCK_THREADS_FOR_DELETE_SQL]
+                    + [Stmt(s, (ids,)) for s in DELETE_STOCK_THREADS_SQL]
                     # Everything delete_thread removes, so no lease, quarantine record
                     # or migration backup outlives the thread it describes.
-                    + [Stmt(s, (ids,)) for s in _sql.DELETE_THREADS_EXTRA_SQL]
+                    + [Stmt(s, (ids,)) for s in DELETE_THREADS_EXTRA_SQL]
                 )
                 yield AfterCommit(partial(self._forget_threads, ids))
 
@@ -1754,7 +1801,7 @@ class _DurableBase(BasePostgresSaver):
         and bumps no token, and reports the thread as it was before the first execution
         (lease_prev_*). Not taken: the contended path, ``_op_acquire_contended``."""
         params = self._acquire_params(thread_id, owner, version, checkpoint_id, handoff)
-        rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)], final=True)
+        rows = yield Batch([Stmt(LEASE_ACQUIRE_SQL, params, fetch=True)], final=True)
         if rows[0]:
             return self._acquired(rows[0][0], rows[0][0]["checkpoint_id"])
         return {"ok": False, "checkpoint_id": checkpoint_id, "contended": True}
@@ -1771,7 +1818,7 @@ class _DurableBase(BasePostgresSaver):
         """The lease is held (or the thread quarantined): who holds it, and a takeover
         when the holder is a provably dead process of this machine."""
         params = self._acquire_params(thread_id, owner, version, checkpoint_id, handoff)
-        rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
+        rows = yield Batch([Stmt(THREAD_LEASE_ROW_SQL, (thread_id,), fetch=True)])
         row = rows[0][0] if rows[0] else {}
         holder = row.get("lease_owner")
         if row.get("status") == "quarantined" or not (
@@ -1784,9 +1831,9 @@ class _DurableBase(BasePostgresSaver):
         )
         params["dead_owner"] = holder
         _telemetry.count("leases_taken_over", reason="dead_owner")
-        rows = yield Batch([Stmt(_sql.ACQUIRE_SQL, params, fetch=True)])
+        rows = yield Batch([Stmt(LEASE_ACQUIRE_SQL, params, fetch=True)])
         if not rows[0]:
-            rows = yield Batch([Stmt(_sql.THREAD_ROW_SQL, (thread_id,), fetch=True)])
+            rows = yield Batch([Stmt(THREAD_LEASE_ROW_SQL, (thread_id,), fetch=True)])
             row = rows[0][0] if rows[0] else {}
             return {"ok": False, "checkpoint_id": checkpoint_id, **row}
         return self._acquired(rows[0][0], rows[0][0]["checkpoint_id"])
@@ -1808,7 +1855,7 @@ class _DurableBase(BasePostgresSaver):
         return rows[0][0] if rows[0] else None
 
     def _op_quarantine(self, record: PoisonRecord) -> Op[None]:
-        yield Batch([Stmt(_sql.QUARANTINE_SQL, record.__dict__)])
+        yield Batch([Stmt(QUARANTINE_THREAD_SQL, record.__dict__)])
 
     def _op_release(
         self,
@@ -1827,7 +1874,7 @@ class _DurableBase(BasePostgresSaver):
             [
                 *first,
                 Stmt(
-                    _sql.RELEASE_SQL,
+                    LEASE_RELEASE_SQL,
                     {
                         "status": status,
                         "reset": reset,
@@ -1847,7 +1894,7 @@ class _DurableBase(BasePostgresSaver):
         yield Batch(
             [
                 Stmt(
-                    _sql.ABANDON_SQL,
+                    LEASE_ABANDON_SQL,
                     {
                         "status": lease.prev_status or "stopped",
                         "version": lease.prev_version,
@@ -2732,9 +2779,9 @@ class _Renewer(threading.Thread):
             self._conn = self.saver._renew_connect()
             self._conn.autocommit = True
             if schema := session_schema(self.saver):
-                self._conn.execute(_sql.set_search_path(schema))
+                self._conn.execute(set_search_path(schema))
         rows = self._conn.execute(
-            _sql.RENEW_SQL,
+            LEASE_RENEW_SQL,
             (
                 self.saver.lease_ttl,
                 [lease.thread_id for lease in leases],
@@ -2763,7 +2810,7 @@ class _Renewer(threading.Thread):
 def _configure_schema(schema: str | None) -> Callable[[Connection[Any]], None]:
     def configure(conn: Connection[Any]) -> None:
         if schema:
-            conn.execute(_sql.set_search_path(schema))
+            conn.execute(set_search_path(schema))
 
     return configure
 
@@ -2771,7 +2818,7 @@ def _configure_schema(schema: str | None) -> Callable[[Connection[Any]], None]:
 def _aconfigure_schema(schema: str | None) -> Callable[[AsyncConnection[Any]], Any]:
     async def configure(conn: AsyncConnection[Any]) -> None:
         if schema:
-            await conn.execute(_sql.set_search_path(schema))
+            await conn.execute(set_search_path(schema))
 
     return configure
 
@@ -2960,7 +3007,7 @@ class DurablePostgresSaver(_DurableBase):
         if not isinstance(pipeline, bool):
             raise ConfigurationError(f"pipeline must be a bool, not {pipeline!r}", pipeline=pipeline)
         dsn = resolve_dsn(conn_string)
-        schema = _sql.validate_schema(schema)
+        schema = validate_schema(schema)
         pooled = resolve_pooler(pooler)
         # A pool that reconnects within a second of a failover (_pool.py).
         with DurableConnectionPool(
@@ -3137,7 +3184,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         dsn = conn_string or os.environ.get("LANGGRAPH_DURABLE_DSN")
         if not dsn:
             dsn = await asyncio.to_thread(resolve_dsn, None)
-        schema = _sql.validate_schema(schema)
+        schema = validate_schema(schema)
         pooled = resolve_pooler(pooler)
         async with AsyncDurableConnectionPool(
             dsn,
