@@ -29,8 +29,6 @@ import json
 import logging
 import math
 import os
-import secrets
-import socket
 import sys
 import threading
 import time
@@ -39,7 +37,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import wait as futures_wait
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from types import SimpleNamespace
 from typing import Any, Literal, cast
@@ -130,6 +128,17 @@ from langgraph_durable.errors import (
     UnsupportedLangGraphError,
 )
 from langgraph_durable.granularity import CheckpointPolicy, Deferrals
+from langgraph_durable.leases.model import _HANDOFF as _HANDOFF
+from langgraph_durable.leases.model import _RUN_LEASE as _RUN_LEASE
+from langgraph_durable.leases.model import Lease as Lease
+from langgraph_durable.leases.model import _Handoff as _Handoff
+from langgraph_durable.leases.model import _LeaseRegistry as _LeaseRegistry
+from langgraph_durable.leases.model import _RenewerSlot as _RenewerSlot
+from langgraph_durable.leases.model import claim_handoff as claim_handoff
+from langgraph_durable.leases.owners import _owner_id as _owner_id
+from langgraph_durable.leases.owners import owner_is_dead as owner_is_dead
+from langgraph_durable.leases.owners import process_identity as process_identity
+from langgraph_durable.leases.renewer import _Renewer as _Renewer
 from langgraph_durable.pooler import (
     Pooler,
     check_pooled_conn,
@@ -182,7 +191,6 @@ from langgraph_durable.sql.threads import (
     LEASE_FENCE_RAISING_SQL,
     LEASE_FENCE_SQL,
     LEASE_RELEASE_SQL,
-    LEASE_RENEW_SQL,
     LOCK_THREAD_ROWS_SQL,
     LOCK_THREADS_FOR_DELETE_SQL,
     THREAD_LEASE_ROW_SQL,
@@ -285,223 +293,9 @@ class PoisonRecord:
 
 
 @dataclass
-class Lease:
-    """A run's hold on a thread. Puts for the thread are fenced by ``token``."""
-
-    thread_id: str
-    owner: str
-    token: int
-    attempts: int
-    checkpoint_id: str | None
-    version: str | None
-    lost: bool = False
-    last_error: str | None = None
-    # Set when the run's exit released the lease: a context that still carries this
-    # lease (see _RUN_LEASE) then falls back to the registry instead of fencing with it.
-    released: bool = False
-    # Monotonic time just before the lease was last confirmed by the database (acquire
-    # or renewal). Used to re-confirm a lease the renewer may have failed to keep alive
-    # (process paused, database unreachable) before a new step starts.
-    renewed_at: float = field(default_factory=time.monotonic)
-    # Status and graph version of the thread before this run took it, restored when the
-    # run never started (version mismatch, failed migration): a waiting thread whose
-    # resume was refused stays waiting instead of looking crashed.
-    prev_status: str | None = None
-    prev_version: str | None = None
-
-
-# The lease of the root run executing in this context. LangGraph copies the context
-# into every task and background put it submits (BackgroundExecutor uses
-# copy_context(), asyncio tasks copy theirs), so puts, subgraph puts and
-# get_next_version calls of a run see exactly that run's lease. A registry lookup by
-# thread_id alone would hand a zombie run of this process the lease a newer run of the
-# same process took after the zombie's expired, and its late writes would pass the fence.
-_RUN_LEASE: ContextVar[Lease | None] = ContextVar("langgraph_durable_run_lease", default=None)
-
-
-@dataclass(frozen=True)
-class _Handoff:
-    thread_id: str
-    owner: str
-    token: int
-
-
-# The lease a recovery worker claimed, handed to the run it starts in this context (see
-# claim_handoff). A ContextVar, never a configurable key: config is user input, and the
-# owner string is public (ThreadBusyError.owner, `threads status`), so a key in config
-# would let any caller take over a live lease. The fencing token must match too: a
-# hand-off is good for the one acquisition that follows the claim.
-_HANDOFF: ContextVar[_Handoff | None] = ContextVar("langgraph_durable_handoff", default=None)
-
-
-@contextmanager
-def claim_handoff(thread_id: str, owner: str, token: int) -> Iterator[None]:
-    """Runs started in this block on ``thread_id`` take over the lease ``owner`` holds
-    with ``token`` (the recovery worker's claim) instead of finding the thread busy."""
-    reset = _HANDOFF.set(_Handoff(str(thread_id), str(owner), int(token)))
-    try:
-        yield
-    finally:
-        _HANDOFF.reset(reset)
-
-
-@dataclass
 class _RunContext:
     loop: Any
     graph: Any
-
-
-class _RenewerSlot:
-    """The lease renewer shared by a saver and its clones, and the lock guarding it."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.renewer: _Renewer | None = None
-
-
-class _LeaseRegistry:
-    """Leases held by this process, shared by a saver and its ``with_allowlist`` clones."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.by_thread: dict[str, Lease] = {}
-        # id(Runtime) -> (that Runtime, kept alive so its id is not reused, lease): the
-        # run each LangGraph Runtime object belongs to (see bind_runtime).
-        self.by_runtime: dict[int, tuple[Any, Lease]] = {}
-
-    def get(self, thread_id: str) -> Lease | None:
-        with self.lock:
-            return self.by_thread.get(thread_id)
-
-    def add(self, lease: Lease) -> None:
-        with self.lock:
-            self.by_thread[lease.thread_id] = lease
-
-    def remove(self, lease: Lease) -> None:
-        with self.lock:
-            if self.by_thread.get(lease.thread_id) is lease:
-                del self.by_thread[lease.thread_id]
-            for key in [k for k, (_, held) in self.by_runtime.items() if held is lease]:
-                del self.by_runtime[key]
-
-    def bind_runtime(self, runtime: Any, lease: Lease) -> None:
-        """Remember that writes whose config carries ``runtime`` are ``lease``'s run.
-        LangGraph submits some writes from a finished task's done-callback, on an
-        executor thread whose context is not the run's (so _RUN_LEASE is unset there);
-        their config still carries the run's ``__pregel_runtime`` object, made anew for
-        every invoke/stream call (and for every subgraph call, bound at its start). An
-        object in memory, not a value a caller can put into a config from outside."""
-        if runtime is None:
-            return
-        with self.lock:
-            if not lease.released:
-                self.by_runtime[id(runtime)] = (runtime, lease)
-
-    def for_runtime(self, runtime: Any, thread_id: str) -> Lease | None:
-        if runtime is None:
-            return None
-        with self.lock:
-            entry = self.by_runtime.get(id(runtime))
-        if entry is None or entry[0] is not runtime:
-            return None
-        lease = entry[1]
-        return None if lease.released or lease.thread_id != thread_id else lease
-
-    def snapshot(self) -> list[Lease]:
-        with self.lock:
-            return [lease for lease in self.by_thread.values() if not lease.lost]
-
-
-def _incarnation(pid: int) -> str | None:
-    """Boot time + start time of ``pid``: tells a live process from a reused pid."""
-    try:
-        import psutil
-
-        return f"{int(psutil.boot_time())}.{int(psutil.Process(pid).create_time() * 100)}"
-    except Exception:  # no such process, or no permission to look
-        return None
-
-
-_PROCESS_IDENTITY: str | None = None
-
-
-def _namespace_identity() -> str:
-    """``ns<pid-namespace inode>.<boot id>``: which pid namespace of which kernel boot
-    this process's pids belong to. Containers sharing the host's hostname (Docker
-    ``--network host``, Kubernetes ``hostNetwork``, ``unshare --pid``) share the kernel's
-    boot time but not its pid namespace: pid 42 there is not our pid 42. Unknown parts
-    are ``0``, which ``owner_is_dead`` never treats as proof of anything."""
-    inode = "0"
-    try:
-        inode = str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        if not sys.platform.startswith("linux"):
-            inode = "1"  # no pid namespaces on this platform: there is only one
-    boot = "0"
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip().replace("-", "") or "0"
-    except OSError:
-        try:
-            import psutil
-
-            boot = f"b{int(psutil.boot_time())}"
-        except Exception:  # no way to tell boots apart
-            boot = "0"
-    return f"ns{inode}.{boot}"
-
-
-def process_identity() -> str:
-    """``host:pid:incarnation:namespace`` of this process, the prefix of every lease
-    owner it uses (see ``owner_is_dead`` for how it is judged)."""
-    global _PROCESS_IDENTITY
-    pid = os.getpid()
-    if _PROCESS_IDENTITY is None or f":{pid}:" not in _PROCESS_IDENTITY:  # refreshed after fork
-        _PROCESS_IDENTITY = (
-            f"{socket.gethostname()}:{pid}:{_incarnation(pid) or '0'}:{_namespace_identity()}"
-        )
-    return _PROCESS_IDENTITY
-
-
-def _owner_id() -> str:
-    # Not uuid.uuid4(): tests (LangGraph's own, deterministic_uuids) patch it to number
-    # message ids, and one draw per run start here shifted every id they expect.
-    return f"{process_identity()}:{secrets.token_hex(6)}"
-
-
-def owner_is_dead(owner: str | None) -> bool:
-    """True only when ``owner`` provably belongs to a process that is gone: same host
-    name, same pid namespace of the same kernel boot (so its pid means the same process
-    here), and no such pid, or the pid now belongs to a younger process. Anything
-    uncertain is False and the lease must expire: another machine, another container
-    sharing our hostname, an owner id without a namespace (written by an older version
-    of this package), a part we could not read. This lets the common single-machine
-    case (a crash, then ``invoke(None)`` in a new process) resume at once instead of
-    waiting out ``lease_ttl``; the takeover still bumps the fencing token."""
-    if not owner:
-        return False
-    parts = owner.split(":")
-    if len(parts) < 5 or parts[0] != socket.gethostname() or not parts[1].isdigit():
-        return False
-    pid, recorded, namespace = int(parts[1]), parts[2], parts[3]
-    mine = process_identity().split(":")
-    inode, _, boot_id = namespace[2:].partition(".")
-    if namespace != mine[3] or not namespace.startswith("ns") or "0" in (inode, boot_id):
-        # Another pid namespace (or kernel boot), or one we could not identify: its
-        # pid is not ours to look up.
-        return False
-    if pid == os.getpid():
-        return False
-    if recorded == "0" or "." not in recorded:
-        return False
-    boot = recorded.split(".", 1)[0]
-    current = _incarnation(pid)
-    if current is None:
-        # No such process in our (the same) namespace. Conclusive if this is the same
-        # boot of the machine too.
-        mine_inc = _incarnation(os.getpid())
-        return mine_inc is not None and mine_inc.split(".", 1)[0] == boot
-    return current != recorded
 
 
 # --- checkpoint-id clock (issue 11, clock skew) -----------------------------------------
@@ -2716,95 +2510,6 @@ class _ResolvingSerde:
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
         return self.saver.serde.dumps_typed(obj)
-
-
-class _Renewer(threading.Thread):
-    """Renews this process's leases every ttl/3 on a dedicated connection, so a busy
-    pool or a blocked event loop cannot starve renewal. A lease the database no longer
-    confirms is marked lost: the run's next write fails fast with LeaseLostError."""
-
-    def __init__(self, saver: _DurableBase) -> None:
-        super().__init__(name="langgraph-durable-lease-renewer", daemon=True)
-        self.saver = saver
-        self.registry = saver._leases
-        self._stop_event = threading.Event()
-        self._conn: Connection[Any] | None = None
-        # One statement at a time on the renewer's connection: renew_now() is also called
-        # from run threads (see _DurableBase._confirm_lease).
-        self._conn_lock = threading.Lock()
-        self.exiting = False
-
-    def stop(self) -> None:
-        self._stop_event.set()
-
-    def is_alive(self) -> bool:
-        # A renewer that decided to exit no longer counts: _ensure_renewer starts another.
-        return not self.exiting and super().is_alive()
-
-    def renew_now(self, leases: list[Lease]) -> None:
-        with self._conn_lock:
-            try:
-                self._renew(leases)
-            except Exception:
-                self._close()
-                raise
-
-    def run(self) -> None:
-        interval = self.saver.lease_ttl / 3
-        idle = 0.0
-        while not self._stop_event.wait(interval):
-            leases = self.registry.snapshot()
-            if not leases:
-                idle += interval
-                if idle > 60:
-                    # Decide under the lock _ensure_renewer holds: a lease added after
-                    # this check finds exiting=True and gets a new renewer.
-                    with self.saver._renewer_lock:
-                        if not self.registry.snapshot():
-                            self.exiting = True
-                            break
-                continue
-            idle = 0.0
-            try:
-                self.renew_now(leases)
-            except Exception as exc:
-                logger.warning("lease renewal failed: %s", exc)
-        with self._conn_lock:
-            self._close()
-
-    @_telemetry.instrument("lease_renew")
-    def _renew(self, leases: list[Lease]) -> None:
-        started = time.monotonic()
-        if self._conn is None or self._conn.closed:
-            self._conn = self.saver._renew_connect()
-            self._conn.autocommit = True
-            if schema := session_schema(self.saver):
-                self._conn.execute(set_search_path(schema))
-        rows = self._conn.execute(
-            LEASE_RENEW_SQL,
-            (
-                self.saver.lease_ttl,
-                [lease.thread_id for lease in leases],
-                [lease.token for lease in leases],
-                [lease.owner for lease in leases],
-            ),
-        ).fetchall()
-        renewed = {r[0] for r in rows}
-        for lease in leases:
-            if lease.thread_id in renewed:
-                lease.renewed_at = max(lease.renewed_at, started)
-            elif not lease.released:
-                lease.lost = True
-                logger.error(
-                    "lease on thread %s (token %d) was lost (taken over after expiry)",
-                    lease.thread_id, lease.token,
-                )
-
-    def _close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
 
 
 def _configure_schema(schema: str | None) -> Callable[[Connection[Any]], None]:
