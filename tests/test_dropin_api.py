@@ -342,7 +342,7 @@ def cfg(thread_id: str) -> Any:
 @pytest.fixture
 def drift(monkeypatch: pytest.MonkeyPatch) -> None:
     """A LangGraph release whose run starts the saver no longer recognises."""
-    import langgraph_durable.saver as saver_module
+    import langgraph_durable.lifecycle as saver_module  # the saver's run-start recognition
 
     monkeypatch.setattr(saver_module, "_find_run_context", lambda: None)
 

@@ -1,0 +1,94 @@
+"""setup(): the stock migrations, then ours, under a session advisory lock."""
+
+from __future__ import annotations
+
+from langgraph.checkpoint.postgres.base import (
+    MIGRATIONS as STOCK_MIGRATIONS,
+)
+
+from langgraph_durable._io import (
+    Batch,
+    Flow,
+    Op,
+    Stmt,
+    Tx,
+)
+from langgraph_durable.core.view import SaverMembers
+from langgraph_durable.leases.model import _HANDOFF as _HANDOFF
+from langgraph_durable.leases.model import _RUN_LEASE as _RUN_LEASE
+from langgraph_durable.leases.model import Lease as Lease
+from langgraph_durable.leases.model import _Handoff as _Handoff
+from langgraph_durable.leases.model import _LeaseRegistry as _LeaseRegistry
+from langgraph_durable.leases.model import _RenewerSlot as _RenewerSlot
+from langgraph_durable.leases.model import claim_handoff as claim_handoff
+from langgraph_durable.leases.owners import _owner_id as _owner_id
+from langgraph_durable.leases.owners import owner_is_dead as owner_is_dead
+from langgraph_durable.leases.owners import process_identity as process_identity
+from langgraph_durable.leases.renewer import _Renewer as _Renewer
+from langgraph_durable.pooler import (
+    flow_pooled_setup,
+    op_check_schema,
+)
+from langgraph_durable.sql.schema import (
+    MIGRATIONS,
+    SETUP_LOCK_KEY,
+    create_schema,
+    set_search_path,
+)
+
+
+class SetupOps(SaverMembers):
+    """Schema creation and verification."""
+
+    def _op_setup(self) -> Op[None]:
+        """Stock migrations, then ours, under a session advisory lock (several
+        processes may call setup() at once). Runs in autocommit: the stock
+        migrations create indexes CONCURRENTLY.
+
+        The lock is polled with pg_try_advisory_lock, never waited for in the server:
+        CREATE INDEX CONCURRENTLY waits for every session of the database holding a
+        snapshot, and a session blocked in pg_advisory_lock() holds one while it waits
+        for the lock holder, which is the one running the CREATE INDEX: a deadlock
+        (found with 4 processes calling setup() on a fresh database)."""
+        while True:
+            rows = yield Batch(
+                [Stmt("SELECT pg_try_advisory_lock(%s) AS ok", (SETUP_LOCK_KEY,), fetch=True)]
+            )
+            if rows[0][0]["ok"]:
+                break
+            # Between polls this session holds no snapshot for longer than the sleep.
+            yield Batch([Stmt("SELECT pg_sleep(0.05)")])
+        try:
+            if self.schema:
+                yield Batch([Stmt(create_schema(self.schema)), Stmt(set_search_path(self.schema))])
+            yield Batch([Stmt(STOCK_MIGRATIONS[0])])
+            rows = yield Batch(
+                [Stmt("SELECT v FROM checkpoint_migrations ORDER BY v DESC LIMIT 1", fetch=True)]
+            )
+            version = rows[0][0]["v"] if rows[0] else -1
+            for v in range(version + 1, len(STOCK_MIGRATIONS)):
+                yield Batch([Stmt(STOCK_MIGRATIONS[v])])
+                yield Batch([Stmt("INSERT INTO checkpoint_migrations (v) VALUES (%s)", (v,))])
+            yield Batch([Stmt(MIGRATIONS[0])])
+            rows = yield Batch(
+                [Stmt("SELECT v FROM durable_migrations ORDER BY v DESC LIMIT 1", fetch=True)]
+            )
+            version = rows[0][0]["v"] if rows[0] else -1
+            for v in range(version + 1, len(MIGRATIONS)):
+                yield Batch([Stmt(MIGRATIONS[v])])
+                yield Batch([Stmt("INSERT INTO durable_migrations (v) VALUES (%s)", (v,))])
+        except Exception:
+            # A failed statement is thrown in here by the driver: release the session
+            # lock on this connection before it goes back to the pool. (Not a finally:
+            # an op closed with GeneratorExit cannot yield.)
+            yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK_KEY,))])
+            raise
+        yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK_KEY,))])
+
+    def _flow_setup_or_check(self) -> Flow[None]:
+        """setup() without DDL (``run_migrations=False``: verify the versions), or
+        behind a transaction pooler (one transaction per attempt; see pooler.py)."""
+        if not self.run_migrations:
+            yield Tx(lambda: op_check_schema(self, STOCK_MIGRATIONS))
+            return
+        yield from flow_pooled_setup(self, STOCK_MIGRATIONS)
