@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -33,6 +33,8 @@ from langgraph_durable._io import (
     SyncDriver,
     Tx,
 )
+from langgraph_durable.config import OnBusy as OnBusy
+from langgraph_durable.config import OnUnrecognisedRun as OnUnrecognisedRun
 from langgraph_durable.core.view import SaverMembers
 from langgraph_durable.errors import (
     CheckpointLoadError,
@@ -66,11 +68,8 @@ logger = logging.getLogger("langgraph_durable")
 
 
 
-OnBusy = Literal["raise", "wait"]
 
 
-# What a root run start the saver did not recognise does (see _check_unrecognised_run).
-OnUnrecognisedRun = Literal["raise", "log"]
 
 
 # The configurable keys LangGraph sets on a run's config (see langgraph._internal._constants).
@@ -384,6 +383,14 @@ class RunLifecycle(SaverMembers):
         if getattr(ctx.loop, "is_nested", False):
             return None
         return ctx
+
+    # --- fail closed
+    # The run-start recognition (_find_run_context) walks LangGraph's private call stack.
+    # A LangGraph release that changes it would make every run go without a lease,
+    # fencing, poison counting and version check, silently. These checks notice a root
+    # run the saver did not recognise and refuse it (on_unrecognised_run="raise") or log
+    # an error ("log"). Only root runs of savers with leases are concerned: update_state,
+    # copy_thread, nested graphs, subgraphs and leases=False savers are never refused.
 
     def _run_config(self, configurable: Mapping[str, Any]) -> bool:
         """Whether ``configurable`` is LangGraph's config for a root run of a thread:

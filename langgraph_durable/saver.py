@@ -54,9 +54,9 @@ from langgraph_durable._io import (
 from langgraph_durable._pool import AsyncDurableConnectionPool, DurableConnectionPool
 from langgraph_durable.artifacts import (
     ArtifactCodec,
-    ArtifactConfig,
     KnownRefs,
 )
+from langgraph_durable.config import SaverOptions
 from langgraph_durable.core.admin import AdminOps
 from langgraph_durable.core.connections import (
     _aconfigure_schema,
@@ -108,7 +108,6 @@ from langgraph_durable.sql.schema import (
     validate_schema,
 )
 from langgraph_durable.versioning import (
-    VERSION_POLICIES,
     MigrationRegistry,
     UnversionedPolicy,
     VersionPolicy,
@@ -150,75 +149,37 @@ class _DurableBase(
         self._granularity = None if policy == "always" else Deferrals(policy)
 
     def __init__(
-        self,
-        *,
-        serde: SerializerProtocol | None = None,
-        schema: str | None = None,
-        graph_version: str | None = None,
-        version_policy: VersionPolicy = "refuse",
-        unversioned_policy: UnversionedPolicy = "adopt",
-        migrations: MigrationRegistry | None = None,
-        max_resume_attempts: int = 3,
-        on_poison: PoisonHook | None = None,
-        lease_ttl: float = 30.0,
-        on_busy: OnBusy = "raise",
-        busy_timeout: float = 60.0,
-        artifact_threshold: int | None = 1024,
-        compression_level: int = 3,
-        artifact_cache_bytes: int = 64 * 1024 * 1024,
-        leases: bool = True,
-        takeover_dead_owners: bool = True,
-        on_unrecognised_run: OnUnrecognisedRun = "raise",
-        pooler: str | None = None,
-        run_migrations: bool = True,
-        checkpoint_policy: CheckpointPolicy | None = None,
+        self, *, serde: SerializerProtocol | None = None, options: SaverOptions | None = None
     ) -> None:
+        """The options come validated, in their groups (``config.SaverOptions``); the
+        public savers build them from their flat keyword-only parameters."""
+        opts = options if options is not None else SaverOptions()
         super().__init__(serde=serde)
-        self.checkpoint_policy = checkpoint_policy
-        self.schema = validate_schema(schema)
-        if version_policy not in VERSION_POLICIES:
-            raise ConfigurationError(f"unknown version_policy {version_policy!r}")
-        if unversioned_policy not in ("adopt", "refuse"):
-            raise ConfigurationError(f"unknown unversioned_policy {unversioned_policy!r}")
-        if on_busy not in ("raise", "wait"):
-            raise ConfigurationError(f"unknown on_busy {on_busy!r}")
-        if on_unrecognised_run not in ("raise", "log"):
-            raise ConfigurationError(
-                f"unknown on_unrecognised_run {on_unrecognised_run!r} (use 'raise' or 'log')",
-                on_unrecognised_run=on_unrecognised_run,
-            )
-        if max_resume_attempts < 1:
-            raise ConfigurationError("max_resume_attempts must be >= 1")
-        if lease_ttl <= 0.5:
-            raise ConfigurationError("lease_ttl must be above 0.5 s")
-        self.graph_version = graph_version
-        self.version_policy: VersionPolicy = version_policy
-        self.unversioned_policy: UnversionedPolicy = unversioned_policy
-        self.migrations = migrations if migrations is not None else MigrationRegistry()
-        self.max_resume_attempts = max_resume_attempts
-        self.on_poison = on_poison
-        self.lease_ttl = float(lease_ttl)
-        self.on_busy: OnBusy = on_busy
-        self.busy_timeout = busy_timeout
-        self.leases_enabled = leases
+        self.checkpoint_policy = opts.checkpoint_policy
+        self.schema = opts.schema
+        versions, poison, leases = opts.versions, opts.poison, opts.leases
+        self.graph_version = versions.graph_version
+        self.version_policy: VersionPolicy = versions.policy
+        self.unversioned_policy: UnversionedPolicy = versions.unversioned_policy
+        self.migrations = versions.migrations if versions.migrations is not None else MigrationRegistry()
+        self.max_resume_attempts = poison.max_resume_attempts
+        self.on_poison = poison.on_poison
+        self.lease_ttl = float(leases.ttl)
+        self.on_busy: OnBusy = leases.on_busy
+        self.busy_timeout = leases.busy_timeout
+        self.leases_enabled = leases.enabled
         # A lease held by a process of this machine that is provably dead is taken over
         # at once (see owner_is_dead); leases of other machines always run to expiry.
-        self.takeover_dead_owners = takeover_dead_owners
+        self.takeover_dead_owners = leases.takeover_dead_owners
         # A root run start the saver failed to recognise (LangGraph changed how runs
         # start): "raise" refuses the run with UnsupportedLangGraphError before any node
         # runs; "log" logs an error and lets it run without a lease (unprotected).
-        self.on_unrecognised_run: OnUnrecognisedRun = on_unrecognised_run
+        self.on_unrecognised_run: OnUnrecognisedRun = leases.on_unrecognised_run
         # Behind a transaction pooler (pooler.py): no session state across transactions.
-        self.pooler: Pooler = resolve_pooler(pooler)
+        self.pooler: Pooler = resolve_pooler(opts.pooler)
         # False: setup() only verifies the schema version (no DDL; SchemaNotReadyError).
-        self.run_migrations = bool(run_migrations)
-        self.codec = ArtifactCodec(
-            ArtifactConfig(
-                threshold=artifact_threshold,
-                compression_level=compression_level,
-                cache_bytes=artifact_cache_bytes,
-            )
-        )
+        self.run_migrations = bool(opts.run_migrations)
+        self.codec = ArtifactCodec(opts.artifacts)
         self._known_refs = KnownRefs()
         self._leases = _LeaseRegistry()
         self._unrecognised_logged: set[str] = set()
@@ -277,25 +238,6 @@ class _DurableBase(
         """Clone with a derived msgpack allowlist. There is no inner saver to clone:
         the codec reads ``self.serde`` at call time, so the clone's serde is used."""
         return super().with_allowlist(extra_allowlist)
-
-    # ------------------------------------------------------------------ setup
-
-    # setup() is defined by each saver: a plain method on the sync one, a coroutine on
-    # the async one (as the stock savers do: ``await checkpointer.setup()``).
-
-    # ------------------------------------------------------------------ loading
-
-    # ------------------------------------------------------------------ writing
-
-    # ------------------------------------------------------------------ run lifecycle
-
-    # ------------------------------------------------------------------ fail closed
-    # The run-start recognition (_find_run_context) walks LangGraph's private call stack.
-    # A LangGraph release that changes it would make every run go without a lease,
-    # fencing, poison counting and version check, silently. These checks notice a root
-    # run the saver did not recognise and refuse it (on_unrecognised_run="raise") or log
-    # an error ("log"). Only root runs of savers with leases are concerned: update_state,
-    # copy_thread, nested graphs, subgraphs and leases=False savers are never refused.
 
     def get_next_version(self, current: Any, channel: Any) -> Any:
         """The stock versioning, plus the zombie guard: LangGraph calls this on the
@@ -562,8 +504,8 @@ class DurablePostgresSaver(_DurableBase):
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
     ) -> None:
-        super().__init__(
-            serde=serde, schema=schema, graph_version=graph_version,
+        super().__init__(serde=serde, options=SaverOptions.from_keywords(
+            schema=schema, graph_version=graph_version,
             version_policy=version_policy, unversioned_policy=unversioned_policy,
             migrations=migrations, max_resume_attempts=max_resume_attempts,
             on_poison=on_poison, lease_ttl=lease_ttl, on_busy=on_busy,
@@ -572,7 +514,7 @@ class DurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
             pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
-        )
+        ))
         _check_conn("DurablePostgresSaver", conn, asynchronous=False)
         _check_pipe("DurablePostgresSaver", conn, pipe, ConnectionPool)
         check_pooled_conn("DurablePostgresSaver", conn, self.pooler, (ConnectionPool,))
@@ -743,8 +685,8 @@ class AsyncDurablePostgresSaver(_DurableBase):
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
     ) -> None:
-        super().__init__(
-            serde=serde, schema=schema, graph_version=graph_version,
+        super().__init__(serde=serde, options=SaverOptions.from_keywords(
+            schema=schema, graph_version=graph_version,
             version_policy=version_policy, unversioned_policy=unversioned_policy,
             migrations=migrations, max_resume_attempts=max_resume_attempts,
             on_poison=on_poison, lease_ttl=lease_ttl, on_busy=on_busy,
@@ -753,7 +695,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
             pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
-        )
+        ))
         _check_conn("AsyncDurablePostgresSaver", conn, asynchronous=True)
         _check_pipe("AsyncDurablePostgresSaver", conn, pipe, AsyncConnectionPool)
         check_pooled_conn("AsyncDurablePostgresSaver", conn, self.pooler, (AsyncConnectionPool,))
