@@ -350,6 +350,14 @@ MIGRATIONS: list[str] = [
     """ALTER TABLE durable_threads
         ADD COLUMN IF NOT EXISTS lease_prev_status TEXT,
         ADD COLUMN IF NOT EXISTS lease_prev_version TEXT""",
+    # Issue 13 (one order check): durable_checkpoint_order, the stand-alone order check no
+    # statement of the package calls since durable_put_guard inlined it (issue 14), kept
+    # for installs and grants that name it, becomes durable_put_guard's order check with
+    # no lease check: the rule is written once. Same signature, result and SQLSTATE.
+    """CREATE OR REPLACE FUNCTION durable_checkpoint_order(p_thread text, p_ns text, p_id text)
+    RETURNS integer LANGUAGE sql AS $$
+        SELECT CASE WHEN durable_put_guard(p_thread, NULL, NULL, false, p_ns, p_id) THEN 1 END
+    $$""",
 ]
 
 # THE list of this package's tables keyed by thread (beside the stock checkpoints,
