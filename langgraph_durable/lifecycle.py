@@ -42,17 +42,8 @@ from langgraph_durable.errors import (
     ThreadBusyError,
     UnsupportedLangGraphError,
 )
-from langgraph_durable.leases.model import _HANDOFF as _HANDOFF
-from langgraph_durable.leases.model import _RUN_LEASE as _RUN_LEASE
-from langgraph_durable.leases.model import Lease as Lease
-from langgraph_durable.leases.model import _Handoff as _Handoff
-from langgraph_durable.leases.model import _LeaseRegistry as _LeaseRegistry
-from langgraph_durable.leases.model import _RenewerSlot as _RenewerSlot
-from langgraph_durable.leases.model import claim_handoff as claim_handoff
-from langgraph_durable.leases.owners import _owner_id as _owner_id
-from langgraph_durable.leases.owners import owner_is_dead as owner_is_dead
-from langgraph_durable.leases.owners import process_identity as process_identity
-from langgraph_durable.leases.renewer import _Renewer as _Renewer
+from langgraph_durable.leases.model import _RUN_LEASE, Lease, _Handoff
+from langgraph_durable.leases.owners import _owner_id
 from langgraph_durable.pooler import (
     session_schema,
 )

@@ -23,6 +23,7 @@ version error.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -51,7 +52,6 @@ from langgraph_durable._io import (
     Op,
     SyncDriver,
 )
-from langgraph_durable._pool import AsyncDurableConnectionPool, DurableConnectionPool
 from langgraph_durable.artifacts import (
     ArtifactCodec,
     KnownRefs,
@@ -59,12 +59,11 @@ from langgraph_durable.artifacts import (
 from langgraph_durable.config import SaverOptions
 from langgraph_durable.core.admin import AdminOps
 from langgraph_durable.core.connections import (
-    _aconfigure_schema,
     _check_conn,
     _check_pipe,
-    _configure_schema,
-    _conn_kwargs,
     _conninfo_of,
+    aopen_pool,
+    open_pool,
 )
 from langgraph_durable.core.jsonb import _jsonb as _jsonb
 from langgraph_durable.core.load import LoadOps, _canceled_as_typed
@@ -109,6 +108,7 @@ from langgraph_durable.sql.schema import (
 )
 from langgraph_durable.versioning import (
     MigrationRegistry,
+    MigrationResult,
     UnversionedPolicy,
     VersionPolicy,
     graph_fingerprint,
@@ -136,6 +136,8 @@ class _DurableBase(
     # Set per saver by checkpoint_policy (the class default serves savers built
     # without __init__, e.g. by copy).
     _granularity: Deferrals | None = None
+    # Set by each saver's __init__ from the connection it is given.
+    _conninfo: str
 
     @property
     def checkpoint_policy(self) -> CheckpointPolicy | None:
@@ -201,9 +203,6 @@ class _DurableBase(
         raise NotImplementedError
 
     async def _arun_flow(self, flow: Flow[Any]) -> Any:
-        raise NotImplementedError
-
-    def _renew_connect(self) -> Connection[Any]:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ views
@@ -457,6 +456,58 @@ class _DurableBase(
         """The lease this process holds on ``thread_id`` (inside a run), if any."""
         return self._leases.get(str(thread_id))
 
+    # Public names for what the package's other modules use of a saver (versioning,
+    # export, granularity, retention, the ledger). The private names stay until the
+    # last caller has moved to these.
+    @property
+    def known_refs(self) -> KnownRefs:
+        """The artifact references this process knows stored, per thread."""
+        return self._known_refs
+
+    @property
+    def lease_registry(self) -> _LeaseRegistry:
+        """The leases this process holds (shared by the saver and its views)."""
+        return self._leases
+
+    @property
+    def conninfo(self) -> str:
+        """A conninfo string that opens another connection like the saver's."""
+        return self._conninfo
+
+    def op_get_tuple(self, config: RunnableConfig) -> Op[CheckpointTuple | None]:
+        """The op behind a ``get_tuple`` that is not a run start, to compose with others."""
+        return self._op_get_tuple(config)
+
+    def op_resolve(
+        self, pairs: builtins.list[tuple[str, bytes]], where: Mapping[str, Any]
+    ) -> Op[dict[bytes, bytes]]:
+        """The op fetching every artifact the (type, data) pairs need (see ``decode``)."""
+        return self._op_resolve(pairs, where)
+
+    def decode(
+        self, tag: str, data: bytes, where: Mapping[str, Any], local: Mapping[bytes, bytes] | None = None
+    ) -> Any:
+        """One stored (type, data) value, artifacts resolved (``CheckpointLoadError``)."""
+        return self._decode(tag, data, where, local)
+
+    def op_rewrite(
+        self,
+        saved: CheckpointTuple,
+        result: MigrationResult,
+        metadata: dict[str, Any],
+        *,
+        expected: str,
+        origin: str,
+    ) -> Op[None]:
+        """The op replacing a checkpoint in place with its migrated form."""
+        return self._op_rewrite(saved, result, metadata, expected=expected, origin=origin)
+
+    def _renew_connect(self) -> Connection[Any]:
+        """A short-lived connection of its own (the renewer's, setup's behind a pipe)."""
+        return Connection.connect(
+            self._conninfo, autocommit=True, prepare_threshold=prepare_threshold(self.pooler)
+        )
+
 
 class DurablePostgresSaver(_DurableBase):
     """Synchronous durable saver. Thread-safe (LangGraph calls ``put`` from executor
@@ -567,22 +618,7 @@ class DurablePostgresSaver(_DurableBase):
         dsn = resolve_dsn(conn_string)
         schema = validate_schema(schema)
         pooled = resolve_pooler(pooler)
-        # A pool that reconnects within a second of a failover (_pool.py).
-        with DurableConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=pool_size,
-            kwargs=_conn_kwargs(pooled),
-            configure=_configure_schema(None if pooled else schema),
-            # No check= on checkout: when a restart or idle-timeout kill has broken
-            # several idle connections, the pool's check loop backs off 1, 2, 4... s
-            # per broken one (37 s measured with 10) before giving up. The driver
-            # instead retries the failed op once after pool.check() replaced them all,
-            # and no op pays a SELECT 1 round trip.
-            open=True,
-            name="langgraph-durable",
-        ) as pool:
-            pool._durable_own = True  # type: ignore[attr-defined]
+        with open_pool(dsn, pool_size, pooled, schema) as pool:
             saver = cls(
                 pool, serde=serde, schema=schema, graph_version=graph_version,
                 version_policy=version_policy, unversioned_policy=unversioned_policy,
@@ -628,11 +664,6 @@ class DurablePostgresSaver(_DurableBase):
 
     async def _arun_flow(self, flow: Flow[Any]) -> Any:
         return await asyncio.to_thread(self._driver.run_flow, flow)
-
-    def _renew_connect(self) -> Connection[Any]:
-        return Connection.connect(
-            self._conninfo, autocommit=True, prepare_threshold=prepare_threshold(self.pooler)
-        )
 
     @contextmanager
     def connection(self) -> Iterator[Connection[Any]]:
@@ -744,17 +775,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
             dsn = await asyncio.to_thread(resolve_dsn, None)
         schema = validate_schema(schema)
         pooled = resolve_pooler(pooler)
-        async with AsyncDurableConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=pool_size,
-            kwargs=_conn_kwargs(pooled),
-            configure=_aconfigure_schema(None if pooled else schema),
-            # No check= on checkout: see DurablePostgresSaver.from_conn_string.
-            open=False,
-            name="langgraph-durable",
-        ) as pool:
-            pool._durable_own = True  # type: ignore[attr-defined]
+        async with aopen_pool(dsn, pool_size, pooled, schema) as pool:
             saver = cls(
                 pool, serde=serde, schema=schema, graph_version=graph_version,
                 version_policy=version_policy, unversioned_policy=unversioned_policy,
@@ -816,11 +837,6 @@ class AsyncDurablePostgresSaver(_DurableBase):
 
     async def _arun_flow(self, flow: Flow[Any]) -> Any:
         return await self._driver.run_flow(flow)
-
-    def _renew_connect(self) -> Connection[Any]:
-        return Connection.connect(
-            self._conninfo, autocommit=True, prepare_threshold=prepare_threshold(self.pooler)
-        )
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:

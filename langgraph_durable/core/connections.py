@@ -10,21 +10,11 @@ from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from langgraph_durable._pool import AsyncDurableConnectionPool, DurableConnectionPool
 from langgraph_durable.errors import (
     ConfigurationError,
     UnsupportedConnectionError,
 )
-from langgraph_durable.leases.model import _HANDOFF as _HANDOFF
-from langgraph_durable.leases.model import _RUN_LEASE as _RUN_LEASE
-from langgraph_durable.leases.model import Lease as Lease
-from langgraph_durable.leases.model import _Handoff as _Handoff
-from langgraph_durable.leases.model import _LeaseRegistry as _LeaseRegistry
-from langgraph_durable.leases.model import _RenewerSlot as _RenewerSlot
-from langgraph_durable.leases.model import claim_handoff as claim_handoff
-from langgraph_durable.leases.owners import _owner_id as _owner_id
-from langgraph_durable.leases.owners import owner_is_dead as owner_is_dead
-from langgraph_durable.leases.owners import process_identity as process_identity
-from langgraph_durable.leases.renewer import _Renewer as _Renewer
 from langgraph_durable.pooler import (
     Pooler,
     prepare_threshold,
@@ -125,3 +115,42 @@ def _check_pipe(saver: str, conn: Any, pipe: Any, pool_type: type) -> None:
         )
     if getattr(pipe, "_conn", conn) is not conn:
         raise ConfigurationError(f"{saver}: pipe is not a pipeline of conn", saver=saver)
+
+
+def open_pool(dsn: str, pool_size: int, pooled: Pooler, schema: str | None) -> DurableConnectionPool:
+    """The pool ``from_conn_string`` opens (and closes): one that reconnects within a
+    second of a failover (_pool.py), marked as the saver's own."""
+    pool = DurableConnectionPool(
+        dsn,
+        min_size=1,
+        max_size=pool_size,
+        kwargs=_conn_kwargs(pooled),
+        configure=_configure_schema(None if pooled else schema),
+        # No check= on checkout: when a restart or idle-timeout kill has broken
+        # several idle connections, the pool's check loop backs off 1, 2, 4... s
+        # per broken one (37 s measured with 10) before giving up. The driver
+        # instead retries the failed op once after pool.check() replaced them all,
+        # and no op pays a SELECT 1 round trip.
+        open=True,
+        name="langgraph-durable",
+    )
+    pool._durable_own = True  # type: ignore[attr-defined]
+    return pool
+
+
+def aopen_pool(
+    dsn: str, pool_size: int, pooled: Pooler, schema: str | None
+) -> AsyncDurableConnectionPool:
+    """The async ``from_conn_string``'s pool, opened by its ``async with``."""
+    pool = AsyncDurableConnectionPool(
+        dsn,
+        min_size=1,
+        max_size=pool_size,
+        kwargs=_conn_kwargs(pooled),
+        configure=_aconfigure_schema(None if pooled else schema),
+        # No check= on checkout: see open_pool.
+        open=False,
+        name="langgraph-durable",
+    )
+    pool._durable_own = True  # type: ignore[attr-defined]
+    return pool

@@ -8,18 +8,6 @@ from typing import Any
 import orjson
 from psycopg.types.json import Jsonb
 
-from langgraph_durable.leases.model import _HANDOFF as _HANDOFF
-from langgraph_durable.leases.model import _RUN_LEASE as _RUN_LEASE
-from langgraph_durable.leases.model import Lease as Lease
-from langgraph_durable.leases.model import _Handoff as _Handoff
-from langgraph_durable.leases.model import _LeaseRegistry as _LeaseRegistry
-from langgraph_durable.leases.model import _RenewerSlot as _RenewerSlot
-from langgraph_durable.leases.model import claim_handoff as claim_handoff
-from langgraph_durable.leases.owners import _owner_id as _owner_id
-from langgraph_durable.leases.owners import owner_is_dead as owner_is_dead
-from langgraph_durable.leases.owners import process_identity as process_identity
-from langgraph_durable.leases.renewer import _Renewer as _Renewer
-
 
 def _jsonb_dumps(obj: Any) -> str:
     try:
@@ -49,3 +37,8 @@ def _json_problem(value: Any) -> str | None:
     except Exception as exc:
         return f"{type(value).__name__} is not JSON ({type(exc).__name__}: {exc})"
     return None
+
+
+# Public names (other modules import them; ``saver._jsonb`` stays as an alias).
+jsonb = _jsonb
+jsonb_dumps = _jsonb_dumps
