@@ -12,7 +12,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
 from typing import Any, cast
@@ -48,6 +48,7 @@ from langgraph_durable.pooler import (
     session_schema,
 )
 from langgraph_durable.quarantine import PoisonRecord
+from langgraph_durable.sql.threads import ATTEMPT_AT_HEAD_SQL
 from langgraph_durable.versioning import (
     POLICY_KEY,
     RUN_GRAPH,
@@ -151,6 +152,31 @@ class RunLifecycle(SaverMembers):
         _values.check_ids(thread_id, config["configurable"].get("checkpoint_ns", ""), requested)
         version = self._current_version(config, ctx)
         policy = config["configurable"].get(POLICY_KEY, self.version_policy)
+        lease = yield from self._flow_take_lease(thread_id, version, requested, handoff)
+        # The run's own writes during its start (a migration rewriting the checkpoint)
+        # are fenced with this lease: _fence reads it from the context only.
+        outer = _RUN_LEASE.get()
+        _RUN_LEASE.set(lease)
+        try:
+            saved = yield from self._flow_enter_run(config, ctx, lease, version, policy)
+            return saved, lease
+        except PoisonCheckpointError:
+            _RUN_LEASE.set(outer)
+            raise
+        except BaseException:
+            _RUN_LEASE.set(outer)
+            # The run never started: hand the thread back as it was (status, version).
+            self._leases.remove(lease)
+            lease.released = True
+            with contextlib.suppress(Exception):
+                yield Tx(lambda: self._op_abandon(lease))
+            raise
+
+    def _flow_take_lease(
+        self, thread_id: str, version: str | None, requested: str | None, handoff: _Handoff | None
+    ) -> Flow[Lease]:
+        """Step 1 of a run start: take the thread's lease (waiting while busy if
+        ``on_busy="wait"``); a quarantined thread raises ``PoisonCheckpointError``."""
         # A recovery worker may hold the lease (handoff, from claim_handoff in the caller's
         # context): ACQUIRE_SQL takes it over from that owner and token without a gap.
         owner = _owner_id()
@@ -191,47 +217,39 @@ class RunLifecycle(SaverMembers):
             prev_version=res.get("prev_version"),
         )
         self._leases.add(lease)
-        # The run's own writes during its start (a migration rewriting the checkpoint)
-        # are fenced with this lease: _fence reads it from the context only.
-        outer = _RUN_LEASE.get()
-        _RUN_LEASE.set(lease)
+        return lease
+
+    def _flow_enter_run(
+        self, config: RunnableConfig, ctx: _RunContext, lease: Lease, version: str | None, policy: str
+    ) -> Flow[CheckpointTuple | None]:
+        """Step 2, the lease held: record the graph's topology, refuse a poisoned
+        checkpoint, load the one to run from (fail closed), check its version."""
+        thread_id = lease.thread_id
+        yield from self._flow_record_version(version, ctx)
+        if lease.attempts > self.max_resume_attempts and lease.checkpoint_id is not None:
+            # This is start number max+1 from the same checkpoint: the max runs before
+            # it all failed there (exception or dead process). It never runs a node.
+            record = PoisonRecord(
+                thread_id, lease.checkpoint_id, lease.attempts - 1, lease.last_error, version
+            )
+            yield from self._flow_quarantine(lease, record)
         try:
-            yield from self._flow_record_version(version, ctx)
-            if lease.attempts > self.max_resume_attempts and lease.checkpoint_id is not None:
-                # This is start number max+1 from the same checkpoint: the max runs before
-                # it all failed there (exception or dead process). It never runs a node.
-                record = PoisonRecord(
-                    thread_id, lease.checkpoint_id, lease.attempts - 1, lease.last_error, version
-                )
-                yield from self._flow_quarantine(lease, record)
-            try:
-                # No BEGIN/COMMIT, as in get_tuple outside a run: each statement has its
-                # own snapshot either way (READ COMMITTED) and artifacts are immutable;
-                # with the lease held no other run writes the thread meanwhile.
-                saved = yield Tx(lambda: self._op_get_tuple(config), transaction=False)
-                _check_runnable(saved)
-            except CheckpointLoadError as exc:
-                # Fail closed: a checkpoint we cannot read is never run on half a state,
-                # and retrying cannot fix stored bytes: quarantine at once.
-                record = PoisonRecord(
-                    thread_id, lease.checkpoint_id, lease.attempts,
-                    f"{type(exc).__name__}: {exc}"[:4000], version, "load_error",
-                )
-                yield from self._flow_quarantine(lease, record, exc)
-            if saved is not None:
-                saved = yield from self._flow_check_version(thread_id, saved, version, policy)
-            return saved, lease
-        except PoisonCheckpointError:
-            _RUN_LEASE.set(outer)
-            raise
-        except BaseException:
-            _RUN_LEASE.set(outer)
-            # The run never started: hand the thread back as it was (status, version).
-            self._leases.remove(lease)
-            lease.released = True
-            with contextlib.suppress(Exception):
-                yield Tx(lambda: self._op_abandon(lease))
-            raise
+            # No BEGIN/COMMIT, as in get_tuple outside a run: each statement has its
+            # own snapshot either way (READ COMMITTED) and artifacts are immutable;
+            # with the lease held no other run writes the thread meanwhile.
+            saved = yield Tx(lambda: self._op_get_tuple(config), transaction=False)
+            _check_runnable(saved)
+        except CheckpointLoadError as exc:
+            # Fail closed: a checkpoint we cannot read is never run on half a state,
+            # and retrying cannot fix stored bytes: quarantine at once.
+            record = PoisonRecord(
+                thread_id, lease.checkpoint_id, lease.attempts,
+                f"{type(exc).__name__}: {exc}"[:4000], version, "load_error",
+            )
+            yield from self._flow_quarantine(lease, record, exc)
+        if saved is not None:
+            saved = yield from self._flow_check_version(thread_id, saved, version, policy)
+        return saved
 
     @staticmethod
     def _exit_outcome(loop: Any, exc: BaseException | None) -> tuple[str, bool, bool, str | None]:
@@ -269,8 +287,7 @@ class RunLifecycle(SaverMembers):
             # The failure happened past the checkpoint the run started from: it is the
             # first failed attempt at the new head.
             moved_to = Stmt(
-                "UPDATE durable_threads SET attempts = 1, attempts_checkpoint_id = %s "
-                "WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s",
+                ATTEMPT_AT_HEAD_SQL,
                 (head, lease.thread_id, lease.token, lease.owner),
             )
             yield Tx(
@@ -281,9 +298,26 @@ class RunLifecycle(SaverMembers):
             return
         yield Tx(lambda: self._op_release(lease, status, reset=reset, undo=undo, error=error))
 
+    def _run_started(
+        self,
+        config: RunnableConfig,
+        ctx: _RunContext,
+        lease: Lease,
+        outer: Lease | None,
+        saved: CheckpointTuple | None,
+    ) -> None:
+        """After a recognised run start took its lease: attach the run end, start the
+        checkpoint deferral, and make ``lease`` the run's (context and Runtime)."""
+        self._attach_exit(ctx, lease, outer)
+        if self._granularity is not None:
+            self._granularity.start(lease, ctx, saved)
+        _RUN_LEASE.set(lease)
+        self._bind_run(config, lease)
+
     def _attach_exit(self, ctx: _RunContext, lease: Lease, outer: Lease | None = None) -> None:
+        """Run end: release ``lease`` when the run's loop exits (``_push_exit``), or
+        hand the thread back when the loop fails before it starts (``_guard_first``)."""
         self._ensure_renewer()
-        stack = ctx.loop.stack
 
         def restore() -> None:
             # A root run started inside another run's node (another thread) hands the
@@ -291,6 +325,12 @@ class RunLifecycle(SaverMembers):
             if _RUN_LEASE.get() is lease:
                 _RUN_LEASE.set(outer if outer is not None and not outer.released else None)
 
+        self._push_exit(ctx, lease, restore)
+        self._guard_first(ctx, lease, restore)
+
+    def _push_exit(self, ctx: _RunContext, lease: Lease, restore: Callable[[], None]) -> None:
+        """Register the run-end callback on the loop's exit stack (sync or async)."""
+        stack = ctx.loop.stack
         # granularity types its saver as the facade class (it is one: self is the saver).
         saver: Any = self
 
@@ -325,12 +365,13 @@ class RunLifecycle(SaverMembers):
         elif isinstance(stack, ExitStack):
             stack.push(sync_exit)
 
-        # LangGraph calls loop._first() after this get_tuple, still inside __enter__. If
-        # it raises (EmptyInputError on invoke(None) of a new thread, an input or Command
-        # the thread cannot take) the `with` never reaches __exit__, so the callbacks
-        # above never run: the lease would stay held, and renewed, for the life of the
-        # process (every other run of the thread: ThreadBusyError). Hand the thread back
-        # there as a run that never started: the attempt is not counted.
+    def _guard_first(self, ctx: _RunContext, lease: Lease, restore: Callable[[], None]) -> None:
+        """LangGraph calls loop._first() after this get_tuple, still inside __enter__. If
+        it raises (EmptyInputError on invoke(None) of a new thread, an input or Command
+        the thread cannot take) the `with` never reaches __exit__, so the callbacks
+        above never run: the lease would stay held, and renewed, for the life of the
+        process (every other run of the thread: ThreadBusyError). Hand the thread back
+        there as a run that never started: the attempt is not counted."""
         first = ctx.loop._first
 
         def guarded_first(*args: Any, **kwargs: Any) -> Any:

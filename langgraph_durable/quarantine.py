@@ -24,7 +24,7 @@ from langgraph_durable.errors import (
     PoisonCheckpointError,
 )
 from langgraph_durable.leases.model import Lease
-from langgraph_durable.sql.quarantine import QUARANTINE_THREAD_SQL
+from langgraph_durable.sql.quarantine import QUARANTINE_ROW_SQL, QUARANTINE_THREAD_SQL
 
 logger = logging.getLogger("langgraph_durable")
 
@@ -55,7 +55,7 @@ class QuarantineOps(SaverMembers):
 
     def _op_quarantine_row(self, thread_id: str) -> Op[dict[str, Any] | None]:
         rows = yield Batch(
-            [Stmt("SELECT * FROM durable_quarantine WHERE thread_id = %s", (thread_id,), fetch=True)]
+            [Stmt(QUARANTINE_ROW_SQL, (thread_id,), fetch=True)]
         )
         return rows[0][0] if rows[0] else None
 

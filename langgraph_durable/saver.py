@@ -11,13 +11,12 @@ walk helpers and prune statements -- and own the I/O: one sans-I/O implementatio
 (``_io``) with a sync and an async driver. Tables are the stock tables (plus ours), so
 a database the stock saver created is adopted as is.
 
-Run lifecycle. LangGraph tells a checkpointer nothing about runs. The saver recognises
-the ``get_tuple`` a ``PregelLoop`` makes when a root run starts, and registers a
-callback on that loop's exit stack, so it knows when the run ends and how (done,
-interrupted, failed, cancelled). That is where the lease is taken and released, the
-resume attempt is counted (poison detection) and the graph version is checked. Reads
-that are not run starts (``get_state``, Studio, the CLI) never take a lease or raise a
-version error.
+This module is the facade: the two public classes and the stock API, written once for
+both. ``_DurableBase`` is composed of the components that do the work, each declaring
+what it uses of the saver in ``core.view.SaverMembers``: ``core.load``, ``core.write``,
+``core.admin`` (delete/prune/copy), ``core.setup``, ``core.rewrite`` (version gate,
+in-place rewrite), ``leases`` (model, owner ids, fence, acquire/release, the renewer),
+``lifecycle`` (run start and run end) and ``quarantine``. Options: ``config``.
 """
 
 from __future__ import annotations
@@ -257,11 +256,7 @@ class _DurableBase(
             if ctx is not None:
                 outer = _RUN_LEASE.get()
                 saved, lease = self._run_flow(self._flow_run_start(config, ctx, _HANDOFF.get()))
-                self._attach_exit(ctx, lease, outer)
-                if self._granularity is not None:
-                    self._granularity.start(lease, ctx, saved)
-                _RUN_LEASE.set(lease)
-                self._bind_run(config, lease)
+                self._run_started(config, ctx, lease, outer, saved)
                 return cast("CheckpointTuple | None", saved)
             if config.get("configurable", {}).get("checkpoint_ns"):
                 self._bind_run(config, None)
@@ -351,11 +346,7 @@ class _DurableBase(
             if ctx is not None:
                 outer = _RUN_LEASE.get()
                 saved, lease = await self._arun_flow(self._flow_run_start(config, ctx, _HANDOFF.get()))
-                self._attach_exit(ctx, lease, outer)
-                if self._granularity is not None:
-                    self._granularity.start(lease, ctx, saved)
-                _RUN_LEASE.set(lease)
-                self._bind_run(config, lease)
+                self._run_started(config, ctx, lease, outer, saved)
                 return cast("CheckpointTuple | None", saved)
             if config.get("configurable", {}).get("checkpoint_ns"):
                 self._bind_run(config, None)

@@ -46,8 +46,11 @@ from langgraph_durable.sql.checkpoints import (
     DELETE_UNUSED_BLOBS_SQL,
     EMPTY_THREADS_SQL,
     RUN_THREADS_SQL,
+    SAME_HEAD_SQL,
+    THREAD_HAS_CHECKPOINTS_SQL,
 )
 from langgraph_durable.sql.threads import (
+    DELETE_THREAD_ROWS_SQL,
     ENSURE_THREAD_ROWS_SQL,
     LOCK_THREAD_ROWS_SQL,
     LOCK_THREADS_FOR_DELETE_SQL,
@@ -92,6 +95,42 @@ class AdminOps(SaverMembers):
         effects twice); and deleting under a live run dropped blob versions the run
         still points to (issue 11, defect 1). LangGraph's rollback calls this after
         the cancelled run has exited, when the lease is free."""
+        locked, created = yield from self._op_lock_run_threads(runs)
+        if not locked:
+            return []
+        params = {"runs": runs, "threads": locked}
+        yield Batch(
+            [Stmt(s, params, fetch="RETURNING" in s) for s in DELETE_FOR_RUNS_SQL]
+            + [Stmt(DELETE_UNUSED_BLOBS_SQL, params)]
+        )
+        rows = yield Batch([Stmt(EMPTY_THREADS_SQL, params, fetch=True)])
+        empty = [r["thread_id"] for r in rows[0]]
+        if empty:
+            yield Batch(
+                [Stmt(s, (empty,)) for s in DELETE_STOCK_THREADS_SQL]
+                + [Stmt(s, (empty,)) for s in DELETE_THREADS_EXTRA_SQL]
+            )
+            yield AfterCommit(partial(self._forget_threads, empty))
+        kept_created = sorted(created - set(empty))
+        if kept_created:  # rows made above only to lock: no row stays "no row"
+            yield Batch([Stmt(DELETE_THREAD_ROWS_SQL, (kept_created,))])
+        # The threads' reference rows still name what the deleted checkpoints used:
+        # recompute them (same transaction, under the exclusive locks taken above) so
+        # gc() can free those artifacts.
+        for tid in locked:
+            if tid not in empty:
+                try:
+                    yield from op_recompute_refs(self, tid)
+                except DurableError as exc:  # a damaged artifact, found in Python
+                    # The rows stay a superset (GC frees less, never too much): the
+                    # delete the caller asked for still happens.
+                    logger.warning("thread %s: references not recomputed: %s", tid, exc)
+        return locked
+
+    def _op_lock_run_threads(self, runs: list[str]) -> Op[tuple[list[str], set[str]]]:
+        """delete_for_runs' first step: lock (artifact lock, then thread row) every thread
+        holding checkpoints of the runs, refusing a live lease (``ThreadBusyError``).
+        Returns the threads locked and those whose row was made only to lock it."""
         found = yield Batch([Stmt(RUN_THREADS_SQL, {"runs": runs}, fetch=True)])
         threads = [r["thread_id"] for r in found[0]]
         created: set[str] = set()
@@ -111,36 +150,7 @@ class AdminOps(SaverMembers):
             # A run that checkpointed in another thread meanwhile: lock and check it too.
             again = yield Batch([Stmt(RUN_THREADS_SQL, {"runs": runs}, fetch=True)])
             threads = sorted({r["thread_id"] for r in again[0]} - set(locked))
-        if not locked:
-            return []
-        params = {"runs": runs, "threads": locked}
-        yield Batch(
-            [Stmt(s, params, fetch="RETURNING" in s) for s in DELETE_FOR_RUNS_SQL]
-            + [Stmt(DELETE_UNUSED_BLOBS_SQL, params)]
-        )
-        rows = yield Batch([Stmt(EMPTY_THREADS_SQL, params, fetch=True)])
-        empty = [r["thread_id"] for r in rows[0]]
-        if empty:
-            yield Batch(
-                [Stmt(s, (empty,)) for s in DELETE_STOCK_THREADS_SQL]
-                + [Stmt(s, (empty,)) for s in DELETE_THREADS_EXTRA_SQL]
-            )
-            yield AfterCommit(partial(self._forget_threads, empty))
-        kept_created = sorted(created - set(empty))
-        if kept_created:  # rows made above only to lock: no row stays "no row"
-            yield Batch([Stmt("DELETE FROM durable_threads WHERE thread_id = ANY(%s)", (kept_created,))])
-        # The threads' reference rows still name what the deleted checkpoints used:
-        # recompute them (same transaction, under the exclusive locks taken above) so
-        # gc() can free those artifacts.
-        for tid in locked:
-            if tid not in empty:
-                try:
-                    yield from op_recompute_refs(self, tid)
-                except DurableError as exc:  # a damaged artifact, found in Python
-                    # The rows stay a superset (GC frees less, never too much): the
-                    # delete the caller asked for still happens.
-                    logger.warning("thread %s: references not recomputed: %s", tid, exc)
-        return locked
+        return locked, created
 
     def _flow_delete_for_runs(self, run_ids: Sequence[str]) -> Flow[None]:
         runs = [str(r) for r in run_ids]
@@ -170,7 +180,7 @@ class AdminOps(SaverMembers):
                 [
                     Stmt(ARTIFACT_LOCK_SQL, (ARTIFACT_LOCK_CLASS, params["target"])),
                     Stmt(
-                        "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s) AS taken",
+                        THREAD_HAS_CHECKPOINTS_SQL,
                         (params["target"],),
                         fetch=True,
                     ),
@@ -195,9 +205,7 @@ class AdminOps(SaverMembers):
         rows = yield Batch(
             [
                 Stmt(
-                    "SELECT (SELECT max(checkpoint_id) FROM checkpoints WHERE thread_id = %(source)s)"
-                    " IS NOT DISTINCT FROM "
-                    "(SELECT max(checkpoint_id) FROM checkpoints WHERE thread_id = %(target)s) AS same",
+                    SAME_HEAD_SQL,
                     params,
                     fetch=True,
                 )

@@ -247,27 +247,7 @@ class LoadOps(SaverMembers):
                 f"malformed: {problem}",
                 **where,
             )
-        try:
-            blobs = {
-                k.decode(): self._decode(t.decode(), v, where, local)
-                for k, t, v in value["channel_values"] or ()
-                if t.decode() != "empty"
-            }
-            if legacy_sends:
-                # _migrate_pending_sends: the parent's sends become this checkpoint's
-                # TASKS channel, at the highest version it has (or the first version).
-                blobs[TASKS] = [self._decode(t, v, where, local) for t, v in legacy_sends]
-            writes = [
-                (tid.decode(), ch.decode(), self._decode(t.decode(), v, where, local))
-                for tid, ch, t, v, _, _ in sorted(
-                    value["pending_writes"] or (),
-                    key=lambda w: writes_sort_key(w[4].decode(), w[0].decode(), int(w[5])),
-                )
-            ]
-        except DurableError:
-            raise
-        except Exception as exc:
-            raise _load_error(where, "a blob or pending write", exc) from exc
+        blobs, writes = self._decode_row(value, where, local, legacy_sends)
         checkpoint = cast(
             Checkpoint,
             {
@@ -356,36 +336,9 @@ class LoadOps(SaverMembers):
             if target is None:
                 return {ch: {"writes": []} for ch in channels}
             checkpoint_id = target.config["configurable"]["checkpoint_id"]
-        stage1_sql = _build_delta_stage1_sql(channels, paged=True, include_cursor=True)
-        parent_of: dict[str, str | None] = {}
-        ver: list[dict[str, str | None]] = [{} for _ in channels]
-        hb: list[dict[str, bool]] = [{} for _ in channels]
-        inline: list[dict[str, Any]] = [{} for _ in channels]
-        chain_by_ch: dict[str, list[str]] = {ch: [] for ch in channels}
-        seed_ver: dict[str, str | None] = {ch: None for ch in channels}
-        seed_inline: dict[str, Any] = {}
-        cursors: dict[str, str | None] = {}
-        seeded: set[str] = set()
-        cursor: str | None = checkpoint_id
-        while True:
-            params: list[Any] = []
-            for ch in channels:
-                params.extend([ch, ch, ch, ch])
-            params.extend([thread_id, checkpoint_ns, cursor, _DELTA_PAGE_SIZE])
-            rows = yield Batch([Stmt(stage1_sql, params, fetch=True)])
-            page = rows[0]
-            if not page:
-                break
-            stock = cast(BasePostgresSaver, self)
-            oldest = stock._ingest_stage1_page(page, channels, parent_of, ver, hb, inline)
-            stock._try_advance_walks(
-                checkpoint_id, channels, parent_of, ver, hb, inline, chain_by_ch,
-                seed_ver, seed_inline, cursors, seeded,
-            )
-            if len(seeded) == len(channels) or len(page) < _DELTA_PAGE_SIZE:
-                break
-            cursor = oldest
-            stage1_sql = _build_delta_stage1_sql(channels, paged=True)
+        chain_by_ch, seed_ver, seed_inline = yield from self._op_delta_stage1(
+            thread_id, checkpoint_ns, checkpoint_id, channels
+        )
         with_chain = [ch for ch in channels if chain_by_ch[ch]]
         with_seed = [ch for ch in channels if seed_ver[ch] is not None]
         stage2_sql = _build_delta_stage2_sql(channels_with_chain=with_chain, channels_with_seed=with_seed)
@@ -418,3 +371,72 @@ class LoadOps(SaverMembers):
             seed_inline_by_ch=seed_inline,
             stage2_rows=cast("list[_DeltaStage2Row]", stage2),
         )
+
+    def _op_delta_stage1(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, channels: list[str]
+    ) -> Op[tuple[dict[str, list[str]], dict[str, str | None], dict[str, Any]]]:
+        """Stage 1 of the delta walk: page back through the ancestors (the stock SQL and
+        walk helpers) until every channel is seeded. Returns (chain, seed version, seed
+        inline value) by channel, for stage 2."""
+        stage1_sql = _build_delta_stage1_sql(channels, paged=True, include_cursor=True)
+        parent_of: dict[str, str | None] = {}
+        ver: list[dict[str, str | None]] = [{} for _ in channels]
+        hb: list[dict[str, bool]] = [{} for _ in channels]
+        inline: list[dict[str, Any]] = [{} for _ in channels]
+        chain_by_ch: dict[str, list[str]] = {ch: [] for ch in channels}
+        seed_ver: dict[str, str | None] = {ch: None for ch in channels}
+        seed_inline: dict[str, Any] = {}
+        cursors: dict[str, str | None] = {}
+        seeded: set[str] = set()
+        cursor: str | None = checkpoint_id
+        while True:
+            params: list[Any] = []
+            for ch in channels:
+                params.extend([ch, ch, ch, ch])
+            params.extend([thread_id, checkpoint_ns, cursor, _DELTA_PAGE_SIZE])
+            rows = yield Batch([Stmt(stage1_sql, params, fetch=True)])
+            page = rows[0]
+            if not page:
+                break
+            stock = cast(BasePostgresSaver, self)
+            oldest = stock._ingest_stage1_page(page, channels, parent_of, ver, hb, inline)
+            stock._try_advance_walks(
+                checkpoint_id, channels, parent_of, ver, hb, inline, chain_by_ch,
+                seed_ver, seed_inline, cursors, seeded,
+            )
+            if len(seeded) == len(channels) or len(page) < _DELTA_PAGE_SIZE:
+                break
+            cursor = oldest
+            stage1_sql = _build_delta_stage1_sql(channels, paged=True)
+        return chain_by_ch, seed_ver, seed_inline
+
+    def _decode_row(
+        self,
+        value: Any,
+        where: Mapping[str, Any],
+        local: Mapping[bytes, bytes] | None,
+        legacy_sends: list[tuple[str, bytes]] | None,
+    ) -> tuple[dict[str, Any], list[tuple[str, str, Any]]]:
+        """A row's blob values and pending writes, decoded (``_load_tuple``'s middle)."""
+        try:
+            blobs = {
+                k.decode(): self._decode(t.decode(), v, where, local)
+                for k, t, v in value["channel_values"] or ()
+                if t.decode() != "empty"
+            }
+            if legacy_sends:
+                # _migrate_pending_sends: the parent's sends become this checkpoint's
+                # TASKS channel, at the highest version it has (or the first version).
+                blobs[TASKS] = [self._decode(t, v, where, local) for t, v in legacy_sends]
+            writes = [
+                (tid.decode(), ch.decode(), self._decode(t.decode(), v, where, local))
+                for tid, ch, t, v, _, _ in sorted(
+                    value["pending_writes"] or (),
+                    key=lambda w: writes_sort_key(w[4].decode(), w[0].decode(), int(w[5])),
+                )
+            ]
+        except DurableError:
+            raise
+        except Exception as exc:
+            raise _load_error(where, "a blob or pending write", exc) from exc
+        return blobs, writes

@@ -4,6 +4,7 @@ checkpoint a migration produced (``versioning.flow_migrate`` calls ``_op_rewrite
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from langgraph.checkpoint.base import (
@@ -32,6 +33,7 @@ from langgraph_durable.compat import (
 )
 from langgraph_durable.core.jsonb import _jsonb
 from langgraph_durable.core.view import SaverMembers
+from langgraph_durable.sql.checkpoints import DELETE_CHECKPOINT_WRITES_SQL, REWRITE_CHECKPOINT_SQL
 
 if TYPE_CHECKING:
     from langgraph_durable.lifecycle import _RunContext
@@ -141,6 +143,41 @@ class VersionGate(SaverMembers):
         thread_id, ns, cid = str(cfg["thread_id"]), cfg.get("checkpoint_ns", ""), cfg["checkpoint_id"]
         checkpoint = result.checkpoint
         target = metadata.get(VERSION_KEY)
+        locked = yield from self._op_rewrite_lock(thread_id, ns, cid, expected, target)
+        if locked is None:
+            return  # migrated meanwhile (another worker, or a retried commit): reloaded next
+        raw_inline, paths = locked
+        log = yield Batch([self._rewrite_log(saved, result, expected, target, origin)])
+        md = {**metadata, MIGRATION_ID_KEY: str(log[0][0]["id"])}
+        artifacts: dict[bytes, bytes] = {}
+        values_json, blob_rows = self._rewrite_values(saved, checkpoint, raw_inline, artifacts)
+        write_rows = self._rewrite_writes(saved, result, paths, artifacts) if result.writes_changed else []
+        art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
+        stmts = [*art_stmts]
+        if blob_rows:
+            stmts.append(Stmt(UPSERT_CHECKPOINT_BLOBS_SQL, blob_rows, many=True))
+        stmts.append(
+            Stmt(
+                REWRITE_CHECKPOINT_SQL,
+                (_jsonb({**checkpoint, "channel_values": values_json}), _jsonb(md), thread_id, ns, cid),
+            )
+        )
+        if result.writes_changed:
+            stmts.append(Stmt(DELETE_CHECKPOINT_WRITES_SQL, (thread_id, ns, cid)))
+            if write_rows:
+                stmts.append(Stmt(UPSERT_CHECKPOINT_WRITES_SQL, write_rows, many=True))
+        if ns == "":
+            stmts.append(Stmt(SET_THREAD_VERSION_SQL, (target, thread_id)))
+        yield Batch(stmts)
+        if new_refs:
+            yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
+
+    def _op_rewrite_lock(
+        self, thread_id: str, ns: str, cid: str, expected: str, target: str | None
+    ) -> Op[tuple[dict[str, Any], dict[str, str]] | None]:
+        """Step 1 of ``_op_rewrite``: hold the thread (fence or row lock) and the checkpoint
+        row, and check it is still the one to migrate. Returns its inline values and its
+        writes' task paths, or None when it was migrated meanwhile."""
         fence, lease = self._fence(thread_id)
         # In a run we hold the lease (fence); outside one (CLI, batch) lock the thread row
         # so no run takes the lease and reads the checkpoint before this commits.
@@ -161,7 +198,7 @@ class VersionGate(SaverMembers):
             )
         now_version = rows[1][0]["graph_version"]
         if now_version == target:
-            return  # migrated meanwhile (another worker, or a retried commit): reloaded next
+            return None
         if now_version != expected:
             raise MigrationError(
                 f"checkpoint {cid!r} of thread {thread_id!r} changed while migrating (its version "
@@ -169,33 +206,23 @@ class VersionGate(SaverMembers):
                 thread_id=thread_id, from_version=expected, to_version=target,
             )
         raw_inline: dict[str, Any] = rows[1][0]["inline_values"] or {}
-        paths = {r["task_id"]: r["task_path"] for r in rows[2]}
+        return raw_inline, {r["task_id"]: r["task_path"] for r in rows[2]}
+
+    def _rewrite_values(
+        self,
+        saved: CheckpointTuple,
+        checkpoint: Mapping[str, Any],
+        raw_inline: Mapping[str, Any],
+        artifacts: dict[bytes, bytes],
+    ) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+        """Step 2: the migrated checkpoint's inline values and new blob rows (changed
+        channels only), collecting their artifacts into ``artifacts``."""
+        cfg = saved.config["configurable"]
+        thread_id, ns = str(cfg["thread_id"]), cfg.get("checkpoint_ns", "")
         old_versions = saved.checkpoint["channel_versions"]
         new_versions = checkpoint["channel_versions"]
-        gone = [(k, str(v)) for k, v in old_versions.items() if new_versions.get(k) != v]
-        log = yield Batch(
-            [
-                Stmt(
-                    INSERT_LOG_SQL,
-                    {
-                        "from": expected,
-                        "to": target,
-                        "steps": _jsonb(result.steps),
-                        "origin": origin,
-                        "channels": [k for k, _ in gone],
-                        "versions": [v for _, v in gone],
-                        "thread_id": thread_id,
-                        "ns": ns,
-                        "cid": cid,
-                    },
-                    fetch=True,
-                )
-            ]
-        )
-        md = {**metadata, MIGRATION_ID_KEY: str(log[0][0]["id"])}
         values_json: dict[str, Any] = {}
-        blob_rows = []
-        artifacts: dict[bytes, bytes] = {}
+        blob_rows: list[tuple[Any, ...]] = []
         for k, v in checkpoint["channel_values"].items():
             if k in old_versions and old_versions[k] == new_versions.get(k):
                 # Unchanged: keep it exactly as stored (inline JSON, or its blob row).
@@ -210,41 +237,53 @@ class VersionGate(SaverMembers):
                 blob_rows.append((thread_id, ns, k, cast(str, new_versions[k]), enc.type, enc.data))
             else:
                 values_json[k] = v
-        write_rows = []
-        if result.writes_changed:
-            by_task: dict[str, int] = {}
-            for task_id, channel, value in result.writes:
-                idx = WRITES_IDX_MAP.get(channel)
-                if idx is None:
-                    idx = by_task.get(task_id, 0)
-                    by_task[task_id] = idx + 1
-                enc = self.codec.encode(self.serde, value)
-                artifacts.update(enc.artifacts)
-                path = result.task_paths.get(task_id) or paths.get(task_id, "")
-                write_rows.append((thread_id, ns, cid, task_id, path, idx, channel, enc.type, enc.data))
-        art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
-        stmts = [*art_stmts]
-        if blob_rows:
-            stmts.append(Stmt(UPSERT_CHECKPOINT_BLOBS_SQL, blob_rows, many=True))
-        stmts.append(
-            Stmt(
-                "UPDATE checkpoints SET checkpoint = %s, metadata = %s "
-                "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
-                (_jsonb({**checkpoint, "channel_values": values_json}), _jsonb(md), thread_id, ns, cid),
-            )
+        return values_json, blob_rows
+
+    def _rewrite_writes(
+        self,
+        saved: CheckpointTuple,
+        result: MigrationResult,
+        paths: Mapping[str, str],
+        artifacts: dict[bytes, bytes],
+    ) -> list[tuple[Any, ...]]:
+        """Step 3: the pending-write rows of a migration that changed them."""
+        cfg = saved.config["configurable"]
+        thread_id, ns, cid = str(cfg["thread_id"]), cfg.get("checkpoint_ns", ""), cfg["checkpoint_id"]
+        write_rows: list[tuple[Any, ...]] = []
+        by_task: dict[str, int] = {}
+        for task_id, channel, value in result.writes:
+            idx = WRITES_IDX_MAP.get(channel)
+            if idx is None:
+                idx = by_task.get(task_id, 0)
+                by_task[task_id] = idx + 1
+            enc = self.codec.encode(self.serde, value)
+            artifacts.update(enc.artifacts)
+            path = result.task_paths.get(task_id) or paths.get(task_id, "")
+            write_rows.append((thread_id, ns, cid, task_id, path, idx, channel, enc.type, enc.data))
+        return write_rows
+
+    @staticmethod
+    def _rewrite_log(
+        saved: CheckpointTuple, result: MigrationResult, expected: str, target: str | None, origin: str
+    ) -> Stmt:
+        """The statement copying the rows a rewrite replaces into durable_migration_log
+        (the channels whose version changes), returning the log entry's id."""
+        cfg = saved.config["configurable"]
+        old_versions = saved.checkpoint["channel_versions"]
+        new_versions = result.checkpoint["channel_versions"]
+        gone = [(k, str(v)) for k, v in old_versions.items() if new_versions.get(k) != v]
+        return Stmt(
+            INSERT_LOG_SQL,
+            {
+                "from": expected,
+                "to": target,
+                "steps": _jsonb(result.steps),
+                "origin": origin,
+                "channels": [k for k, _ in gone],
+                "versions": [v for _, v in gone],
+                "thread_id": str(cfg["thread_id"]),
+                "ns": cfg.get("checkpoint_ns", ""),
+                "cid": cfg["checkpoint_id"],
+            },
+            fetch=True,
         )
-        if result.writes_changed:
-            stmts.append(
-                Stmt(
-                    "DELETE FROM checkpoint_writes "
-                    "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
-                    (thread_id, ns, cid),
-                )
-            )
-            if write_rows:
-                stmts.append(Stmt(UPSERT_CHECKPOINT_WRITES_SQL, write_rows, many=True))
-        if ns == "":
-            stmts.append(Stmt(SET_THREAD_VERSION_SQL, (target, thread_id)))
-        yield Batch(stmts)
-        if new_refs:
-            yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))

@@ -19,8 +19,15 @@ from langgraph_durable.pooler import (
     op_check_schema,
 )
 from langgraph_durable.sql.schema import (
+    DURABLE_MIGRATION_RECORD_SQL,
+    DURABLE_MIGRATION_VERSION_SQL,
     MIGRATIONS,
     SETUP_LOCK_KEY,
+    SETUP_POLL_SLEEP_SQL,
+    SETUP_TRY_LOCK_SQL,
+    SETUP_UNLOCK_SQL,
+    STOCK_MIGRATION_RECORD_SQL,
+    STOCK_MIGRATION_VERSION_SQL,
     create_schema,
     set_search_path,
 )
@@ -41,38 +48,38 @@ class SetupOps(SaverMembers):
         (found with 4 processes calling setup() on a fresh database)."""
         while True:
             rows = yield Batch(
-                [Stmt("SELECT pg_try_advisory_lock(%s) AS ok", (SETUP_LOCK_KEY,), fetch=True)]
+                [Stmt(SETUP_TRY_LOCK_SQL, (SETUP_LOCK_KEY,), fetch=True)]
             )
             if rows[0][0]["ok"]:
                 break
             # Between polls this session holds no snapshot for longer than the sleep.
-            yield Batch([Stmt("SELECT pg_sleep(0.05)")])
+            yield Batch([Stmt(SETUP_POLL_SLEEP_SQL)])
         try:
             if self.schema:
                 yield Batch([Stmt(create_schema(self.schema)), Stmt(set_search_path(self.schema))])
             yield Batch([Stmt(STOCK_MIGRATIONS[0])])
             rows = yield Batch(
-                [Stmt("SELECT v FROM checkpoint_migrations ORDER BY v DESC LIMIT 1", fetch=True)]
+                [Stmt(STOCK_MIGRATION_VERSION_SQL, fetch=True)]
             )
             version = rows[0][0]["v"] if rows[0] else -1
             for v in range(version + 1, len(STOCK_MIGRATIONS)):
                 yield Batch([Stmt(STOCK_MIGRATIONS[v])])
-                yield Batch([Stmt("INSERT INTO checkpoint_migrations (v) VALUES (%s)", (v,))])
+                yield Batch([Stmt(STOCK_MIGRATION_RECORD_SQL, (v,))])
             yield Batch([Stmt(MIGRATIONS[0])])
             rows = yield Batch(
-                [Stmt("SELECT v FROM durable_migrations ORDER BY v DESC LIMIT 1", fetch=True)]
+                [Stmt(DURABLE_MIGRATION_VERSION_SQL, fetch=True)]
             )
             version = rows[0][0]["v"] if rows[0] else -1
             for v in range(version + 1, len(MIGRATIONS)):
                 yield Batch([Stmt(MIGRATIONS[v])])
-                yield Batch([Stmt("INSERT INTO durable_migrations (v) VALUES (%s)", (v,))])
+                yield Batch([Stmt(DURABLE_MIGRATION_RECORD_SQL, (v,))])
         except Exception:
             # A failed statement is thrown in here by the driver: release the session
             # lock on this connection before it goes back to the pool. (Not a finally:
             # an op closed with GeneratorExit cannot yield.)
-            yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK_KEY,))])
+            yield Batch([Stmt(SETUP_UNLOCK_SQL, (SETUP_LOCK_KEY,))])
             raise
-        yield Batch([Stmt("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK_KEY,))])
+        yield Batch([Stmt(SETUP_UNLOCK_SQL, (SETUP_LOCK_KEY,))])
 
     def _flow_setup_or_check(self) -> Flow[None]:
         """setup() without DDL (``run_migrations=False``: verify the versions), or

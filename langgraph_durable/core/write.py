@@ -27,6 +27,7 @@ from langgraph.checkpoint.postgres.base import (
     UPSERT_CHECKPOINT_WRITES_SQL,
 )
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
+from psycopg.types.json import Jsonb
 
 from langgraph_durable import _values
 from langgraph_durable import telemetry as _telemetry
@@ -256,6 +257,43 @@ class WriteOps(SaverMembers):
         path, culprit, reason = found or (operation, None, str(exc).splitlines()[0])
         return UnencodableValueError(**where, path=path, value_type=type(culprit).__name__, reason=reason)
 
+    def _put_values(
+        self, checkpoint: Checkpoint, new_versions: ChannelVersions, where: Mapping[str, Any]
+    ) -> tuple[Checkpoint, list[tuple[Any, ...]], dict[bytes, bytes]]:
+        """A put's first step: the checkpoint with its inline values only, the blob rows
+        of the others (encoded) and their artifacts. Nothing is sent yet."""
+        thread_id, checkpoint_ns = where["thread_id"], where["checkpoint_ns"]
+        copy = checkpoint.copy()
+        copy["channel_values"] = dict(copy["channel_values"])
+        blob_values: dict[str, Any] = {}
+        for k, v in checkpoint["channel_values"].items():
+            if isinstance(v, _DeltaSnapshot):
+                blob_values[k] = copy["channel_values"].pop(k)
+                copy["channel_values"][k] = True
+            elif not self._inline(v):
+                blob_values[k] = copy["channel_values"].pop(k)
+            self._check_texts(v, where, _root(k))
+        artifacts: dict[bytes, bytes] = {}
+        blob_rows: list[tuple[Any, ...]] = []
+        for k, ver in new_versions.items():
+            if k in blob_values:
+                enc = self._encode(blob_values[k], where, _root(k))
+                artifacts.update(enc.artifacts)
+                blob_rows.append((thread_id, checkpoint_ns, k, cast(str, ver), enc.type, enc.data))
+        return copy, blob_rows, artifacts
+
+    @staticmethod
+    def _put_json(copy: Checkpoint, md: dict[str, Any], where: Mapping[str, Any]) -> tuple[Jsonb, Jsonb]:
+        """The checkpoint and metadata as JSONB parameters, dumped now (see _jsonb_now)."""
+        try:
+            return _jsonb_now(copy), _jsonb_now(md)
+        except Exception as exc:  # metadata a caller put in config["metadata"]
+            found = _values.find_unencodable(md, _json_problem, "metadata")
+            path, culprit, reason = found or ("checkpoint", copy, f"{type(exc).__name__}: {exc}")
+            raise UnencodableValueError(
+                **where, path=path, value_type=type(culprit).__name__, reason=reason
+            ) from exc
+
     def _op_put(
         self,
         config: RunnableConfig,
@@ -269,33 +307,10 @@ class WriteOps(SaverMembers):
         parent_id = configurable.get("checkpoint_id")
         _values.check_ids(thread_id, checkpoint_ns, parent_id)
         where = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint["id"]}
-        copy = checkpoint.copy()
-        copy["channel_values"] = dict(copy["channel_values"])
-        blob_values: dict[str, Any] = {}
-        for k, v in checkpoint["channel_values"].items():
-            if isinstance(v, _DeltaSnapshot):
-                blob_values[k] = copy["channel_values"].pop(k)
-                copy["channel_values"][k] = True
-            elif not self._inline(v):
-                blob_values[k] = copy["channel_values"].pop(k)
-            self._check_texts(v, where, _root(k))
-        artifacts: dict[bytes, bytes] = {}
-        blob_rows = []
-        for k, ver in new_versions.items():
-            if k in blob_values:
-                enc = self._encode(blob_values[k], where, _root(k))
-                artifacts.update(enc.artifacts)
-                blob_rows.append((thread_id, checkpoint_ns, k, cast(str, ver), enc.type, enc.data))
+        copy, blob_rows, artifacts = self._put_values(checkpoint, new_versions, where)
         guard, lease = self._guard(thread_id, config, checkpoint_ns, checkpoint["id"])
         md = self._stamp(config, metadata, lease)
-        try:
-            cp_json, md_json = _jsonb_now(copy), _jsonb_now(md)
-        except Exception as exc:  # metadata a caller put in config["metadata"]
-            found = _values.find_unencodable(md, _json_problem, "metadata")
-            path, culprit, reason = found or ("checkpoint", copy, f"{type(exc).__name__}: {exc}")
-            raise UnencodableValueError(
-                **where, path=path, value_type=type(culprit).__name__, reason=reason
-            ) from exc
+        cp_json, md_json = self._put_json(copy, md, where)
         _telemetry.checkpoint_bytes(cp_json, blob_rows)
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         stmts = list(art_stmts)
@@ -338,6 +353,32 @@ class WriteOps(SaverMembers):
             }
         }
 
+    def _write_rows(
+        self, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str, where: Mapping[str, Any]
+    ) -> tuple[list[tuple[Any, ...]], dict[bytes, bytes]]:
+        """A put_writes' rows (values checked and encoded) and their artifacts."""
+        artifacts: dict[bytes, bytes] = {}
+        rows: list[tuple[Any, ...]] = []
+        for idx, (channel, value) in enumerate(writes):
+            root = "input" if channel == _START else f"writes[{channel!r}]"
+            self._check_texts(value, where, root)
+            enc = self._encode(value, where, root)
+            artifacts.update(enc.artifacts)
+            rows.append(
+                (
+                    where["thread_id"],
+                    where["checkpoint_ns"],
+                    where["checkpoint_id"],
+                    task_id,
+                    task_path,
+                    WRITES_IDX_MAP.get(channel, idx),
+                    channel,
+                    enc.type,
+                    enc.data,
+                )
+            )
+        return rows, artifacts
+
     def _op_put_writes(
         self,
         config: RunnableConfig,
@@ -358,26 +399,7 @@ class WriteOps(SaverMembers):
             if all(w[0] in WRITES_IDX_MAP for w in writes)
             else INSERT_CHECKPOINT_WRITES_SQL
         )
-        artifacts: dict[bytes, bytes] = {}
-        rows = []
-        for idx, (channel, value) in enumerate(writes):
-            root = "input" if channel == _START else f"writes[{channel!r}]"
-            self._check_texts(value, where, root)
-            enc = self._encode(value, where, root)
-            artifacts.update(enc.artifacts)
-            rows.append(
-                (
-                    thread_id,
-                    checkpoint_ns,
-                    checkpoint_id,
-                    task_id,
-                    task_path,
-                    WRITES_IDX_MAP.get(channel, idx),
-                    channel,
-                    enc.type,
-                    enc.data,
-                )
-            )
+        rows, artifacts = self._write_rows(writes, task_id, task_path, where)
         guard, lease = self._guard(thread_id, config, None, None)
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         stmts = list(art_stmts)

@@ -138,3 +138,23 @@ WHERE b.thread_id = ANY(%(threads)s) AND NOT EXISTS (
     WHERE u.thread_id = b.thread_id AND u.checkpoint_ns = b.checkpoint_ns
       AND u.channel = b.channel AND u.version = b.version)
 """
+
+# A migration's in-place rewrite of a checkpoint (core.rewrite): same id, new content.
+REWRITE_CHECKPOINT_SQL = (
+    "UPDATE checkpoints SET checkpoint = %s, metadata = %s "
+    "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s"
+)
+# ... and of its pending writes, when the migration changed them (re-inserted after).
+DELETE_CHECKPOINT_WRITES_SQL = (
+    "DELETE FROM checkpoint_writes "
+    "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s"
+)
+
+# copy_thread: a target with checkpoints is refused; a retry after a lost COMMIT reply
+# recognises its own copy (the target's newest checkpoint is the source's).
+THREAD_HAS_CHECKPOINTS_SQL = "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s) AS taken"
+SAME_HEAD_SQL = (
+    "SELECT (SELECT max(checkpoint_id) FROM checkpoints WHERE thread_id = %(source)s)"
+    " IS NOT DISTINCT FROM "
+    "(SELECT max(checkpoint_id) FROM checkpoints WHERE thread_id = %(target)s) AS same"
+)

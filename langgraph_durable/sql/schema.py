@@ -375,3 +375,12 @@ THREAD_TABLES = (
     "durable_threads",
 )
 STOCK_THREAD_TABLES = ("checkpoint_writes", "checkpoint_blobs", "checkpoints")
+
+# setup(): the session advisory lock, polled (see core.setup), and the two version tables.
+SETUP_TRY_LOCK_SQL = "SELECT pg_try_advisory_lock(%s) AS ok"
+SETUP_POLL_SLEEP_SQL = "SELECT pg_sleep(0.05)"
+SETUP_UNLOCK_SQL = "SELECT pg_advisory_unlock(%s)"
+STOCK_MIGRATION_VERSION_SQL = "SELECT v FROM checkpoint_migrations ORDER BY v DESC LIMIT 1"
+STOCK_MIGRATION_RECORD_SQL = "INSERT INTO checkpoint_migrations (v) VALUES (%s)"
+DURABLE_MIGRATION_VERSION_SQL = "SELECT v FROM durable_migrations ORDER BY v DESC LIMIT 1"
+DURABLE_MIGRATION_RECORD_SQL = "INSERT INTO durable_migrations (v) VALUES (%s)"

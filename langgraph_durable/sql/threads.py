@@ -165,3 +165,13 @@ SELECT thread_id, lease_owner,
 FROM durable_threads WHERE thread_id = ANY(%(threads)s)
 ORDER BY thread_id FOR UPDATE
 """
+
+# Thread rows made only to lock a thread (delete_for_runs, retention), removed again.
+DELETE_THREAD_ROWS_SQL = "DELETE FROM durable_threads WHERE thread_id = ANY(%s)"
+
+# A run that failed past the checkpoint it started from: the first failed attempt at
+# the new head (sent before LEASE_RELEASE_SQL, in the same pipeline).
+ATTEMPT_AT_HEAD_SQL = (
+    "UPDATE durable_threads SET attempts = 1, attempts_checkpoint_id = %s "
+    "WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s"
+)
