@@ -26,6 +26,7 @@ from langgraph.checkpoint.base import (
 
 from langgraph_durable import _values
 from langgraph_durable import telemetry as _telemetry
+from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
     Flow,
     Sleep,
@@ -35,7 +36,7 @@ from langgraph_durable._io import (
 )
 from langgraph_durable.config import OnBusy as OnBusy
 from langgraph_durable.config import OnUnrecognisedRun as OnUnrecognisedRun
-from langgraph_durable.core.view import SaverMembers
+from langgraph_durable.core.view import RunLifecycleView
 from langgraph_durable.errors import (
     CheckpointLoadError,
     PoisonCheckpointError,
@@ -44,9 +45,7 @@ from langgraph_durable.errors import (
 )
 from langgraph_durable.leases.model import _RUN_LEASE, Lease, _Handoff
 from langgraph_durable.leases.owners import _owner_id
-from langgraph_durable.pooler import (
-    session_schema,
-)
+from langgraph_durable.pooler import session_schema
 from langgraph_durable.quarantine import PoisonRecord
 from langgraph_durable.sql.threads import ATTEMPT_AT_HEAD_SQL
 from langgraph_durable.versioning import (
@@ -58,19 +57,9 @@ from langgraph_durable.versioning import (
 
 logger = logging.getLogger("langgraph_durable")
 
-
-
-
-
-
-
-# The configurable keys LangGraph sets on a run's config (see langgraph._internal._constants).
-_RUNTIME_KEY = "__pregel_runtime"
-
-
+# Configurable keys LangGraph sets on a run's config (see langgraph._internal._constants;
+# the Runtime key is _compat.RUNTIME_KEY).
 _TASK_ID_KEY = "__pregel_task_id"
-
-
 _INTERRUPT = "__interrupt__"
 
 
@@ -124,7 +113,7 @@ def _check_runnable(saved: CheckpointTuple | None) -> None:
         )
 
 
-class RunLifecycle(SaverMembers):
+class RunLifecycle(RunLifecycleView):
     """Run start and run end of the saver."""
 
     def _current_version(self, config: RunnableConfig, ctx: _RunContext | None) -> str | None:

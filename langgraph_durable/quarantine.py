@@ -19,15 +19,12 @@ from langgraph_durable._io import (
     Stmt,
     Tx,
 )
-from langgraph_durable.core.view import SaverMembers
-from langgraph_durable.errors import (
-    PoisonCheckpointError,
-)
+from langgraph_durable.core.view import QuarantineView
+from langgraph_durable.errors import PoisonCheckpointError
 from langgraph_durable.leases.model import Lease
 from langgraph_durable.sql.quarantine import QUARANTINE_ROW_SQL, QUARANTINE_THREAD_SQL
 
 logger = logging.getLogger("langgraph_durable")
-
 
 
 PoisonHook = Callable[["PoisonRecord"], Any]
@@ -50,7 +47,7 @@ class PoisonRecord:
     reason: str = "max_attempts"
 
 
-class QuarantineOps(SaverMembers):
+class QuarantineOps(QuarantineView):
     """Quarantining a thread at a run start (see ``lifecycle``)."""
 
     def _op_quarantine_row(self, thread_id: str) -> Op[dict[str, Any] | None]:

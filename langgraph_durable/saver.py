@@ -13,7 +13,7 @@ a database the stock saver created is adopted as is.
 
 This module is the facade: the two public classes and the stock API, written once for
 both. ``_DurableBase`` is composed of the components that do the work, each declaring
-what it uses of the saver in ``core.view.SaverMembers``: ``core.load``, ``core.write``,
+what it uses of the saver in its view (``core.view``): ``core.load``, ``core.write``,
 ``core.admin`` (delete/prune/copy), ``core.setup``, ``core.rewrite`` (version gate,
 in-place rewrite), ``leases`` (model, owner ids, fence, acquire/release, the renewer),
 ``lifecycle`` (run start and run end) and ``quarantine``. Options: ``config``.
@@ -37,9 +37,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
     DeltaChannelHistory,
 )
-from langgraph.checkpoint.postgres.base import (
-    BasePostgresSaver,
-)
+from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, AsyncPipeline, Capabilities, Connection, Pipeline
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -70,28 +68,20 @@ from langgraph_durable.core.rewrite import VersionGate
 from langgraph_durable.core.setup import SetupOps
 from langgraph_durable.core.write import WriteOps
 from langgraph_durable.embedded import resolve_dsn
-from langgraph_durable.errors import (
-    ConfigurationError,
-)
+from langgraph_durable.errors import ConfigurationError
 from langgraph_durable.granularity import CheckpointPolicy, Deferrals
 from langgraph_durable.leases.fence import FenceOps
-from langgraph_durable.leases.model import _HANDOFF as _HANDOFF
+from langgraph_durable.leases.model import _HANDOFF, _LeaseRegistry, _RenewerSlot
 from langgraph_durable.leases.model import _RUN_LEASE as _RUN_LEASE
 from langgraph_durable.leases.model import Lease as Lease
-from langgraph_durable.leases.model import _Handoff as _Handoff
-from langgraph_durable.leases.model import _LeaseRegistry as _LeaseRegistry
-from langgraph_durable.leases.model import _RenewerSlot as _RenewerSlot
 from langgraph_durable.leases.model import claim_handoff as claim_handoff
 from langgraph_durable.leases.ops import LeaseOps
 from langgraph_durable.leases.owners import _owner_id as _owner_id
 from langgraph_durable.leases.owners import owner_is_dead as owner_is_dead
 from langgraph_durable.leases.owners import process_identity as process_identity
-from langgraph_durable.leases.renewer import _Renewer as _Renewer
-from langgraph_durable.lifecycle import _RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable.lifecycle import OnBusy as OnBusy
 from langgraph_durable.lifecycle import OnUnrecognisedRun as OnUnrecognisedRun
 from langgraph_durable.lifecycle import RunLifecycle
-from langgraph_durable.lifecycle import _find_run_context as _find_run_context
 from langgraph_durable.pooler import (
     Pooler,
     check_pooled_conn,
@@ -102,9 +92,7 @@ from langgraph_durable.pooler import (
 from langgraph_durable.quarantine import PoisonHook as PoisonHook
 from langgraph_durable.quarantine import PoisonRecord as PoisonRecord
 from langgraph_durable.quarantine import QuarantineOps
-from langgraph_durable.sql.schema import (
-    validate_schema,
-)
+from langgraph_durable.sql.schema import validate_schema
 from langgraph_durable.versioning import (
     MigrationRegistry,
     MigrationResult,

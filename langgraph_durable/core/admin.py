@@ -26,7 +26,7 @@ from langgraph_durable._io import (
     Tx,
     op_memo,
 )
-from langgraph_durable.core.view import SaverMembers
+from langgraph_durable.core.view import AdminView
 from langgraph_durable.errors import (
     DurableError,
     ThreadBusyError,
@@ -59,8 +59,7 @@ from langgraph_durable.sql.threads import (
 logger = logging.getLogger("langgraph_durable")
 
 
-
-class AdminOps(SaverMembers):
+class AdminOps(AdminView):
     """Thread deletion, copy and pruning."""
 
     def _op_delete_thread(self, thread_id: str) -> Op[None]:

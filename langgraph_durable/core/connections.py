@@ -19,9 +19,7 @@ from langgraph_durable.pooler import (
     Pooler,
     prepare_threshold,
 )
-from langgraph_durable.sql.schema import (
-    set_search_path,
-)
+from langgraph_durable.sql.schema import set_search_path
 
 
 def _configure_schema(schema: str | None) -> Callable[[Connection[Any]], None]:

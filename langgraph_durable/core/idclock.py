@@ -11,7 +11,6 @@ from typing import Any
 logger = logging.getLogger("langgraph_durable")
 
 
-
 # LangGraph makes checkpoint ids with uuid6 from this machine's clock and the latest
 # checkpoint is the greatest id. A resumer whose clock is behind the head's writer would
 # write ids that sort before the head, and a later load would resume from the old head

@@ -36,14 +36,12 @@ from langgraph_durable._io import (
     Stmt,
 )
 from langgraph_durable.core.idclock import _advance_id_clock
-from langgraph_durable.core.view import SaverMembers
+from langgraph_durable.core.view import LoadView
 from langgraph_durable.errors import (
     CheckpointLoadError,
     DurableError,
 )
-from langgraph_durable.sql.artifacts import (
-    FETCH_ARTIFACTS_SQL,
-)
+from langgraph_durable.sql.artifacts import FETCH_ARTIFACTS_SQL
 
 # Keys _op_load_rows adds to a checkpoint row for _load_checkpoint_tuple (not columns).
 _ROW_LOCAL = "__durable_local"
@@ -95,7 +93,7 @@ class _ResolvingSerde:
         return self.saver.serde.dumps_typed(obj)
 
 
-class LoadOps(SaverMembers):
+class LoadOps(LoadView):
     """The read ops of the saver."""
 
     def _op_resolve(

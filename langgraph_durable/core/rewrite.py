@@ -32,7 +32,7 @@ from langgraph_durable.compat import (
     op_record_version,
 )
 from langgraph_durable.core.jsonb import _jsonb
-from langgraph_durable.core.view import SaverMembers
+from langgraph_durable.core.view import VersionGateView
 from langgraph_durable.sql.checkpoints import DELETE_CHECKPOINT_WRITES_SQL, REWRITE_CHECKPOINT_SQL
 
 if TYPE_CHECKING:
@@ -61,8 +61,7 @@ from langgraph_durable.versioning import (
 logger = logging.getLogger("langgraph_durable")
 
 
-
-class VersionGate(SaverMembers):
+class VersionGate(VersionGateView):
     """Graph-version checks and migrated-checkpoint rewrites."""
 
     def _flow_check_version(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from langgraph.checkpoint.postgres.base import (
-    MIGRATIONS as STOCK_MIGRATIONS,
-)
+from langgraph.checkpoint.postgres.base import MIGRATIONS as STOCK_MIGRATIONS
 
 from langgraph_durable._io import (
     Batch,
@@ -13,7 +11,7 @@ from langgraph_durable._io import (
     Stmt,
     Tx,
 )
-from langgraph_durable.core.view import SaverMembers
+from langgraph_durable.core.view import SetupView
 from langgraph_durable.pooler import (
     flow_pooled_setup,
     op_check_schema,
@@ -33,7 +31,7 @@ from langgraph_durable.sql.schema import (
 )
 
 
-class SetupOps(SaverMembers):
+class SetupOps(SetupView):
     """Schema creation and verification."""
 
     def _op_setup(self) -> Op[None]:

@@ -42,7 +42,7 @@ from langgraph_durable.artifacts import (
     WriteSession,
 )
 from langgraph_durable.core.jsonb import _json_problem, _jsonb_now
-from langgraph_durable.core.view import SaverMembers
+from langgraph_durable.core.view import WriteView
 from langgraph_durable.errors import (
     DurableError,
     SerializationError,
@@ -61,12 +61,9 @@ from langgraph_durable.sql.checkpoints import (
     GUARDED_UPSERT_CHECKPOINT_SQL,
     GUARDED_UPSERT_WRITE_SQL,
 )
-from langgraph_durable.versioning import (
-    VERSION_KEY,
-)
+from langgraph_durable.versioning import VERSION_KEY
 
 logger = logging.getLogger("langgraph_durable")
-
 
 
 # The put/put_writes call running in this context (see artifacts.WriteSession). A
@@ -93,7 +90,7 @@ def _root(channel: str) -> str:
     return "input" if channel == _START else f"state[{channel!r}]"
 
 
-class WriteOps(SaverMembers):
+class WriteOps(WriteView):
     """The write ops of the saver."""
 
     def _artifact_stmts(self, thread_id: str, artifacts: dict[bytes, bytes]) -> tuple[list[Stmt], list[bytes]]:

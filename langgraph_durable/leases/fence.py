@@ -9,11 +9,10 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 
 from langgraph_durable import telemetry as _telemetry
-from langgraph_durable._io import (
-    Stmt,
-)
+from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
+from langgraph_durable._io import Stmt
 from langgraph_durable.core.idclock import _advance_id_clock, _uuid6_ticks
-from langgraph_durable.core.view import SaverMembers
+from langgraph_durable.core.view import FenceView
 from langgraph_durable.errors import (
     ClockSkewError,
     DurableError,
@@ -21,9 +20,7 @@ from langgraph_durable.errors import (
     ThreadBusyError,
 )
 from langgraph_durable.leases.model import _RUN_LEASE, Lease
-from langgraph_durable.sql.checkpoints import (
-    ORDER_SKEW_STATE,
-)
+from langgraph_durable.sql.checkpoints import ORDER_SKEW_STATE
 from langgraph_durable.sql.threads import (
     FENCE_BUSY_STATE,
     FENCE_LOST_STATE,
@@ -33,12 +30,8 @@ from langgraph_durable.sql.threads import (
     LEASE_FENCE_SQL,
 )
 
-# The configurable key LangGraph puts the run's Runtime object under.
-_RUNTIME_KEY = "__pregel_runtime"
 
-
-
-class FenceOps(SaverMembers):
+class FenceOps(FenceView):
     """The fence checks of the saver's writes."""
 
     def _fence(

@@ -15,8 +15,6 @@ if TYPE_CHECKING:
     from langgraph_durable.leases.renewer import _Renewer
 
 
-
-
 @dataclass
 class Lease:
     """A run's hold on a thread. Puts for the thread are fenced by ``token``."""

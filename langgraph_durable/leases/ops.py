@@ -15,10 +15,8 @@ from langgraph_durable._io import (
     Stmt,
     op_memo,
 )
-from langgraph_durable.core.view import SaverMembers
-from langgraph_durable.errors import (
-    LeaseLostError,
-)
+from langgraph_durable.core.view import LeaseView
+from langgraph_durable.errors import LeaseLostError
 from langgraph_durable.leases.model import Lease, _Handoff
 from langgraph_durable.leases.owners import owner_is_dead
 from langgraph_durable.leases.renewer import _Renewer
@@ -32,8 +30,7 @@ from langgraph_durable.sql.threads import (
 logger = logging.getLogger("langgraph_durable")
 
 
-
-class LeaseOps(SaverMembers):
+class LeaseOps(LeaseView):
     """Lease acquisition, release and renewal of a saver."""
 
     @property

@@ -33,7 +33,6 @@ class RenewerHost(Protocol):
     def _renew_connect(self) -> Connection[Any]: ...
 
 
-
 class _Renewer(threading.Thread):
     """Renews this process's leases every ttl/3 on a dedicated connection, so a busy
     pool or a blocked event loop cannot starve renewal. A lease the database no longer

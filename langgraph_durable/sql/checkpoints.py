@@ -56,7 +56,6 @@ ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
 """
 
 
-
 DELETE_THREAD_EXTRA_SQL = tuple(
     sql.SQL("DELETE FROM {} WHERE thread_id = %s").format(sql.Identifier(t)) for t in THREAD_TABLES
 )
