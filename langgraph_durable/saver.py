@@ -493,8 +493,8 @@ class DurablePostgresSaver(_DurableBase):
     threads). Its async methods run the same code in a worker thread.
 
     ``DurablePostgresSaver(conn, pipe=None, serde=None, *, ...)`` takes the stock
-    ``PostgresSaver`` arguments in the stock order (see ``_DurableBase`` for the
-    package's own keyword-only options). ``conn``: a psycopg 3 ``Connection`` or
+    ``PostgresSaver`` arguments in the stock order, then the package's own options,
+    keyword-only (grouped and validated by ``config.SaverOptions``). ``conn``: a psycopg 3 ``Connection`` or
     ``ConnectionPool`` (``autocommit=True``; the saver sets its own row factory per
     cursor). ``pipe``: a ``psycopg.Pipeline`` of ``conn``, as the stock saver takes it;
     see ``_check_pipe`` for what it changes."""
