@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -54,6 +54,9 @@ from langgraph_durable.versioning import (
     VERSION_KEY,
     graph_fingerprint,
 )
+
+if TYPE_CHECKING:
+    from langgraph_durable.core.base import _DurableBase
 
 logger = logging.getLogger("langgraph_durable")
 
@@ -320,8 +323,8 @@ class RunLifecycle(RunLifecycleView):
     def _push_exit(self, ctx: _RunContext, lease: Lease, restore: Callable[[], None]) -> None:
         """Register the run-end callback on the loop's exit stack (sync or async)."""
         stack = ctx.loop.stack
-        # granularity types its saver as the facade class (it is one: self is the saver).
-        saver: Any = self
+        # granularity takes the composed saver (self is one: this is its component).
+        saver = cast("_DurableBase", self)
 
         def sync_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
             if self._granularity is not None:  # deferred checkpoints, before the release
