@@ -52,7 +52,7 @@ __all__ = [
 
 ENV_ACTOR = "LANGGRAPH_DURABLE_ACTOR"
 
-# The table: _sql.MIGRATIONS (its last entries, issue 17).
+# The table: sql.schema.MIGRATIONS (its last entries, issue 17).
 INSERT_SQL = """
 INSERT INTO durable_audit (event_id, actor, via, action, thread_id, before_id, after_id, detail)
 VALUES (%(event_id)s, %(actor)s, %(via)s, %(action)s, %(thread_id)s, %(before_id)s,

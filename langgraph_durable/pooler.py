@@ -39,9 +39,9 @@ from typing import Any, Literal
 
 from psycopg import sql
 
-from langgraph_durable import _sql
 from langgraph_durable._io import Batch, Op, Sleep, Stmt, Tx
 from langgraph_durable.errors import ConfigurationError, SchemaNotReadyError
+from langgraph_durable.sql.schema import MIGRATIONS, SETUP_LOCK_KEY, create_schema
 
 POOLER_ENV = "LANGGRAPH_DURABLE_POOLER"
 Pooler = Literal["transaction"] | None
@@ -107,14 +107,14 @@ def _op_pooled_migrate(saver: Any, stock: list[str]) -> Op[bool]:
     the lock: a waiter holds a snapshot, which a direct-connection setup's CREATE INDEX
     CONCURRENTLY would wait for (see ``_DurableBase._op_setup``)."""
     rows = yield Batch(
-        [Stmt("SELECT pg_try_advisory_xact_lock(%s) AS ok", (_sql.SETUP_LOCK_KEY,), fetch=True)]
+        [Stmt("SELECT pg_try_advisory_xact_lock(%s) AS ok", (SETUP_LOCK_KEY,), fetch=True)]
     )
     if not rows[0][0]["ok"]:
         return False
     if saver.schema:
-        yield Batch([Stmt(_sql.create_schema(saver.schema))])
+        yield Batch([Stmt(create_schema(saver.schema))])
         yield from _op_check_search_path(saver)
-    for table, migrations in (("checkpoint_migrations", stock), ("durable_migrations", _sql.MIGRATIONS)):
+    for table, migrations in (("checkpoint_migrations", stock), ("durable_migrations", MIGRATIONS)):
         yield Batch([Stmt(_in_transaction(migrations[0]))])
         rows = yield Batch([Stmt(sql.SQL("SELECT max(v) AS v FROM {}").format(sql.Identifier(table)), fetch=True)])
         version = rows[0][0]["v"] if rows[0][0]["v"] is not None else -1
@@ -150,7 +150,7 @@ def op_check_schema(saver: Any, stock: list[str]) -> Op[None]:
         yield from _op_check_search_path(saver)
     for component, table, migrations in (
         ("checkpoint", "checkpoint_migrations", stock),
-        ("durable", "durable_migrations", _sql.MIGRATIONS),
+        ("durable", "durable_migrations", MIGRATIONS),
     ):
         ident = sql.Identifier(saver.schema, table) if saver.schema else sql.Identifier(table)
         regclass = f"{saver.schema}.{table}" if saver.schema else table

@@ -49,13 +49,18 @@ from typing import Any, cast
 import psycopg
 from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
 
-from langgraph_durable import _sql
 from langgraph_durable import audit as _audit
 from langgraph_durable._completion import HEADS_SQL, effective_status
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx, op_memo
 from langgraph_durable._values import ISO_TS_RE
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import CheckpointLoadError, ConfigurationError
+from langgraph_durable.sql.artifacts import (
+    ARTIFACT_LOCK_CLASS,
+    ARTIFACT_LOCK_SQL,
+    FETCH_ARTIFACTS_SQL,
+)
+from langgraph_durable.sql.checkpoints import DELETE_THREADS_EXTRA_SQL
 
 logger = logging.getLogger("langgraph_durable")
 
@@ -296,7 +301,7 @@ FROM durable_threads WHERE thread_id = %s FOR UPDATE
 
 
 def _lock(thread_id: str) -> Stmt:
-    return Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, thread_id))
+    return Stmt(ARTIFACT_LOCK_SQL, (ARTIFACT_LOCK_CLASS, thread_id))
 
 
 def _op_closure(saver: Any, pairs: list[tuple[str, bytes]], where: dict[str, Any]) -> Op[set[bytes]]:
@@ -311,7 +316,7 @@ def _op_closure(saver: Any, pairs: list[tuple[str, bytes]], where: dict[str, Any
         if not need:
             return seen
         rows = yield Batch(
-            [Stmt(_sql.FETCH_ARTIFACTS_SQL, (sorted(need),), fetch=True, prepare=False)]
+            [Stmt(FETCH_ARTIFACTS_SQL, (sorted(need),), fetch=True, prepare=False)]
         )
         found = [(r["digest"], r["data"]) for r in rows[0]]
         codec.accept(found, serde=saver.serde, local=local, **where)
@@ -769,9 +774,9 @@ def _flow_retain(
             out = yield Batch(
                 [Stmt(_FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
                 + [Stmt(_DEL.format(table=t, size=s), (ids,), fetch=True) for t, s in _TABLES]
-                # Every per-thread table of the package (_sql.THREAD_TABLES): no
+                # Every per-thread table of the package (THREAD_TABLES): no
                 # migration backup, ledger or quarantine row outlives the thread.
-                + [Stmt(s, (ids,)) for s in _sql.DELETE_THREADS_EXTRA_SQL]
+                + [Stmt(s, (ids,)) for s in DELETE_THREADS_EXTRA_SQL]
                 + [Stmt("DELETE FROM durable_threads WHERE thread_id = ANY(%s)", (kept_created,))]
             )
             for t in ids:

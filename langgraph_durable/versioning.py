@@ -1309,7 +1309,11 @@ def op_undo(
 
     ``attempt``: a dict shared by the attempts of one call; by default the driver's
     op memo (``_io.op_memo``), which survives its retries after a lost connection."""
-    from langgraph_durable import _sql
+    from langgraph_durable.sql.artifacts import (
+        ARTIFACT_LOCK_CLASS,
+        ARTIFACT_LOCK_SHARED_SQL,
+        INSERT_ARTIFACT_REF_SQL,
+    )
 
     tid = str(thread_id)
     # The memo survives the driver's retries of this op (_io.op_memo): the first attempt
@@ -1322,7 +1326,7 @@ def op_undo(
         [
             # The thread's artifact lock (shared, as a put takes it), before the row lock
             # below: the order every writer takes them in.
-            Stmt(_sql.ARTIFACT_LOCK_SHARED_SQL, (_sql.ARTIFACT_LOCK_CLASS, tid)),
+            Stmt(ARTIFACT_LOCK_SHARED_SQL, (ARTIFACT_LOCK_CLASS, tid)),
             Stmt(LOCK_THREAD_SQL, (tid,), fetch=True),
             Stmt(
                 "SELECT id, checkpoint_ns, checkpoint_id, from_version, to_version, "
@@ -1383,7 +1387,7 @@ def op_undo(
     if saver is not None:
         digests = yield from _op_verify_backup(saver, tid, log)
     where = (tid, log["checkpoint_ns"], log["checkpoint_id"])
-    refs = [Stmt(_sql.INSERT_ARTIFACT_REF_SQL, (tid, digests))] if digests else []
+    refs = [Stmt(INSERT_ARTIFACT_REF_SQL, (tid, digests))] if digests else []
     yield Batch(
         [
             *refs,

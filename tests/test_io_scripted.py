@@ -23,6 +23,7 @@ from langgraph_durable import _sql
 from langgraph_durable._io import Batch, Hook, Sleep, Stmt, Tx
 from langgraph_durable._io.protocol import Results
 from langgraph_durable._io.scripted import Script, ScriptedDriver
+from langgraph_durable.config import SaverOptions
 from langgraph_durable.errors import (
     CallInFlightError,
     GraphVersionMismatchError,
@@ -33,7 +34,9 @@ from langgraph_durable.errors import (
 )
 from langgraph_durable.idempotency.call import _Call, _Spec
 from langgraph_durable.idempotency.protocol import _protocol, _tx_protocol
-from langgraph_durable.saver import _RUN_LEASE, Lease, _DurableBase, _incarnation, process_identity
+from langgraph_durable.leases.model import _RUN_LEASE, Lease
+from langgraph_durable.leases.owners import _incarnation, process_identity
+from langgraph_durable.saver import _DurableBase
 from langgraph_durable.sql import ledger as ledger_sql
 
 THREAD = "t-1"
@@ -41,7 +44,7 @@ THREAD = "t-1"
 
 def _saver(**options: Any) -> _DurableBase:
     """The saver's logic without its I/O (no connection: the ops are driven here)."""
-    return _DurableBase(**options)
+    return _DurableBase(options=SaverOptions.from_keywords(**options))
 
 
 @pytest.fixture

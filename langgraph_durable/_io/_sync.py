@@ -39,7 +39,7 @@ from langgraph_durable._io.protocol import (
     Tx,
     finish,
 )
-from langgraph_durable._sql import set_search_path
+from langgraph_durable.sql.schema import set_search_path
 
 logger = logging.getLogger("langgraph_durable")
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import psycopg
 
-from langgraph_durable import _sql
 from langgraph_durable.idempotency.call import _Call
 from langgraph_durable.pooler import session_schema
 from langgraph_durable.saver import (
@@ -19,6 +18,7 @@ from langgraph_durable.saver import (
 from langgraph_durable.sql.ledger import (
     LEDGER_RENEW_SQL,
 )
+from langgraph_durable.sql.schema import set_search_path
 
 logger = logging.getLogger("langgraph_durable.idempotency")
 
@@ -90,7 +90,7 @@ class _ClaimRenewer:
         conn = ledger._renew_connect()
         conn.autocommit = True
         if schema := session_schema(ledger):
-            conn.execute(_sql.set_search_path(schema))
+            conn.execute(set_search_path(schema))
         self.conns[id(ledger)] = (weakref.ref(ledger), conn)
         return conn
 
