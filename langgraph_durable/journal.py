@@ -28,10 +28,7 @@ thread. The choices specific to the journal:
 from __future__ import annotations
 
 import hashlib
-import os
-import socket
 import threading
-import uuid
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
@@ -63,6 +60,7 @@ from langgraph_durable.idempotency import (
     _Site,
     within,
 )
+from langgraph_durable.leases.owners import new_owner_id
 from langgraph_durable.saver import _DurableBase
 from langgraph_durable.sql.ledger import JOURNAL_RECORD_SQL, LEDGER_READ_SQL
 
@@ -187,7 +185,7 @@ class _Entry:
     owner: str = ""
 
     def __post_init__(self) -> None:
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self.owner = new_owner_id()
 
     def params(self, result_type: str, result: bytes) -> dict[str, Any]:
         return {

@@ -12,8 +12,6 @@ import enum
 import hashlib
 import itertools
 import logging
-import os
-import socket
 import threading
 import uuid
 import weakref
@@ -30,6 +28,7 @@ from langgraph_durable.errors import (
     InvalidIdempotencyKeyError,
     SerializationError,
 )
+from langgraph_durable.leases.owners import new_owner_id
 
 logger = logging.getLogger("langgraph_durable.idempotency")
 
@@ -164,7 +163,8 @@ def _digest(*parts: str) -> str:
 
 
 def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    # The one owner-id maker (leases.owners): claims and leases name processes alike.
+    return new_owner_id()
 
 
 # --- fingerprints ----------------------------------------------------------------------
