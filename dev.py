@@ -130,6 +130,8 @@ def main(argv: list[str]) -> int:
         return 1
     if _run(PY, "-m", "mypy") != 0:
         return 1
+    if _run(PY, ROOT / "tools" / "async_to_sync.py", "--check") != 0:  # the generated sync driver
+        return 1
     # The layers contract ([tool.importlinter] in pyproject.toml): no module imports a
     # layer above its own.
     if _run(BIN / "lint-imports", "--no-cache") != 0:

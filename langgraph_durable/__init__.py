@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from langgraph_durable import audit
     from langgraph_durable.archive import RestoreReport, arestore, restore
     from langgraph_durable.artifacts import ArtifactConfig
     from langgraph_durable.embedded import embedded_dsn, resolve_dsn, stop_embedded
@@ -117,6 +118,7 @@ _LAZY: dict[str, str] = {
     "CheckpointPolicy": "langgraph_durable.granularity",
     "ReworkBudget": "langgraph_durable.granularity",
     "poison": "langgraph_durable.ops.poison",
+    "audit": "langgraph_durable.audit",
     "RestoreReport": "langgraph_durable.archive",
     "arestore": "langgraph_durable.archive",
     "restore": "langgraph_durable.archive",
@@ -335,6 +337,7 @@ __all__ = [
     "journaled",
     "migrate_threads",
     "poison",
+    "audit",
     "purge_expired_keys",
     "recompute_refs",
     "recover",

@@ -49,7 +49,7 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     # langgraph-checkpoint
     ("langgraph.checkpoint.serde.types", "_DeltaSnapshot"),
     ("langgraph.checkpoint.serde.types", "TASKS"),
-    # langgraph: run-start recognition (saver._find_run_context, _attach_exit)
+    # langgraph: run-start recognition (lifecycle._find_run_context, _attach_exit)
     ("langgraph.pregel", "Pregel"),
     ("langgraph.pregel._loop", "PregelLoop"),
     ("langgraph.pregel._loop", "PregelLoop._first"),
@@ -64,7 +64,8 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     ("langgraph.func", "_TaskFunction"),
 )
 
-# The configurable key LangGraph puts on a run's config (saver._RUNTIME_KEY).
+# The configurable key LangGraph puts on a run's config (the run's Runtime object;
+# lifecycle and leases.fence use it as _RUNTIME_KEY).
 RUNTIME_KEY = "__pregel_runtime"
 
 

@@ -12,11 +12,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from langgraph_durable import _sql
 from langgraph_durable._io import AfterCommit, Batch, Op, Stmt
-from langgraph_durable._view import SaverView
+from langgraph_durable._view import RefsView
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import CheckpointLoadError
+from langgraph_durable.sql.artifacts import (
+    ARTIFACT_LOCK_CLASS,
+    ARTIFACT_LOCK_SQL,
+    FETCH_ARTIFACTS_SQL,
+)
 from langgraph_durable.sql.retention import (
     BLOB_CHECKPOINT_SQL,
     DROP_REFS_SQL,
@@ -28,10 +32,10 @@ logger = logging.getLogger("langgraph_durable")
 
 
 def artifact_lock(thread_id: str) -> Stmt:
-    return Stmt(_sql.ARTIFACT_LOCK_SQL, (_sql.ARTIFACT_LOCK_CLASS, thread_id))
+    return Stmt(ARTIFACT_LOCK_SQL, (ARTIFACT_LOCK_CLASS, thread_id))
 
 
-def op_closure(saver: SaverView, pairs: list[tuple[str, bytes]], where: dict[str, Any]) -> Op[set[bytes]]:
+def op_closure(saver: RefsView, pairs: list[tuple[str, bytes]], where: dict[str, Any]) -> Op[set[bytes]]:
     """Every digest the envelopes reference, chunk children included (chunk artifacts
     are fetched, verified and expanded; a chunk that is gone has no children to keep)."""
     codec = saver.codec
@@ -43,14 +47,14 @@ def op_closure(saver: SaverView, pairs: list[tuple[str, bytes]], where: dict[str
         if not need:
             return seen
         rows = yield Batch(
-            [Stmt(_sql.FETCH_ARTIFACTS_SQL, (sorted(need),), fetch=True, prepare=False)]
+            [Stmt(FETCH_ARTIFACTS_SQL, (sorted(need),), fetch=True, prepare=False)]
         )
         found = [(r["digest"], r["data"]) for r in rows[0]]
         codec.accept(found, serde=saver.serde, local=local, **where)
         gone |= need - {bytes(d) for d, _ in found}
 
 
-def op_recompute_locked(saver: SaverView, thread_id: str) -> Op[int]:
+def op_recompute_locked(saver: RefsView, thread_id: str) -> Op[int]:
     """Raises ``CheckpointLoadError`` when an envelope or chunk does not decode: what it
     references is unknown then, so no reference row may be dropped."""
     rows = yield Batch(
@@ -96,7 +100,7 @@ def op_recompute_locked(saver: SaverView, thread_id: str) -> Op[int]:
     return int(out[0][0]["n"])
 
 
-def op_recompute_refs(saver: SaverView, thread_id: str) -> Op[int]:
+def op_recompute_refs(saver: RefsView, thread_id: str) -> Op[int]:
     """Recompute one thread's reference rows from its remaining blobs and writes
     (under its exclusive artifact lock). Returns the number of rows dropped. A thread
     with a damaged envelope keeps every row (logged; 0 dropped): what it references is

@@ -32,8 +32,51 @@ if TYPE_CHECKING:
     from langgraph_durable.versioning import MigrationRegistry, MigrationResult
 
 
-class SaverView(Protocol):
-    """The members of a durable saver the operator modules use (read-only view)."""
+class SchemaView(Protocol):
+    """What setup behind a pooler and the DDL-free schema check use (pooler.py)."""
+
+    @property
+    def schema(self) -> str | None: ...
+
+    @property
+    def pooler(self) -> Pooler: ...
+
+
+class RefsView(Protocol):
+    """What the artifact reference ops use (_refs.py: closure, recompute)."""
+
+    @property
+    def serde(self) -> SerializerProtocol: ...
+
+    @property
+    def codec(self) -> ArtifactCodec: ...
+
+    @property
+    def _known_refs(self) -> KnownRefs: ...
+
+
+class GateView(Protocol):
+    """What the version gate's migration of one checkpoint uses (versioning.gate)."""
+
+    def get_next_version(self, current: Any, channel: Any) -> Any: ...
+
+    def _op_get_tuple(self, config: RunnableConfig) -> Op[CheckpointTuple | None]: ...
+
+    def _op_rewrite(
+        self,
+        saved: CheckpointTuple,
+        result: MigrationResult,
+        metadata: dict[str, Any],
+        *,
+        expected: str,
+        origin: str,
+    ) -> Op[None]: ...
+
+
+class SaverView(SchemaView, RefsView, GateView, Protocol):
+    """The members of a durable saver the operator modules use (read-only view). The
+    saver's components, typed by narrower views of their own (core.view), call the
+    functions below the operator APIs with those: SchemaView, RefsView, GateView."""
 
     # ------------------------------------------------------------------ settings
     @property
@@ -109,4 +152,4 @@ class SaverView(Protocol):
     ) -> Iterator[CheckpointTuple]: ...
 
 
-__all__ = ["SaverView"]
+__all__ = ["GateView", "RefsView", "SaverView", "SchemaView"]

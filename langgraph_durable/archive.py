@@ -32,8 +32,8 @@ File format (version 1; never pickle), one file per thread, named
   Python floats: a ``numeric`` column, which no per-thread table has, would need care.)
 
 A skippable frame is ignored by zstd decoders: ``zstd -dc file | msgpack`` reads the
-payload with standard tools. Every table of ``_sql.STOCK_THREAD_TABLES`` and
-``_sql.THREAD_TABLES`` is read generically (``SELECT to_jsonb(t)``), so a per-thread
+payload with standard tools. Every table of ``STOCK_THREAD_TABLES`` and
+``THREAD_TABLES`` is read generically (``SELECT to_jsonb(t)``), so a per-thread
 table added there is archived and restored without code here; ``durable_artifacts``
 rows are the artifacts the thread's reference rows, blobs, writes and migration
 backups name (chunk children included), so a file restores on its own into an empty
@@ -64,7 +64,7 @@ import zstandard
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from langgraph_durable import _sql
+from langgraph_durable import audit as _audit
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable._refs import artifact_lock, op_closure
 from langgraph_durable._view import SaverView
@@ -87,6 +87,7 @@ from langgraph_durable.sql.archive import (
     thread_rows_sql,
 )
 from langgraph_durable.sql.retention import THREAD_ENVELOPES_SQL
+from langgraph_durable.sql.schema import STOCK_THREAD_TABLES, THREAD_TABLES
 
 FORMAT = "langgraph-durable-archive"
 VERSION = 1
@@ -98,7 +99,7 @@ _MAX_PAYLOAD = 4 * 1024**3
 
 # Every per-thread table, the stock ones first (the order restore inserts them in is
 # _restore_order's).
-TABLES: tuple[str, ...] = _sql.STOCK_THREAD_TABLES + _sql.THREAD_TABLES
+TABLES: tuple[str, ...] = STOCK_THREAD_TABLES + THREAD_TABLES
 _ARTIFACTS = "durable_artifacts"
 
 
@@ -597,7 +598,7 @@ def _load(url: str, thread_ids: Sequence[str] | None) -> tuple[list[tuple[str, T
 def _restore_order(tables: Sequence[str]) -> list[str]:
     # Thread rows first (what a run's lease locks), checkpoints before their blobs and
     # writes, then the package's tables (reference rows after their artifacts).
-    head = ["durable_threads", *reversed(_sql.STOCK_THREAD_TABLES)]
+    head = ["durable_threads", *reversed(STOCK_THREAD_TABLES)]
     return [t for t in head if t in tables] + [t for t in tables if t not in head]
 
 
@@ -640,6 +641,7 @@ def _insert_stmts(dump: ThreadDump, current: dict[str, list[list[Any]]]) -> tupl
     return stmts, plan
 
 
+@_audit.audited("storage.restore", _audit.describe_restore)
 def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[RestoreReport]:
 
     ids = [d.thread_id for _, d in items]

@@ -264,6 +264,7 @@ def compare_snapshots(before: list[dict[str, Any]], after: list[dict[str, Any]])
 DURABLE_TABLES = (
     "durable_artifact_refs",
     "durable_artifacts",
+    "durable_audit",
     "durable_graph_versions",
     "durable_ledger",
     "durable_migration_log",

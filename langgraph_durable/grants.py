@@ -21,8 +21,8 @@ import re
 
 from langgraph.checkpoint.postgres.base import BasePostgresSaver
 
-from langgraph_durable import _sql
 from langgraph_durable.errors import InvalidIdentifierError
+from langgraph_durable.sql.schema import MIGRATIONS, validate_schema
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 VERSION_TABLES = ("checkpoint_migrations", "durable_migrations")
@@ -36,7 +36,7 @@ FUNCTIONS = (
 
 
 def _migration_sql() -> str:
-    return "\n".join([*BasePostgresSaver.MIGRATIONS, *_sql.MIGRATIONS])
+    return "\n".join([*BasePostgresSaver.MIGRATIONS, *MIGRATIONS])
 
 
 def tables() -> list[str]:
@@ -67,7 +67,7 @@ def _quote(name: str, kind: str) -> str:
 def grant_statements(role: str, *, schema: str | None = None, readonly: bool = False) -> list[str]:
     """The GRANTs for ``role`` on the tables of ``schema`` (default ``public``)."""
     r = _quote(role, "role")
-    s = _quote(_sql.validate_schema(schema) or "public", "schema")
+    s = _quote(validate_schema(schema) or "public", "schema")
     data = [t for t in tables() if t not in VERSION_TABLES]
     q = ", ".join(f"{s}.{_quote(t, 'table')}" for t in data)
     versions = ", ".join(f"{s}.{_quote(t, 'table')}" for t in VERSION_TABLES)

@@ -27,12 +27,8 @@ thread. The choices specific to the journal:
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import os
-import socket
 import threading
-import uuid
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
@@ -48,23 +44,25 @@ from langchain_core.runnables import (
     RunnableSequence,
 )
 
-from langgraph_durable import granularity
-from langgraph_durable._io import Batch, Stmt
+from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable.errors import ConfigurationError, NoLedgerError, SerializationError
 from langgraph_durable.idempotency import (
     _PARENT,
-    READ_SQL,
+    ASYNC,
+    SYNC,
+    Mode,
     _canonical,
     _current_site,
     _digest,
     _dumps,
-    _Invoke,
-    _Op,
     _op_one,
     _Parent,
     _Site,
+    within,
 )
+from langgraph_durable.leases.owners import new_owner_id
 from langgraph_durable.saver import _DurableBase
+from langgraph_durable.sql.ledger import JOURNAL_RECORD_SQL, LEDGER_READ_SQL
 
 KEY_PREFIX = "llm:"
 _PREVIEW_CHARS = 500
@@ -76,32 +74,6 @@ _CHUNKS = "$journal_chunks"
 # run, kept through RetryPolicy retries), so a resume (a new run) counts from 0 again.
 _COUNTS: weakref.WeakKeyDictionary[Any, dict[tuple[int, str], int]] = weakref.WeakKeyDictionary()
 _COUNTS_LOCK = threading.Lock()
-
-# Record a result; a key recorded meanwhile (another execution of the same task) keeps
-# its first record, which the READ in the same round trip returns to both. An expired
-# key (a journal entry nested in a key= call with a ttl) counts as absent.
-RECORD_SQL = """
-INSERT INTO durable_ledger AS l (
-    key, thread_id, origin_thread_id, checkpoint_ns, task_id, name, fingerprint,
-    args_preview, status, owner, attempts, result_type, result, expires_at, created_at,
-    completed_at)
-VALUES (
-    %(key)s, %(thread_id)s, %(origin)s, %(ns)s, %(task_id)s, %(name)s, %(fp)s,
-    %(preview)s, 'completed', %(owner)s, 1, %(result_type)s, %(result)s,
-    CASE WHEN %(ttl)s::float8 IS NULL THEN NULL
-         ELSE now() + make_interval(secs => %(ttl)s::float8) END,
-    now(), now())
-ON CONFLICT (key) DO UPDATE SET
-    thread_id = EXCLUDED.thread_id, origin_thread_id = EXCLUDED.origin_thread_id,
-    checkpoint_ns = EXCLUDED.checkpoint_ns, task_id = EXCLUDED.task_id,
-    name = EXCLUDED.name, fingerprint = EXCLUDED.fingerprint,
-    args_preview = EXCLUDED.args_preview, status = 'completed', owner = EXCLUDED.owner,
-    attempts = 1, claim_expires_at = NULL, result_type = EXCLUDED.result_type,
-    result = EXCLUDED.result, error_type = NULL, error = NULL,
-    expires_at = EXCLUDED.expires_at, created_at = now(), completed_at = now()
-WHERE l.expires_at IS NOT NULL AND l.expires_at <= now()
-"""
-
 
 def _take_slot(site: _Site, fingerprint: str) -> tuple[Any, tuple[int, str], int]:
     with _COUNTS_LOCK:
@@ -213,7 +185,7 @@ class _Entry:
     owner: str = ""
 
     def __post_init__(self) -> None:
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self.owner = new_owner_id()
 
     def params(self, result_type: str, result: bytes) -> dict[str, Any]:
         return {
@@ -241,9 +213,12 @@ class _Entry:
 
 def _op_record(entry: _Entry, result_type: str, result: bytes) -> Generator[Any, Any, list[dict[str, Any]]]:
     rows = yield Batch(
-        [Stmt(RECORD_SQL, entry.params(result_type, result)), Stmt(READ_SQL, (entry.key,), fetch=True)]
+        [
+            Stmt(JOURNAL_RECORD_SQL, entry.params(result_type, result)),
+            Stmt(LEDGER_READ_SQL, (entry.key,), fetch=True, name="row"),
+        ]
     )
-    return list(rows[1])
+    return list(rows["row"])
 
 
 def _encode(entry: _Entry, result: Any) -> tuple[str, bytes]:
@@ -273,69 +248,41 @@ def _decode(entry: _Entry, row: Mapping[str, Any]) -> Any:
         ) from exc
 
 
-def _protocol(entry: _Entry) -> Generator[Any, Any, tuple[bool, Any]]:
-    """Read, call if nothing is recorded, record. Returns (replayed, value); the caller
-    of a live call gets the decoded record, like every replay after it."""
-    rows = yield _Op(functools.partial(_op_one, READ_SQL, (entry.key,)))
+def _op_lookup(entry: _Entry) -> Op[tuple[bool, Any]]:
+    """(True, the recorded value) when this call is recorded, else (False, None)."""
+    rows = yield from _op_one(LEDGER_READ_SQL, (entry.key,))
     if rows and rows[0]["status"] == "completed" and not rows[0]["expired"]:
         return True, _decode(entry, rows[0])
-    result = yield _Invoke()
+    return False, None
+
+
+def _op_store(entry: _Entry, result: Any) -> Op[Any]:
+    """Record a live call's result; returns the decoded record, like every replay after
+    it (another execution's, if it recorded first). Encodes before its first statement,
+    so before the driver checks a connection out."""
     result_type, data = _encode(entry, result)
-    rows = yield _Op(functools.partial(_op_record, entry, result_type, data))
+    rows = yield from _op_record(entry, result_type, data)
     row = rows[0] if rows else None
     if row is not None and row["status"] == "completed" and row["owner"] != entry.owner:
-        return False, _decode(entry, row)  # another execution recorded first
-    return False, entry.ledger.serde.loads_typed((result_type, data))
+        return _decode(entry, row)  # another execution recorded first
+    return entry.ledger.serde.loads_typed((result_type, data))
 
 
-def _drive(entry: _Entry, call: Callable[[], Any]) -> Any:
+def _flow(entry: _Entry, call: Callable[[], Any], mode: Mode) -> Flow[Any]:
+    """Read, call if nothing is recorded, record: sync or async alike (``mode``)."""
     # Store a deferred checkpoint first (checkpoint_policy): the journal key hashes
     # the task id, which only a stored checkpoint gives back on resume.
-    granularity.before_effect()
-    gen = _protocol(entry)
-    send: Any = None
-    throw: BaseException | None = None
-    while True:
-        try:
-            cmd = gen.throw(throw) if throw is not None else gen.send(send)
-        except StopIteration as stop:
-            return stop.value[1]
-        send, throw = None, None
-        try:
-            if isinstance(cmd, _Op):
-                send = entry.ledger.run_op(cmd.factory)
-            else:
-                token = _PARENT.set(entry.parent())
-                try:
-                    send = call()
-                finally:
-                    _PARENT.reset(token)
-        except BaseException as exc:
-            throw = exc
+    yield Hook(mode.before_effect)
+    found, value = yield Tx(lambda: _op_lookup(entry))
+    if found:
+        return value
+    result = yield Hook(within, (lambda: _enter(entry), call))
+    return (yield Tx(lambda: _op_store(entry, result)))
 
 
-async def _adrive(entry: _Entry, call: Callable[[], Any]) -> Any:
-    await granularity.abefore_effect()
-    gen = _protocol(entry)
-    send: Any = None
-    throw: BaseException | None = None
-    while True:
-        try:
-            cmd = gen.throw(throw) if throw is not None else gen.send(send)
-        except StopIteration as stop:
-            return stop.value[1]
-        send, throw = None, None
-        try:
-            if isinstance(cmd, _Op):
-                send = await entry.ledger.arun_op(cmd.factory)
-            else:
-                token = _PARENT.set(entry.parent())
-                try:
-                    send = await call()
-                finally:
-                    _PARENT.reset(token)
-        except BaseException as exc:
-            throw = exc
+def _enter(entry: _Entry) -> Callable[[], None]:
+    token = _PARENT.set(entry.parent())
+    return lambda: _PARENT.reset(token)
 
 
 def _resolve(ledger: Any) -> _DurableBase:
@@ -477,7 +424,9 @@ class JournaledRunnable(Runnable[Any, Any]):
         if entry is None:
             return self.bound.invoke(input, config, **kwargs)
         try:
-            return _drive(entry, lambda: self.bound.invoke(input, config, **kwargs))
+            return SYNC.flows(entry.ledger).run_flow(
+                _flow(entry, lambda: self.bound.invoke(input, config, **kwargs), SYNC)
+            )
         except Exception:
             _give_back(entry.taken)
             raise
@@ -487,7 +436,9 @@ class JournaledRunnable(Runnable[Any, Any]):
         if entry is None:
             return await self.bound.ainvoke(input, config, **kwargs)
         try:
-            return await _adrive(entry, lambda: self.bound.ainvoke(input, config, **kwargs))
+            return await ASYNC.flows(entry.ledger).run_flow(
+                _flow(entry, lambda: self.bound.ainvoke(input, config, **kwargs), ASYNC)
+            )
         except Exception:
             _give_back(entry.taken)
             raise
@@ -497,41 +448,27 @@ class JournaledRunnable(Runnable[Any, Any]):
         if entry is None:
             yield from self.bound.stream(input, config, **kwargs)
             return
-        gen = _protocol(entry)
-        send: Any = None
-        throw: BaseException | None = None
         try:
-            while True:
+            found, value = entry.ledger.run_op(lambda: _op_lookup(entry))
+            if not found:
+                chunks: list[Any] = []
+                inner = _under(entry, self.bound.stream(input, config, **kwargs))
                 try:
-                    cmd = gen.throw(throw) if throw is not None else gen.send(send)
-                except StopIteration as stop:
-                    replayed, value = stop.value
-                    break
-                send, throw = None, None
-                try:
-                    if isinstance(cmd, _Op):
-                        send = entry.ledger.run_op(cmd.factory)
-                    else:
-                        chunks: list[Any] = []
-                        inner = _under(entry, self.bound.stream(input, config, **kwargs))
+                    for chunk in inner:
+                        chunks.append(chunk)
                         try:
-                            for chunk in inner:
-                                chunks.append(chunk)
-                                try:
-                                    yield chunk
-                                except GeneratorExit:
-                                    # The consumer stopped early: record what it saw,
-                                    # so a re-execution sees the same (see _assemble).
-                                    break
-                        finally:
-                            inner.close()
-                        send = _assemble(chunks)
-                except BaseException as exc:
-                    throw = exc
+                            yield chunk
+                        except GeneratorExit:
+                            # The consumer stopped early: record what it saw, so a
+                            # re-execution sees the same (see _assemble).
+                            break
+                finally:
+                    inner.close()
+                entry.ledger.run_op(lambda: _op_store(entry, _assemble(chunks)))
         except Exception:
             _give_back(entry.taken)
             raise
-        if replayed:
+        if found:
             yield from _replayed_chunks(value)
 
     async def astream(
@@ -542,39 +479,25 @@ class JournaledRunnable(Runnable[Any, Any]):
             async for chunk in self.bound.astream(input, config, **kwargs):
                 yield chunk
             return
-        gen = _protocol(entry)
-        send: Any = None
-        throw: BaseException | None = None
         try:
-            while True:
+            found, value = await entry.ledger.arun_op(lambda: _op_lookup(entry))
+            if not found:
+                chunks: list[Any] = []
+                ainner = _aunder(entry, self.bound.astream(input, config, **kwargs))
                 try:
-                    cmd = gen.throw(throw) if throw is not None else gen.send(send)
-                except StopIteration as stop:
-                    replayed, value = stop.value
-                    break
-                send, throw = None, None
-                try:
-                    if isinstance(cmd, _Op):
-                        send = await entry.ledger.arun_op(cmd.factory)
-                    else:
-                        chunks: list[Any] = []
-                        ainner = _aunder(entry, self.bound.astream(input, config, **kwargs))
+                    async for chunk in ainner:
+                        chunks.append(chunk)
                         try:
-                            async for chunk in ainner:
-                                chunks.append(chunk)
-                                try:
-                                    yield chunk
-                                except GeneratorExit:
-                                    break
-                        finally:
-                            await ainner.aclose()
-                        send = _assemble(chunks)
-                except BaseException as exc:
-                    throw = exc
+                            yield chunk
+                        except GeneratorExit:
+                            break
+                finally:
+                    await ainner.aclose()
+                await entry.ledger.arun_op(lambda: _op_store(entry, _assemble(chunks)))
         except Exception:
             _give_back(entry.taken)
             raise
-        if replayed:
+        if found:
             for chunk in _replayed_chunks(value):
                 yield chunk
 

@@ -39,9 +39,8 @@ from typing import Any, Literal
 
 from psycopg import sql
 
-from langgraph_durable import _sql
 from langgraph_durable._io import Batch, Op, Sleep, Stmt, Tx
-from langgraph_durable._view import SaverView
+from langgraph_durable._view import SchemaView
 from langgraph_durable.errors import ConfigurationError, SchemaNotReadyError
 from langgraph_durable.sql.pooler import (
     CURRENT_SCHEMA_SQL,
@@ -50,6 +49,7 @@ from langgraph_durable.sql.pooler import (
     migration_version_sql,
     record_migration_sql,
 )
+from langgraph_durable.sql.schema import MIGRATIONS, SETUP_LOCK_KEY, create_schema
 
 POOLER_ENV = "LANGGRAPH_DURABLE_POOLER"
 Pooler = Literal["transaction"] | None
@@ -75,7 +75,7 @@ def prepare_threshold(pooler: Pooler) -> int | None:
     return None if pooler else 0
 
 
-def session_schema(saver: SaverView) -> str | None:
+def session_schema(saver: object) -> str | None:
     """The schema a connection of ``saver`` should ``SET search_path`` to, per session:
     none behind a transaction pooler (the role's default search_path serves there)."""
     return None if getattr(saver, "pooler", None) else getattr(saver, "schema", None)
@@ -109,20 +109,20 @@ def _in_transaction(statement: str) -> str:
     return _CONCURRENTLY.sub("", statement)
 
 
-def _op_pooled_migrate(saver: SaverView, stock: list[str]) -> Op[bool]:
+def _op_pooled_migrate(saver: SchemaView, stock: list[str]) -> Op[bool]:
     """One attempt: take the setup lock for this transaction or give up at once (False),
     then run every pending migration in this transaction. Never waits in the server for
     the lock: a waiter holds a snapshot, which a direct-connection setup's CREATE INDEX
     CONCURRENTLY would wait for (see ``_DurableBase._op_setup``)."""
     rows = yield Batch(
-        [Stmt(TRY_SETUP_XACT_LOCK_SQL, (_sql.SETUP_LOCK_KEY,), fetch=True)]
+        [Stmt(TRY_SETUP_XACT_LOCK_SQL, (SETUP_LOCK_KEY,), fetch=True)]
     )
     if not rows[0][0]["ok"]:
         return False
     if saver.schema:
-        yield Batch([Stmt(_sql.create_schema(saver.schema))])
+        yield Batch([Stmt(create_schema(saver.schema))])
         yield from _op_check_search_path(saver)
-    for table, migrations in (("checkpoint_migrations", stock), ("durable_migrations", _sql.MIGRATIONS)):
+    for table, migrations in (("checkpoint_migrations", stock), ("durable_migrations", MIGRATIONS)):
         yield Batch([Stmt(_in_transaction(migrations[0]))])
         rows = yield Batch([Stmt(migration_version_sql(sql.Identifier(table)), fetch=True)])
         version = rows[0][0]["v"] if rows[0][0]["v"] is not None else -1
@@ -132,13 +132,13 @@ def _op_pooled_migrate(saver: SaverView, stock: list[str]) -> Op[bool]:
     return True
 
 
-def flow_pooled_setup(saver: SaverView, stock: list[str]) -> Iterator[Any]:
+def flow_pooled_setup(saver: SchemaView, stock: list[str]) -> Iterator[Any]:
     """``setup()`` behind a transaction pooler: polls ``_op_pooled_migrate``."""
     while not (yield Tx(lambda: _op_pooled_migrate(saver, stock))):
         yield Sleep(0.05)
 
 
-def _op_check_search_path(saver: SaverView) -> Op[None]:
+def _op_check_search_path(saver: SchemaView) -> Op[None]:
     rows = yield Batch([Stmt(CURRENT_SCHEMA_SQL, fetch=True)])
     current, role = rows[0][0]["s"], rows[0][0]["u"]
     if current != saver.schema:
@@ -151,14 +151,14 @@ def _op_check_search_path(saver: SaverView) -> Op[None]:
         )
 
 
-def op_check_schema(saver: SaverView, stock: list[str]) -> Op[None]:
+def op_check_schema(saver: SchemaView, stock: list[str]) -> Op[None]:
     """``setup()`` with ``run_migrations=False``: read the recorded versions, run no DDL,
     raise ``SchemaNotReadyError`` when a table set is missing or behind this release."""
     if saver.pooler and saver.schema:
         yield from _op_check_search_path(saver)
     for component, table, migrations in (
         ("checkpoint", "checkpoint_migrations", stock),
-        ("durable", "durable_migrations", _sql.MIGRATIONS),
+        ("durable", "durable_migrations", MIGRATIONS),
     ):
         ident = sql.Identifier(saver.schema, table) if saver.schema else sql.Identifier(table)
         regclass = f"{saver.schema}.{table}" if saver.schema else table

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -44,12 +45,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 from langchain_core.runnables import RunnableConfig
 
 from langgraph_durable import telemetry as _telemetry
-from langgraph_durable._io import Batch, Op, Stmt
+from langgraph_durable._io import AsyncDriver, Batch, Flow, Hook, Op, Stmt, SyncDriver, Tx
 from langgraph_durable.errors import (
     ConfigurationError,
     GraphVersionMismatchError,
@@ -59,7 +60,17 @@ from langgraph_durable.errors import (
     ThreadBusyError,
 )
 from langgraph_durable.saver import _DurableBase, claim_handoff, process_identity
-from langgraph_durable.states import RESUMABLE_STATUSES, STATUS_KINDS
+from langgraph_durable.sql.recovery import (
+    JIT_OFF_SQL,
+    RECOVERY_CLAIM_SQL,
+    RECOVERY_FINISH_SQL,
+    RECOVERY_QUEUE_SQL,
+    RECOVERY_THREAD_STATE_SQL,
+    STATUS_COUNTS_SQL,
+    STATUS_FOLD_ROWS,
+    STATUS_FOLD_SQL,
+    STATUS_ROWS_SQL,
+)
 from langgraph_durable.versioning import VERSION_KEY, MigrationRegistry, graph_fingerprint
 
 logger = logging.getLogger("langgraph_durable.recovery")
@@ -67,118 +78,9 @@ logger = logging.getLogger("langgraph_durable.recovery")
 Shutdown = Literal["step", "finish"]
 
 # Statuses a claim may pick up (besides 'error', which is opt-in with a backoff).
-RECOVERABLE = RESUMABLE_STATUSES
+RECOVERABLE = ("running", "stopped", "queued")
 
-CLAIM_SQL = """
-WITH cand AS (
-    SELECT t.thread_id, t.prev_status, t.attempts, t.attempts_checkpoint_id,
-           cp.checkpoint_id, cp.graph_version
-    FROM (
-        -- The ready queue in claim order (durable_threads_ready_idx). OFFSET 0 keeps
-        -- it a subquery of its own: the latest-checkpoint probe below then runs per
-        -- thread in this order and the LIMIT stops at the first taker, instead of the
-        -- planner probing every candidate and sorting after (issue 14).
-        SELECT r.thread_id, r.status AS prev_status, r.attempts, r.attempts_checkpoint_id
-        FROM durable_threads r
-        WHERE r.status IN ('running', 'stopped', 'queued', 'error')
-          -- ... or a thread this very claim took already: its COMMIT's reply was lost
-          -- and the driver retried it (the retry takes it again, same token).
-          AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(owner)s)
-          AND (r.status = ANY(%(statuses)s)
-               OR (r.status = 'error' AND %(retry_errors)s
-                   AND r.updated_at < now() - make_interval(secs => LEAST(
-                       %(backoff)s * power(2, GREATEST(r.attempts - 1, 0)), %(max_backoff)s))))
-          AND NOT (r.thread_id = ANY(%(skip)s))
-        ORDER BY r.updated_at
-        OFFSET 0
-    ) t
-    CROSS JOIN LATERAL (
-        SELECT c.checkpoint_id, c.metadata ->> 'graph_version' AS graph_version
-        FROM checkpoints c
-        WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = ''
-        ORDER BY c.checkpoint_id DESC
-        LIMIT 1
-    ) cp
-    WHERE (%(any_version)s
-           OR cp.graph_version = ANY(%(versions)s)
-           OR (cp.graph_version IS NULL AND %(adopt)s))
-    LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
-)
-UPDATE durable_threads AS t
-SET lease_owner = %(owner)s,
-    lease_token = CASE WHEN t.lease_owner = %(owner)s THEN t.lease_token ELSE t.lease_token + 1 END,
-    lease_expires_at = now() + make_interval(secs => %(ttl)s)
-FROM cand
-WHERE t.thread_id = cand.thread_id
-RETURNING t.thread_id, t.lease_token, cand.prev_status, cand.checkpoint_id, cand.graph_version,
-          CASE WHEN cand.attempts_checkpoint_id IS NOT DISTINCT FROM cand.checkpoint_id
-               THEN cand.attempts + 1 ELSE 1 END AS attempt
-"""
-
-JIT_OFF_SQL = "SELECT set_config('jit', 'off', true)"
-
-# After a run: drop the claim if the run never took it over (it failed before its
-# lease acquisition), then read where the thread ended up.
-FINISH_SQL = """
-UPDATE durable_threads SET lease_owner = NULL, lease_expires_at = NULL
-WHERE thread_id = %(thread_id)s AND lease_owner = %(owner)s AND lease_token = %(token)s
-"""
-
-THREAD_STATE_SQL = """
-SELECT status, lease_owner, lease_token, attempts, last_error
-FROM durable_threads WHERE thread_id = %s
-"""
-
-QUEUE_SQL = """
-INSERT INTO durable_threads AS t (thread_id, status, graph_version, updated_at)
-VALUES (%(thread_id)s, 'queued', %(version)s, now())
-ON CONFLICT (thread_id) DO UPDATE SET
-    status = 'queued',
-    graph_version = COALESCE(EXCLUDED.graph_version, t.graph_version),
-    attempts = 0,
-    attempts_checkpoint_id = NULL,
-    last_error = NULL,
-    updated_at = now()
-WHERE t.status <> 'quarantined'
-  AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
-RETURNING thread_id
-"""
-
-# Threads by lifecycle, bounded by the live work, not by history (issue 14): done,
-# waiting and quarantined threads (nearly all, in time) are read from the trigger-kept
-# durable_thread_counts; only the threads the ready index holds (running, stopped,
-# queued, error: the backlog and the live runs) are looked at one by one. Same kinds as
-# before: a live lease is 'running' whatever the status, 'orphaned' has no checkpoint.
-STATUS_COUNTS_SQL = """
-WITH totals AS (
-    SELECT status, sum(n)::bigint AS n FROM durable_thread_counts GROUP BY status HAVING sum(n) <> 0
-), live AS (
-    SELECT t.status, count(*)::bigint AS n FROM durable_threads t
-    WHERE t.status IN ('running', 'stopped', 'queued', 'error')
-      AND t.lease_expires_at > now() AND t.lease_owner IS NOT NULL
-    GROUP BY t.status
-), orphans AS (
-    SELECT count(*)::bigint AS n FROM durable_threads t
-    WHERE t.status IN ('running', 'stopped', 'queued')
-      AND NOT (t.lease_owner IS NOT NULL AND t.lease_expires_at > now())
-      AND NOT EXISTS (SELECT 1 FROM checkpoints c
-                      WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '')
-)
-SELECT totals.status, totals.n, COALESCE(live.n, 0) AS live, (SELECT n FROM orphans) AS orphans
-FROM totals LEFT JOIN live ON live.status = totals.status
-"""
-
-# Fold the +1/-1 rows into one per status. Concurrent folds are safe: a row deleted
-# by one is skipped by the other, and rows inserted meanwhile are left for next time.
-STATUS_FOLD_SQL = """
-WITH gone AS (DELETE FROM durable_thread_counts RETURNING status, n)
-INSERT INTO durable_thread_counts SELECT status, sum(n) FROM gone GROUP BY status HAVING sum(n) <> 0
-"""
-# Fold when the table holds more rows than this (a fold costs ~its row count).
-STATUS_FOLD_ROWS = 500
-STATUS_ROWS_SQL = "SELECT count(*) AS n FROM (SELECT 1 FROM durable_thread_counts LIMIT %s) x"
-
+STATUS_KINDS = ("running", "recoverable", "waiting", "quarantined", "done", "error", "orphaned")
 
 
 # --------------------------------------------------------------------------- results
@@ -320,10 +222,12 @@ def _op_claim(
     }
     # jit off: the plan walks the ready index and stops at the first claimable thread
     # (well under a millisecond); JIT compiling it cost 11-15 ms per poll (issue 14).
-    rows = yield Batch([Stmt(JIT_OFF_SQL), Stmt(CLAIM_SQL, params, fetch=True, prepare=False)])
-    if not rows[1]:
+    rows = yield Batch(
+        [Stmt(JIT_OFF_SQL), Stmt(RECOVERY_CLAIM_SQL, params, fetch=True, prepare=False, name="claim")]
+    )
+    if not rows["claim"]:
         return None
-    r = rows[1][0]
+    r = rows["claim"][0]
     return Claim(
         thread_id=r["thread_id"],
         owner=owner,
@@ -339,24 +243,24 @@ def _op_finish(claim: Claim) -> Op[dict[str, Any] | None]:
     params = {"thread_id": claim.thread_id, "owner": claim.owner, "token": claim.token}
     rows = yield Batch(
         [
-            Stmt(FINISH_SQL, params),
-            Stmt(THREAD_STATE_SQL, (claim.thread_id,), fetch=True),
+            Stmt(RECOVERY_FINISH_SQL, params),
+            Stmt(RECOVERY_THREAD_STATE_SQL, (claim.thread_id,), fetch=True, name="thread"),
         ]
     )
-    return rows[1][0] if rows[1] else None
+    return rows["thread"][0] if rows["thread"] else None
 
 
 def _op_status_counts() -> Op[dict[str, int]]:
     rows = yield Batch(
         [
             Stmt(JIT_OFF_SQL),
-            Stmt(STATUS_ROWS_SQL, (STATUS_FOLD_ROWS + 1,), fetch=True),
-            Stmt(STATUS_COUNTS_SQL, fetch=True),
+            Stmt(STATUS_ROWS_SQL, (STATUS_FOLD_ROWS + 1,), fetch=True, name="rows"),
+            Stmt(STATUS_COUNTS_SQL, fetch=True, name="counts"),
         ]
     )
     counts = dict.fromkeys(STATUS_KINDS, 0)
     orphans = 0
-    for r in rows[2]:
+    for r in rows["counts"]:
         status, n, live = r["status"], int(r["n"]), int(r["live"])
         orphans = int(r["orphans"])  # the same on every row
         if status in ("done", "waiting", "quarantined"):
@@ -369,7 +273,7 @@ def _op_status_counts() -> Op[dict[str, int]]:
     # Orphaned (no checkpoint to resume) among the recoverable-looking ones.
     counts["recoverable"] -= orphans
     counts["orphaned"] += orphans
-    if rows[1][0]["n"] > STATUS_FOLD_ROWS:
+    if rows["rows"][0]["n"] > STATUS_FOLD_ROWS:
         yield Batch([Stmt(STATUS_FOLD_SQL)])
     return counts
 
@@ -402,7 +306,7 @@ def _submit_config(graph: Any, config: RunnableConfig) -> tuple[RunnableConfig, 
 
 
 def _op_check_submittable(thread_id: str) -> Op[None]:
-    rows = yield Batch([Stmt(THREAD_STATE_SQL, (thread_id,), fetch=True)])
+    rows = yield Batch([Stmt(RECOVERY_THREAD_STATE_SQL, (thread_id,), fetch=True)])
     row = rows[0][0] if rows[0] else None
     if row is not None and row["status"] == "quarantined":
         # Refused before anything is written: the operator releases or rewinds it first.
@@ -418,7 +322,7 @@ def _op_check_submittable(thread_id: str) -> Op[None]:
 
 def _op_queue(thread_id: str, version: str | None) -> Op[bool]:
     rows = yield Batch(
-        [Stmt(QUEUE_SQL, {"thread_id": thread_id, "version": version}, fetch=True)]
+        [Stmt(RECOVERY_QUEUE_SQL, {"thread_id": thread_id, "version": version}, fetch=True)]
     )
     return bool(rows[0])
 
@@ -430,28 +334,43 @@ def submit(graph: Any, input: Any, config: RunnableConfig) -> RunnableConfig:
     worker running ``graph`` picks it up. Raises ``ThreadBusyError`` while a run holds
     the thread, ``PoisonCheckpointError`` if it is quarantined (nothing written). Returns
     the config of the input checkpoint."""
-    saver = durable_saver_of(graph)
-    cfg, thread_id, version = _submit_config(graph, config)
-    saver.run_op(lambda: _op_check_submittable(thread_id))
-    out = graph.update_state(cfg, input, as_node="__input__")
-    if not saver.run_op(lambda: _op_queue(thread_id, version)):
-        raise ThreadBusyError(thread_id, None, None)
-    logger.info("queued thread=%s graph_version=%s", thread_id, version)
-    return cast(RunnableConfig, out)
+    flow = _submit_flow(graph, input, config, graph.update_state)
+    return cast(RunnableConfig, SyncDriver.for_saver(durable_saver_of(graph)).run_flow(flow))
 
 
 async def asubmit(graph: Any, input: Any, config: RunnableConfig) -> RunnableConfig:
-    saver = durable_saver_of(graph)
+    flow = _submit_flow(graph, input, config, graph.aupdate_state)
+    return cast(RunnableConfig, await AsyncDriver.for_saver(durable_saver_of(graph)).run_flow(flow))
+
+
+def _submit_flow(
+    graph: Any, input: Any, config: RunnableConfig, update_state: Callable[..., Any]
+) -> Flow[Any]:
+    """submit's one body; ``update_state``: the graph's ``update_state`` or ``aupdate_state``."""
     cfg, thread_id, version = _submit_config(graph, config)
-    await saver.arun_op(lambda: _op_check_submittable(thread_id))
-    out = await graph.aupdate_state(cfg, input, as_node="__input__")
-    if not await saver.arun_op(lambda: _op_queue(thread_id, version)):
+    yield Tx(lambda: _op_check_submittable(thread_id))
+    out = yield Hook(functools.partial(update_state, as_node="__input__"), (cfg, input))
+    if not (yield Tx(lambda: _op_queue(thread_id, version))):
         raise ThreadBusyError(thread_id, None, None)
     logger.info("queued thread=%s graph_version=%s", thread_id, version)
-    return cast(RunnableConfig, out)
+    return out
 
 
 # --------------------------------------------------------------------------- worker
+
+
+@dataclass(frozen=True)
+class _Mode:
+    """What a sync and an async worker do differently: the driver that runs their
+    flows (ops on the saver), how a claimed thread's graph is streamed, how a slot
+    pauses (interruptible by stop())."""
+
+    driver: type[SyncDriver] | type[AsyncDriver]
+    stream: Callable[[RecoveryWorker, _Target, Claim], Any]
+    pause: Callable[[RecoveryWorker, float], Any]
+
+    def flows(self, worker: RecoveryWorker) -> Any:
+        return self.driver.for_saver(worker.saver)
 
 
 class RecoveryWorker:
@@ -462,6 +381,10 @@ class RecoveryWorker:
     thread to the graph that wrote it). ``concurrency``: threads resumed at once (OS
     threads in :meth:`run`, asyncio tasks in :meth:`arun`). ``config``: extra config
     for every resumed run (e.g. ``recursion_limit``)."""
+
+    # How run()/recover_one() and arun()/arecover_one() drive the one body (set below).
+    _sync: ClassVar[_Mode]
+    _async: ClassVar[_Mode]
 
     def __init__(
         self,
@@ -638,12 +561,17 @@ class RecoveryWorker:
     def recover_one(self) -> RecoveryResult | None:
         """Claim one recoverable thread and resume it in this thread; ``None`` when
         there is nothing to do."""
-        claim = cast("Claim | None", self.saver.run_op(self._claim_op()))
+        return cast("RecoveryResult | None", self._sync.flows(self).run_flow(self._recover_flow(self._sync)))
+
+    # One body for both kinds of worker: flows whose ops go to the saver and whose
+    # Hooks (the graph's stream, the pause between polls) come from a _Mode.
+    def _recover_flow(self, mode: _Mode) -> Flow[RecoveryResult | None]:
+        claim = yield Tx(self._claim_op())
         if claim is None:
             return None
-        return self._resume(claim)
+        return (yield from self._resume_flow(claim, mode))
 
-    def _resume(self, claim: Claim) -> RecoveryResult:
+    def _resume_flow(self, claim: Claim, mode: _Mode) -> Flow[RecoveryResult]:
         started = time.monotonic()
         self._log_start(claim)
         target = self._target_for(claim.graph_version)
@@ -652,41 +580,62 @@ class RecoveryWorker:
         try:
             if target is None:  # the claim filtered on versions: only a race gets here
                 raise GraphVersionMismatchError(claim.thread_id, claim.graph_version, None)
-            stream = target.graph.stream(None, self._run_config(claim), stream_mode="values")
-            # Closed explicitly: the run's exit (lease release) happens in close(). The
-            # claim reaches the run's lease acquisition through the context, not config.
-            with claim_handoff(claim.thread_id, claim.owner, claim.token), contextlib.closing(stream):
-                for _ in stream:
-                    # A "values" chunk is emitted after a superstep's writes are applied
-                    # and its checkpoint submitted, before the next step's tasks start:
-                    # closing here ends the run at a step boundary (status 'stopped').
-                    if self._stop.is_set() and self.shutdown == "step":
-                        handed_back = True
-                        break
+            handed_back = yield Hook(mode.stream, (self, target, claim))
         except Exception as e:
             exc = e
         row = None
         try:
-            row = self.saver.run_op(lambda: _op_finish(claim))
+            row = yield Tx(lambda: _op_finish(claim))
         except Exception:
             logger.exception("could not read back thread %s", claim.thread_id)
         return self._result(claim, row, exc, handed_back, started)
 
-    def _slot(self, until_idle: bool, max_recoveries: int | None) -> None:
+    def _stream(self, target: _Target, claim: Claim) -> bool:
+        """Run the claimed thread to its end (or, stopping, to a step boundary): True
+        when it was handed back at a step boundary."""
+        stream = target.graph.stream(None, self._run_config(claim), stream_mode="values")
+        # Closed explicitly: the run's exit (lease release) happens in close(). The
+        # claim reaches the run's lease acquisition through the context, not config.
+        with claim_handoff(claim.thread_id, claim.owner, claim.token), contextlib.closing(stream):
+            for _ in stream:
+                # A "values" chunk is emitted after a superstep's writes are applied
+                # and its checkpoint submitted, before the next step's tasks start:
+                # closing here ends the run at a step boundary (status 'stopped').
+                if self._stop.is_set() and self.shutdown == "step":
+                    return True
+        return False
+
+    async def _astream(self, target: _Target, claim: Claim) -> bool:
+        astream = target.graph.astream(None, self._run_config(claim), stream_mode="values")
+        # An abandoned async generator is only finalized later (by the event loop),
+        # after the worker may have closed its pool: close it here, at the boundary.
+        try:
+            with claim_handoff(claim.thread_id, claim.owner, claim.token):
+                async for _ in astream:
+                    if self._stop.is_set() and self.shutdown == "step":
+                        return True
+        finally:
+            await astream.aclose()
+        return False
+
+    def _slot_flow(self, mode: _Mode, until_idle: bool, max_recoveries: int | None) -> Flow[None]:
         while not self._stop.is_set():
             if max_recoveries is not None and self.stats.claimed >= max_recoveries:
                 return
             try:
-                result = self.recover_one()
+                result = yield from self._recover_flow(mode)
             except Exception as exc:  # database down: back off, keep the worker alive
                 logger.warning("claim failed: %s", exc)
-                self._stop.wait(self.poll_interval)
+                yield Hook(mode.pause, (self, self.poll_interval))
                 continue
             if result is None:
                 if until_idle:
                     return
                 # Jitter spreads the polls of many idle workers.
-                self._stop.wait(self.poll_interval * random.uniform(0.5, 1.5))
+                yield Hook(mode.pause, (self, self.poll_interval * random.uniform(0.5, 1.5)))
+
+    def _slot(self, until_idle: bool, max_recoveries: int | None) -> None:
+        self._sync.flows(self).run_flow(self._slot_flow(self._sync, until_idle, max_recoveries))
 
     def run(
         self,
@@ -746,56 +695,13 @@ class RecoveryWorker:
 
     # ----------------------------------------------------------------- async
     async def arecover_one(self) -> RecoveryResult | None:
-        claim = cast("Claim | None", await self.saver.arun_op(self._claim_op()))
-        if claim is None:
-            return None
-        return await self._aresume(claim)
-
-    async def _aresume(self, claim: Claim) -> RecoveryResult:
-        started = time.monotonic()
-        self._log_start(claim)
-        target = self._target_for(claim.graph_version)
-        exc: BaseException | None = None
-        handed_back = False
-        try:
-            if target is None:
-                raise GraphVersionMismatchError(claim.thread_id, claim.graph_version, None)
-            astream = target.graph.astream(None, self._run_config(claim), stream_mode="values")
-            # An abandoned async generator is only finalized later (by the event loop),
-            # after the worker may have closed its pool: close it here, at the boundary.
-            try:
-                with claim_handoff(claim.thread_id, claim.owner, claim.token):
-                    async for _ in astream:
-                        if self._stop.is_set() and self.shutdown == "step":
-                            handed_back = True
-                            break
-            finally:
-                await astream.aclose()
-        except Exception as e:
-            exc = e
-        row = None
-        try:
-            row = await self.saver.arun_op(lambda: _op_finish(claim))
-        except Exception:
-            logger.exception("could not read back thread %s", claim.thread_id)
-        return self._result(claim, row, exc, handed_back, started)
+        flow = self._recover_flow(self._async)
+        return cast("RecoveryResult | None", await self._async.flows(self).run_flow(flow))
 
     async def _aslot(self, until_idle: bool, max_recoveries: int | None) -> None:
         assert self._aio_stop is not None
-        while not self._stop.is_set():
-            if max_recoveries is not None and self.stats.claimed >= max_recoveries:
-                return
-            try:
-                result = await self.arecover_one()
-            except Exception as exc:  # database down: back off, keep the worker alive
-                logger.warning("claim failed: %s", exc)
-                await self._apause(self.poll_interval)
-                continue
-            if result is None:
-                if until_idle:
-                    return
-                # Jitter spreads the polls of many idle workers.
-                await self._apause(self.poll_interval * random.uniform(0.5, 1.5))
+        flow = self._slot_flow(self._async, until_idle, max_recoveries)
+        await self._async.flows(self).run_flow(flow)
 
     async def _apause(self, seconds: float) -> None:
         assert self._aio_stop is not None
@@ -843,6 +749,10 @@ class RecoveryWorker:
                 loop.remove_signal_handler(signum)
         logger.info("worker %s stopped: %s", self.name, self.stats)
         return self.stats
+
+
+RecoveryWorker._sync = _Mode(SyncDriver, RecoveryWorker._stream, lambda w, seconds: w._stop.wait(seconds))
+RecoveryWorker._async = _Mode(AsyncDriver, RecoveryWorker._astream, RecoveryWorker._apause)
 
 
 def recover(graph: Any, **options: Any) -> WorkerStats:

@@ -54,7 +54,7 @@ def _params(**over: Any) -> dict[str, Any]:
 
 def _claim(conn: psycopg.Connection[Any], **over: Any) -> str | None:
     conn.execute(recovery.JIT_OFF_SQL)
-    rows = conn.execute(recovery.CLAIM_SQL, _params(**over), prepare=False).fetchall()
+    rows = conn.execute(recovery.RECOVERY_CLAIM_SQL, _params(**over), prepare=False).fetchall()
     return rows[0]["thread_id"] if rows else None
 
 

@@ -31,7 +31,7 @@ from langgraph_durable import (
     UnsupportedConnectionError,
     _sql,
 )
-from langgraph_durable.saver import _DurableBase
+from langgraph_durable.config import SaverOptions
 
 
 @pytest.fixture
@@ -100,9 +100,9 @@ def _keyword_options(fn: Any) -> dict[str, Any]:
 def test_signatures_are_stock_and_explicit() -> None:
     """Stock positional order ``(conn, pipe, serde)``; every package option keyword-only
     and spelled out (no ``**options``), the same set with the same defaults everywhere."""
-    base = _keyword_options(_DurableBase.__init__)
-    assert "serde" in base and "on_unrecognised_run" in base
-    own = {k: v for k, v in base.items() if k != "serde"}
+    # The one list of the package's options: config.SaverOptions.from_keywords.
+    own = _keyword_options(SaverOptions.from_keywords)
+    assert "on_unrecognised_run" in own and "serde" not in own
     for cls in (DurablePostgresSaver, AsyncDurablePostgresSaver):
         params = list(inspect.signature(cls.__init__).parameters.values())
         assert [p.name for p in params[:4]] == ["self", "conn", "pipe", "serde"]
@@ -342,7 +342,7 @@ def cfg(thread_id: str) -> Any:
 @pytest.fixture
 def drift(monkeypatch: pytest.MonkeyPatch) -> None:
     """A LangGraph release whose run starts the saver no longer recognises."""
-    import langgraph_durable.saver as saver_module
+    import langgraph_durable.lifecycle as saver_module  # the saver's run-start recognition
 
     monkeypatch.setattr(saver_module, "_find_run_context", lambda: None)
 

@@ -34,8 +34,8 @@ from langgraph_durable import (
     DurablePostgresSaver,
     GraphVersionMismatchError,
 )
-from langgraph_durable import saver as saver_module
 from langgraph_durable.compat import classify, graph_topology
+from langgraph_durable.core import rewrite as saver_module  # where the saver records versions
 from langgraph_durable.versioning import graph_fingerprint
 
 

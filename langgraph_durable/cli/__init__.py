@@ -20,6 +20,7 @@ from langgraph_durable.cli import (
     _roles,
     _storage,
     _threads,
+    _ui,
     _versions,
     _worker,
 )
@@ -34,12 +35,15 @@ app = typer.Typer(
 
 for module in (
     _demo, _embedded, _threads, _versions, _storage, _quarantine, _ledger, _worker, _export,
-    _roles,
+    _roles, _ui,
 ):
     module.register(app)
 
 
 def main() -> None:
+    from langgraph_durable import audit
+
+    audit.set_default_via("cli")  # operator actions run from here are audited as such
     app()
 
 

@@ -32,8 +32,8 @@ def _stock_saver(dsn: str, schema: str | None) -> Any:
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
 
-    from langgraph_durable import _sql
     from langgraph_durable.pooler import prepare_threshold, resolve_pooler
+    from langgraph_durable.sql.schema import set_search_path
 
     # Behind a transaction pooler ($LANGGRAPH_DURABLE_POOLER): no prepared statements,
     # no session search_path (the role's default names the schema; see pooler.py).
@@ -42,7 +42,7 @@ def _stock_saver(dsn: str, schema: str | None) -> Any:
         dsn, autocommit=True, prepare_threshold=prepare_threshold(pooled), row_factory=dict_row
     )
     if schema and not pooled:
-        conn.execute(_sql.set_search_path(schema))
+        conn.execute(set_search_path(schema))
     return conn, PostgresSaver(conn)
 
 

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 
-from langgraph_durable import _sql
+from langgraph_durable import audit as _audit
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx, op_memo
 from langgraph_durable._refs import op_closure
 from langgraph_durable._view import SaverView
@@ -26,6 +26,11 @@ from langgraph_durable.errors import (
     MigrationBackupError,
     MigrationError,
     ThreadBusyError,
+)
+from langgraph_durable.sql.artifacts import (
+    ARTIFACT_LOCK_CLASS,
+    ARTIFACT_LOCK_SHARED_SQL,
+    INSERT_ARTIFACT_REF_SQL,
 )
 from langgraph_durable.sql.threads_ops import LOCK_THREAD_LEASE_SQL, SET_THREAD_VERSION_SQL
 from langgraph_durable.sql.versions import (
@@ -102,6 +107,7 @@ def _flow_migrate_thread(
     return "migrated"
 
 
+@_audit.audited_flow("versions.migrate", _audit.describe_migrate)
 def _flow_migrate_threads(
     saver: SaverView,
     from_version: str,
@@ -323,11 +329,12 @@ def _op_verify_backup(saver: SaverView, tid: str, log: Mapping[str, Any]) -> Op[
     return need
 
 
+@_audit.audited("versions.undo", _audit.describe_undo)
 def op_undo(
-    saver: SaverView,
     thread_id: str,
     migration_id: int | None = None,
     *,
+    saver: SaverView,
     attempt: dict[str, Any] | None = None,
 ) -> Op[dict[str, Any]]:
     """Restore the rows a migration replaced, if the thread has not moved on since.
@@ -369,7 +376,7 @@ def _op_lock_migration(tid: str, migration_id: int | None, *, retry: bool) -> Op
         [
             # The thread's artifact lock (shared, as a put takes it), before the row lock
             # below: the order every writer takes them in.
-            Stmt(_sql.ARTIFACT_LOCK_SHARED_SQL, (_sql.ARTIFACT_LOCK_CLASS, tid)),
+            Stmt(ARTIFACT_LOCK_SHARED_SQL, (ARTIFACT_LOCK_CLASS, tid)),
             Stmt(LOCK_THREAD_LEASE_SQL, (tid,), fetch=True),
             Stmt(FIND_MIGRATION_SQL, (tid, retry, migration_id, migration_id), fetch=True),
         ]
@@ -411,7 +418,7 @@ def _restore_stmts(tid: str, log: Mapping[str, Any], digests: list[bytes]) -> li
     """The backup's rows back in place, the reference rows for its artifacts, the log
     row marked undone and the thread's version moved back: one batch, one transaction."""
     where = (tid, log["checkpoint_ns"], log["checkpoint_id"])
-    refs = [Stmt(_sql.INSERT_ARTIFACT_REF_SQL, (tid, digests))] if digests else []
+    refs = [Stmt(INSERT_ARTIFACT_REF_SQL, (tid, digests))] if digests else []
     return [
         *refs,
         Stmt(RESTORE_CHECKPOINT_SQL, (log["id"], *where)),
@@ -426,14 +433,14 @@ def _restore_stmts(tid: str, log: Mapping[str, Any], digests: list[bytes]) -> li
 def undo_migration(saver: SaverView, thread_id: str, migration_id: int | None = None) -> dict[str, Any]:
     """Put back the checkpoint a migration rewrote (latest migration of the thread, or
     ``migration_id``), byte for byte, provided the thread has not run since."""
-    return dict(saver.run_op(lambda: op_undo(saver, thread_id, migration_id)))
+    return dict(saver.run_op(lambda: op_undo(thread_id, migration_id, saver=saver)))
 
 
 async def aundo_migration(
     saver: SaverView, thread_id: str, migration_id: int | None = None
 ) -> dict[str, Any]:
     """``undo_migration`` for an ``AsyncDurablePostgresSaver``."""
-    return dict(await saver.arun_op(lambda: op_undo(saver, thread_id, migration_id)))
+    return dict(await saver.arun_op(lambda: op_undo(thread_id, migration_id, saver=saver)))
 
 
 __all__ = [

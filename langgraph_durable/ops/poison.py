@@ -38,14 +38,15 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base.id import uuid6
 
+from langgraph_durable import audit as _audit
 from langgraph_durable._io import Batch, Op, Stmt, op_memo
 from langgraph_durable._view import SaverView
+from langgraph_durable.core.jsonb import jsonb as _jsonb
 from langgraph_durable.errors import (
     CheckpointNotFoundError,
     NotQuarantinedError,
     ThreadBusyError,
 )
-from langgraph_durable.saver import _jsonb
 from langgraph_durable.sql.quarantine_ops import (
     FORK_CHECKPOINT_SQL,
     POISON_HISTORY_SQL,
@@ -208,6 +209,7 @@ def _op_show(thread_id: str, history: int) -> Op[ThreadReport]:
     )
 
 
+@_audit.audited("quarantine.release", _audit.describe_release)
 def _op_release(thread_id: str) -> Op[QuarantineEntry]:
     rows = yield Batch(
         [Stmt(POISON_LOCK_THREAD_SQL, (thread_id,), fetch=True), Stmt(QUARANTINE_ENTRY_SQL, (thread_id,), fetch=True)]
@@ -245,6 +247,7 @@ def _next_id(head: str | None) -> str:
     return new
 
 
+@_audit.audited("quarantine.rewind", _audit.describe_rewind)
 def _op_rewind(saver: SaverView, thread_id: str, to: str) -> Op[RewindResult]:
     rows = yield Batch(
         [Stmt(POISON_LOCK_THREAD_SQL, (thread_id,), fetch=True), Stmt(ROOT_HEAD_SQL, (thread_id,), fetch=True)]

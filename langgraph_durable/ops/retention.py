@@ -49,12 +49,13 @@ from typing import Any, cast
 import psycopg
 from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
 
-from langgraph_durable import _sql
+from langgraph_durable import audit as _audit
 from langgraph_durable._completion import HEADS_SQL, effective_status
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx, op_memo
 from langgraph_durable._refs import artifact_lock, op_recompute_locked
 from langgraph_durable._view import SaverView
 from langgraph_durable.errors import CheckpointLoadError, ConfigurationError
+from langgraph_durable.sql.checkpoints import DELETE_THREADS_EXTRA_SQL
 from langgraph_durable.sql.retention import (
     ARTIFACT_PAGE_SQL,
     COUNT_ARTIFACTS_SQL,
@@ -170,6 +171,7 @@ def _one(rows: list[Any]) -> dict[str, Any]:
     return dict(rows[0]) if rows else {}
 
 
+@_audit.audited_flow("storage.gc", _audit.describe_gc)
 def _flow_gc(
     saver: SaverView, grace: float, batch_size: int, dry_run: bool, progress: Progress | None
 ) -> Flow[GcReport]:
@@ -398,6 +400,7 @@ class _Retain:
     aio: bool = False
 
 
+@_audit.audited_flow("storage.retain", _audit.describe_retain)
 def _flow_retain(
     saver: SaverView,
     older_than: float,
@@ -533,9 +536,9 @@ def _op_delete(
         out = yield Batch(
             [Stmt(FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
             + [Stmt(THREAD_TABLE_DELETE_SQL.format(table=t, size=s), (ids,), fetch=True) for t, s in STOCK_TABLE_SIZES]
-            # Every per-thread table of the package (_sql.THREAD_TABLES): no
+            # Every per-thread table of the package (THREAD_TABLES): no
             # migration backup, ledger or quarantine row outlives the thread.
-            + [Stmt(s, (ids,)) for s in _sql.DELETE_THREADS_EXTRA_SQL]
+            + [Stmt(s, (ids,)) for s in DELETE_THREADS_EXTRA_SQL]
             + [Stmt(DELETE_THREAD_ROWS_SQL, (kept_created,))]
         )
         stats = [r[0] for r in out[1:4] + out[:1]]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import Flow, Tx
-from langgraph_durable._view import SaverView
+from langgraph_durable._view import GateView
 from langgraph_durable.errors import (
     MigrationError,
     OrphanedWorkError,
@@ -35,7 +35,7 @@ logger = logging.getLogger("langgraph_durable.versioning")
 
 @_telemetry.instrument("migration")
 def flow_migrate(
-    saver: SaverView,
+    saver: GateView,
     saved: CheckpointTuple,
     stored: str,
     current: str,

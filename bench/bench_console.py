@@ -1,0 +1,134 @@
+"""Operator console view times at scale (issue 17).
+
+A throwaway database is built as bench/bench_scale.py builds it (a real 3-step run
+copied ``generate_series`` times: 90% done, 4% waiting, 2% error, 2% stopped, 1%
+running with a live lease, 1% quarantined), plus: two graph versions (half the
+threads each), a quarantine record for every quarantined thread, and 200 ledger calls
+with an unknown outcome. Then every view of the console is fetched in-process
+(starlette's TestClient: routing, the SQL, the templates) ``--repeat`` times and the
+median printed; the console's own threads query (graph version / age filters) is
+EXPLAINed to show it walks an index.
+
+    PYTHONPATH=$PWD python bench/bench_console.py [--size 100k] [--repeat 5] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_scale
+
+from langgraph_durable import DurablePostgresSaver
+from langgraph_durable.console import _queries as q
+
+VIEWS = [
+    ("overview", "/"),
+    ("threads p1", "/threads"),
+    ("threads p100 (after=)", "/threads?after=t00005000"),
+    ("threads state=quarantined", "/threads?state=quarantined"),
+    ("threads version=v1", "/threads?version=v1"),
+    ("threads version=v1 idle>1h", "/threads?version=v1&older_than_h=1"),
+    ("threads prefix", "/threads?prefix=t0004"),
+    ("thread detail", "/thread?id=t00004242"),
+    ("thread diff", "/thread?id=t00004242&a=latest~1&b=latest"),
+    ("quarantine", "/quarantine"),
+    ("ledger (unknown)", "/ledger"),
+    ("versions", "/versions"),
+    ("versions (exact)", "/versions?exact=1"),
+    ("storage (no dedup)", "/storage?dedup=0"),
+    ("storage (dedup)", "/storage"),
+    ("storage largest threads", "/storage?dedup=0&largest=1"),
+    ("storage retention dry-run", "/storage?dedup=0&dry_run=1&older_than_days=0.5"),
+    ("audit", "/audit"),
+]
+
+
+def extras(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE durable_threads SET graph_version = CASE WHEN right(thread_id, 1) IN "
+            "('0','1','2','3','4') THEN 'v1' ELSE 'v2' END"
+        )
+        conn.execute(
+            """INSERT INTO durable_quarantine (thread_id, checkpoint_id, attempts, last_error,
+                                               graph_version, reason)
+               SELECT t.thread_id,
+                      (SELECT max(c.checkpoint_id) FROM checkpoints c WHERE c.thread_id = t.thread_id),
+                      3, 'ValueError: bench', t.graph_version, 'max_attempts'
+               FROM durable_threads t WHERE t.status = 'quarantined' ON CONFLICT DO NOTHING"""
+        )
+        conn.execute(
+            """INSERT INTO durable_ledger (key, fingerprint, status, name, thread_id, owner,
+                                           claim_expires_at)
+               SELECT 'bench-key-' || g, 'fp', 'started', 'charge', 't' || lpad(g::text, 8, '0'),
+                      'dead-worker', now() - interval '1 hour'
+               FROM generate_series(1, 200) g"""
+        )
+        conn.execute("VACUUM ANALYZE")
+
+
+def explain(dsn: str) -> list[str]:
+    out = []
+    cases = {
+        "version=v1": {"version": "v1"},
+        "version=v1, idle>1h": {"version": "v1", "older": 3600.0},
+    }
+    with psycopg.connect(dsn) as conn:
+        for name, extra in cases.items():
+            params = {
+                "after": None, "prefix": None, "version": None, "older": None, "newer": None,
+                "status": None, "limit": 51, **extra,
+            }
+            rows = conn.execute(
+                psycopg.sql.Composed([psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS) "), q.THREADS_SQL]),
+                params,
+            ).fetchall()
+            out.append(f"-- console threads query, {name}")
+            out.extend(r[0] for r in rows)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dsn", default=bench_scale.DEFAULT_DSN)
+    ap.add_argument("--size", default="100k", choices=sorted(bench_scale.SIZES))
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--keep", action="store_true", help="keep (and reuse) the database")
+    args = ap.parse_args(argv)
+    n = bench_scale.SIZES[args.size]
+    from starlette.testclient import TestClient
+
+    from langgraph_durable.console import create_app
+
+    with bench_scale.database(args.dsn, f"lgd_bench_console_{args.size}", args.keep, args.keep) as (dsn, reused):
+        if not reused:
+            built = bench_scale.build(dsn, n)
+            extras(dsn)
+            print(f"built {n} threads in {built:.1f} s")
+        with DurablePostgresSaver.from_conn_string(dsn) as saver:
+            saver.setup()
+            app = create_app(saver, sample_interval=0)
+            with TestClient(app) as client:
+                print(f"{'view':34} {'median ms':>10} {'max ms':>8}  status")
+                for name, path in VIEWS:
+                    times = []
+                    status = 0
+                    for _ in range(args.repeat):
+                        start = time.perf_counter()
+                        r = client.get(path)
+                        times.append((time.perf_counter() - start) * 1000)
+                        status = r.status_code
+                    print(f"{name:34} {statistics.median(times):10.1f} {max(times):8.1f}  {status}")
+        for line in explain(dsn):
+            print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+"""The audit trail: every operator action, from the console, the CLI or Python.
+
+One row per action in ``durable_audit``: who (``actor``, and ``via``: console, cli or
+python), when, what (``action``), which thread, the checkpoint (or key) before and
+after, and a ``detail`` JSON object. The recording lives in the operator API itself,
+not in its callers, so ``poison.release`` called from a notebook is audited exactly
+like the console's button:
+
+* ``audited(action, describe)`` wraps an *op* (one transaction, see ``_io``): the audit
+  row is inserted by the op's own transaction, after its last statement, so the action
+  and its record commit together or not at all. ``describe(result, *args)`` returns
+  the row's fields (or ``None``: nothing to record, e.g. a dry run).
+* ``audited_flow(action, describe)`` wraps a *flow* (several transactions: batch
+  migration, retention, GC). Its row is written in one more transaction once the flow
+  returned: work that committed before a crash of the flow is then not recorded (each
+  of those units is itself idempotent and re-runnable, and the next run is recorded).
+
+A retry of the op after a lost COMMIT reply reuses the first attempt's event id (kept
+in the op memo), so it never records one action twice.
+
+Who: ``acting_as("alice", via="console")`` around the call (a context variable), else
+``$LANGGRAPH_DURABLE_ACTOR``, else ``user@host`` of the process; ``via`` defaults to
+``python`` (the CLI sets ``cli`` at start).
+
+This module's top level imports the standard library only (the CLI imports it at
+start; ``--help`` must stay fast).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import getpass
+import json
+import os
+import socket
+import uuid
+from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+__all__ = [
+    "AuditRecord",
+    "acting_as",
+    "actor",
+    "audited",
+    "audited_flow",
+    "list_audit",
+    "set_default_via",
+]
+
+ENV_ACTOR = "LANGGRAPH_DURABLE_ACTOR"
+
+# The table: sql.schema.MIGRATIONS (its last entries, issue 17).
+INSERT_SQL = """
+INSERT INTO durable_audit (event_id, actor, via, action, thread_id, before_id, after_id, detail)
+VALUES (%(event_id)s, %(actor)s, %(via)s, %(action)s, %(thread_id)s, %(before_id)s,
+        %(after_id)s, %(detail)s::jsonb)
+ON CONFLICT (event_id) DO NOTHING
+"""
+
+LIST_SQL = """
+SELECT id, event_id, at, actor, via, action, thread_id, before_id, after_id, detail
+FROM durable_audit
+WHERE (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s)
+  AND (%(action)s::text IS NULL OR action = %(action)s)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ORDER BY id DESC
+LIMIT %(limit)s
+"""
+
+_ACTOR: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "langgraph_durable_audit_actor", default=None
+)
+_DEFAULT_VIA = ["python"]
+
+
+def _process_user() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry (containers)
+        user = str(os.getuid()) if hasattr(os, "getuid") else "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def set_default_via(via: str) -> None:
+    """What ``via`` a record gets outside ``acting_as`` (the CLI sets ``cli``)."""
+    _DEFAULT_VIA[0] = via
+
+
+def actor() -> tuple[str, str]:
+    """``(actor, via)`` the next record gets."""
+    current = _ACTOR.get()
+    if current is not None:
+        return current
+    return os.environ.get(ENV_ACTOR) or _process_user(), _DEFAULT_VIA[0]
+
+
+@contextlib.contextmanager
+def acting_as(who: str, *, via: str = "python") -> Iterator[None]:
+    """Record the operator actions inside the block as ``who`` (and ``via``)."""
+    token = _ACTOR.set((str(who), str(via)))
+    try:
+        yield
+    finally:
+        _ACTOR.reset(token)
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """What ``describe`` returns: the fields of one audit row besides who and when."""
+
+    thread_id: str | None = None
+    before_id: str | None = None
+    after_id: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+T = TypeVar("T")
+Describe = Callable[..., AuditRecord | None]
+
+
+def _params(action: str, record: AuditRecord, event_id: str) -> dict[str, Any]:
+    who, via = actor()
+    return {
+        "event_id": event_id,
+        "actor": who,
+        "via": via,
+        "action": action,
+        "thread_id": record.thread_id,
+        "before_id": record.before_id,
+        "after_id": record.after_id,
+        "detail": json.dumps(dict(record.detail), default=str),
+    }
+
+
+def _delegate(gen: Generator[Any, Any, T]) -> Generator[Any, Any, T]:
+    """``yield from gen``, but a ``final`` batch (an op's only batch, which the driver
+    may send as an implicit transaction) is passed on as not final: the audit insert
+    follows it in the same explicit transaction."""
+    from langgraph_durable._io import Batch
+
+    send: Any = None
+    throw: BaseException | None = None
+    while True:
+        try:
+            item = gen.throw(throw) if throw is not None else gen.send(send)
+        except StopIteration as stop:
+            return stop.value
+        if isinstance(item, Batch) and item.final:
+            item = Batch(item.stmts, final=False)
+        send, throw = None, None
+        try:
+            send = yield item
+        except Exception as exc:  # a failed batch is thrown into the op
+            throw = exc
+
+
+def audited(
+    action: str,
+    describe: Describe,
+    *,
+    prefetch: Callable[..., Any] | None = None,
+) -> Callable[[Callable[..., Generator[Any, Any, T]]], Callable[..., Generator[Any, Any, T]]]:
+    """Record each successful run of the decorated op in ``durable_audit``, in the op's
+    transaction. ``describe(result, *args, **kwargs)`` (or, with ``prefetch``,
+    ``describe(result, rows, *args, **kwargs)``) gives the row; ``prefetch(*args,
+    **kwargs)`` returns a ``Stmt`` run first in the same transaction, e.g. to read what
+    a delete will remove."""
+
+    def decorate(fn: Callable[..., Generator[Any, Any, T]]) -> Callable[..., Generator[Any, Any, T]]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, T]:
+            from langgraph_durable._io import Batch, Stmt, op_memo
+
+            memo = op_memo()
+            event_id = memo.setdefault("audit_event_id", str(uuid.uuid4()))
+            before: list[Any] = []
+            if prefetch is not None:
+                rows = yield Batch([prefetch(*args, **kwargs)])
+                before = [dict(r) for r in rows[0]]
+            result = yield from _delegate(fn(*args, **kwargs))
+            if prefetch is not None:
+                record = describe(result, before, *args, **kwargs)
+            else:
+                record = describe(result, *args, **kwargs)
+            if record is not None:
+                yield Batch([Stmt(INSERT_SQL, _params(action, record, event_id))])
+            return result
+
+        return wrapper
+
+    return decorate
+
+
+def audited_flow(
+    action: str, describe: Describe
+) -> Callable[[Callable[..., Generator[Any, Any, T]]], Callable[..., Generator[Any, Any, T]]]:
+    """Record each completed run of the decorated flow, in a transaction of its own
+    after the flow's last one (see the module docstring)."""
+
+    def decorate(fn: Callable[..., Generator[Any, Any, T]]) -> Callable[..., Generator[Any, Any, T]]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, T]:
+            from langgraph_durable._io import Tx
+
+            result = yield from fn(*args, **kwargs)
+            record = describe(result, *args, **kwargs)
+            if record is not None:
+                params = _params(action, record, str(uuid.uuid4()))
+                yield Tx(lambda: _op_insert(params))
+            return result
+
+        return wrapper
+
+    return decorate
+
+
+def _op_insert(params: dict[str, Any]) -> Generator[Any, Any, None]:
+    from langgraph_durable._io import Batch, Stmt
+
+    yield Batch([Stmt(INSERT_SQL, params)])
+
+
+def _op_list(
+    thread_id: str | None, action: str | None, before: int | None, limit: int
+) -> Generator[Any, Any, list[dict[str, Any]]]:
+    from langgraph_durable._io import Batch, Stmt
+
+    params = {"thread_id": thread_id, "action": action, "before": before, "limit": int(limit)}
+    rows = yield Batch([Stmt(LIST_SQL, params, fetch=True, prepare=False)])
+    return [dict(r) for r in rows[0]]
+
+
+def list_audit(
+    saver: Any,
+    *,
+    thread_id: str | None = None,
+    action: str | None = None,
+    before: int | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """Audit rows, newest first; ``before`` (an ``id``) pages back."""
+    return list(saver.run_op(lambda: _op_list(thread_id, action, before, limit)))
+
+
+async def alist_audit(
+    saver: Any,
+    *,
+    thread_id: str | None = None,
+    action: str | None = None,
+    before: int | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    return list(await saver.arun_op(lambda: _op_list(thread_id, action, before, limit)))
+
+
+# ------------------------------------------------------------ describers
+# One per audited operator function (the decorators in poison, idempotency, versioning
+# and retention name them), so those modules carry one line each.
+_MAX_IDS = 1000  # thread ids listed in one record's detail
+
+
+def ledger_row(self: Any, *args: Any) -> Any:
+    """Prefetch for the ledger ops: the key's row before the change (its thread)."""
+    from langgraph_durable._io import Stmt
+
+    key = args[1] if len(args) > 1 else args[0]  # _op_change(sql, key, params) / _op_forget(key)
+    return Stmt(
+        "SELECT thread_id, status, name FROM durable_ledger WHERE key = %s", (key,), fetch=True
+    )
+
+
+def describe_release(result: Any, thread_id: str) -> AuditRecord:
+    return AuditRecord(
+        thread_id=thread_id,
+        before_id=result.checkpoint_id,
+        after_id=result.checkpoint_id,
+        detail={
+            "reason": result.reason,
+            "attempts": result.attempts,
+            "last_error": result.last_error,
+            "status": ["quarantined", "stopped"],
+        },
+    )
+
+
+def describe_rewind(result: Any, saver: Any, thread_id: str, to: str) -> AuditRecord:
+    return AuditRecord(
+        thread_id=thread_id,
+        before_id=result.rewound_from,
+        after_id=result.checkpoint_id,
+        detail={"rewound_to": result.rewound_to, "released": result.released},
+    )
+
+
+def _ledger_record(before: list[dict[str, Any]], key: str, after: str | None, **extra: Any) -> AuditRecord:
+    row = before[0] if before else {}
+    return AuditRecord(
+        thread_id=row.get("thread_id"),
+        detail={"key": key, "name": row.get("name"), "status": [row.get("status"), after], **extra},
+    )
+
+
+def describe_ledger_change(
+    result: Any, before: list[dict[str, Any]], self: Any, sql: str, key: str, params: Any
+) -> AuditRecord:
+    return _ledger_record(before, key, "completed", result_type=params[0] if params else None)
+
+
+def describe_ledger_forget(
+    result: Any, before: list[dict[str, Any]], self: Any, key: str
+) -> AuditRecord | None:
+    return _ledger_record(before, key, None) if result else None
+
+
+def describe_ledger_purge(result: Any, self: Any) -> AuditRecord | None:
+    return AuditRecord(detail={"keys": int(result)}) if result else None
+
+
+def describe_undo(result: Any, thread_id: str, *args: Any, **kwargs: Any) -> AuditRecord:
+    return AuditRecord(
+        thread_id=str(thread_id),
+        before_id=result.get("checkpoint_id"),
+        after_id=result.get("checkpoint_id"),
+        detail={
+            "migration_id": result.get("migration_id"),
+            "version": [result.get("undone_version"), result.get("restored_version")],
+        },
+    )
+
+
+def describe_migrate(result: Any, *args: Any, **kwargs: Any) -> AuditRecord | None:
+    if result.dry_run:
+        return None
+    return AuditRecord(
+        thread_id=result.migrated[0] if len(result.migrated) == 1 else None,
+        detail={
+            "version": [result.from_version, result.to_version],
+            "steps": result.steps,
+            "migrated": result.migrated[:_MAX_IDS],
+            "migrated_count": len(result.migrated),
+            "failed": dict(list(result.failed.items())[:_MAX_IDS]),
+            "busy": result.busy[:_MAX_IDS],
+            "skipped": len(result.skipped),
+        },
+    )
+
+
+def describe_retain(result: Any, *args: Any, **kwargs: Any) -> AuditRecord | None:
+    if result.dry_run:
+        return None
+    detail = result.as_dict()
+    detail["deleted_thread_ids"] = detail["deleted_thread_ids"][:_MAX_IDS]
+    detail["damaged"] = detail["damaged"][:_MAX_IDS]
+    deleted = result.deleted_thread_ids
+    return AuditRecord(thread_id=deleted[0] if len(deleted) == 1 else None, detail=detail)
+
+
+def describe_gc(result: Any, *args: Any, **kwargs: Any) -> AuditRecord | None:
+    return None if result.dry_run else AuditRecord(detail=result.as_dict())
+
+
+def describe_restore(result: Any, saver: Any, items: Any) -> AuditRecord | None:
+    if not result.thread_ids:
+        return None
+    ids = result.thread_ids
+    return AuditRecord(
+        thread_id=ids[0] if len(ids) == 1 else None,
+        detail={
+            "thread_ids": ids[:_MAX_IDS],
+            "threads_restored": result.threads_restored,
+            "files": [f for f, _dump in items][:_MAX_IDS],
+            "rows": result.rows,
+        },
+    )

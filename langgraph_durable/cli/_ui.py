@@ -1,0 +1,81 @@
+"""``langgraph-durable ui``: the operator console in the browser (docs/console.md)."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from langgraph_durable.cli._common import DsnOption, SchemaOption, err_console
+
+ENV_TOKEN = "LGD_CONSOLE_TOKEN"
+
+
+def ui_command(
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    host: Annotated[str, typer.Option(help="Address to bind (keep 127.0.0.1 unless behind a proxy).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    allow_actions: Annotated[
+        bool,
+        typer.Option(
+            "--allow-actions",
+            help="Enable release, rewind, resolve and forget (signed in with the token). "
+            "Without it the console only reads.",
+        ),
+    ] = False,
+    graph: Annotated[
+        str | None,
+        typer.Option(help="module:builder of the current graph, for the versions page's migrate dry-run."),
+    ] = None,
+    migrations: Annotated[
+        str | None,
+        typer.Option(help="The MigrationRegistry as module:attr (default: found as `versions migrate` finds it)."),
+    ] = None,
+    sample_interval: Annotated[
+        float, typer.Option(help="Seconds between samples for the overview charts.")
+    ] = 10.0,
+) -> None:
+    """Serve the operator console (read-only unless --allow-actions)."""
+    try:
+        import uvicorn
+
+        from langgraph_durable.console import create_app
+    except ImportError as exc:
+        err_console.print(
+            f"[red]error:[/] the console needs the 'console' extra: "
+            f"pip install 'langgraph-durable[console]' ({exc})"
+        )
+        raise typer.Exit(1) from None
+    from langgraph_durable.cli._common import saver_or_exit
+    from langgraph_durable.console._security import new_token
+
+    graph_obj = registry = None
+    if graph:
+        from langgraph_durable.cli._versions import find_registry, load_object
+
+        graph_obj, module = load_object(graph)
+        registry = find_registry(migrations, graph_obj, module)
+    token = None
+    if allow_actions:
+        token = os.environ.get(ENV_TOKEN) or new_token()
+    with saver_or_exit(dsn, schema, False, readonly=not allow_actions) as saver:
+        app = create_app(
+            saver, allow_actions=allow_actions, token=token, sample_interval=sample_interval,
+            graph=graph_obj, registry=registry,
+            allowed_hosts=None if host in ("0.0.0.0", "::") else [host, "127.0.0.1", "localhost", "::1"],
+        )
+        url = f"http://{host}:{port}/"
+        if allow_actions:
+            source = f"${ENV_TOKEN}" if os.environ.get(ENV_TOKEN) else "this run"
+            err_console.print(f"console on {url} (actions enabled; token from {source})")
+            if not os.environ.get(ENV_TOKEN):
+                err_console.print(f"token: [bold]{token}[/]", highlight=False)
+        else:
+            err_console.print(f"console on {url} (read-only)")
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ui")(ui_command)

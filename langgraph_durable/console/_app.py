@@ -1,0 +1,674 @@
+"""The operator console: a Starlette app over the package's operator APIs.
+
+Every view reads through the same functions the CLI uses (``inspect``, ``poison``,
+``idempotency.Ledger``, ``versioning``, ``retention``, ``audit``); every action calls
+the operator API that records it in ``durable_audit`` (the console only says who is
+acting, with ``audit.acting_as``). Pages are rendered on the server (Jinja2); charts
+are inline SVG; there is no JavaScript.
+
+Safety (docs/console.md): actions exist only with ``allow_actions``; they need a
+signed-in session (the token printed at start, or ``LGD_CONSOLE_TOKEN``), a CSRF token
+in the form, and go through a confirmation page that shows what will change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from langgraph_durable import audit, poison
+from langgraph_durable.console import _queries as q
+from langgraph_durable.console import _svg
+from langgraph_durable.console._security import COOKIE, Session, Sessions, csrf_ok
+from langgraph_durable.errors import DurableError
+from langgraph_durable.idempotency import Ledger
+from langgraph_durable.ops import inspection as lgi
+from langgraph_durable.ops import migrations as versioning
+from langgraph_durable.ops import retention
+
+logger = logging.getLogger("langgraph_durable.console")
+
+PAGE = 50
+STATES = ("running", "recoverable", "waiting", "quarantined", "error", "queued", "done", "untracked")
+ACTIONS = ("release", "rewind", "resolve", "forget")
+
+
+def _fmt_bytes(n: Any) -> str:
+    from langgraph_durable.cli._common import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+def _ago(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        s = (dt.datetime.now(dt.UTC) - value).total_seconds()
+        if s < 0:
+            return "just now"
+        for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+            if s >= size:
+                return f"{s / size:.0f} {unit} ago"
+        return f"{s:.0f} s ago"
+    return str(value)
+
+
+def _short(text: Any, width: int = 80) -> str:
+    s = "" if text is None else str(text)
+    s = " ".join(s.split())
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _env() -> Environment:
+    env = Environment(
+        loader=PackageLoader("langgraph_durable.console", "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["bytes"] = _fmt_bytes
+    env.filters["ago"] = _ago
+    env.filters["short"] = _short
+    env.filters["cp"] = lambda v: (str(v)[:18] if v else "-")
+    env.filters["q"] = lambda v: quote(str(v), safe="")
+    env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, default=str, sort_keys=True)
+    return env
+
+
+class Sampler:
+    """Samples the checkpoint insert counter and the tables' size every ``interval``
+    seconds (and when the overview is opened), for the overview's charts. Kept in
+    memory: the charts cover the time since the console started."""
+
+    def __init__(self, saver: Any, interval: float, keep: int = 720) -> None:
+        self.saver = saver
+        self.interval = interval
+        self.samples: deque[dict[str, Any]] = deque(maxlen=keep)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def sample(self, min_age: float = 0.0) -> None:
+        with self._lock:
+            if self.samples and time.time() - self.samples[-1]["t"] < min_age:
+                return
+            try:
+                with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+                    cur.execute(q.SAMPLE_SQL)
+                    row = cur.fetchone()
+                    ins, wins, total = row["checkpoints_inserted"], row["writes_inserted"], row["total_bytes"]
+            except Exception:  # a sample is best effort; the page reports errors itself
+                logger.debug("console sample failed", exc_info=True)
+                return
+            self.samples.append(
+                {"t": time.time(), "checkpoints": int(ins), "writes": int(wins), "bytes": int(total)}
+            )
+
+    def start(self) -> None:
+        if self.interval <= 0 or self._thread is not None:
+            return
+
+        def run() -> None:
+            while not self._stop.wait(self.interval):
+                self.sample()
+
+        self._thread = threading.Thread(target=run, name="lgd-console-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def rate_points(self) -> list[tuple[float, float]]:
+        s = list(self.samples)
+        out = []
+        for a, b in zip(s, s[1:], strict=False):
+            dtime = b["t"] - a["t"]
+            if dtime > 0:
+                out.append((b["t"], max(0, b["checkpoints"] - a["checkpoints"]) / dtime))
+        return out
+
+    def bytes_points(self) -> list[tuple[float, float]]:
+        return [(s["t"], float(s["bytes"])) for s in self.samples]
+
+
+class Console:
+    """State of one console: the saver, the safety settings, the sessions."""
+
+    def __init__(
+        self,
+        saver: Any,
+        *,
+        allow_actions: bool,
+        token: str | None,
+        sample_interval: float = 10.0,
+        graph: Any = None,
+        registry: Any = None,
+    ) -> None:
+        if allow_actions and not token:
+            raise ValueError("allow_actions needs a token")
+        self.saver = saver
+        self.allow_actions = allow_actions
+        self.sessions = Sessions(token or "")
+        self.env = _env()
+        self.sampler = Sampler(saver, sample_interval)
+        self.graph = graph
+        self.registry = registry
+
+    # ---------------------------------------------------------------- rendering
+    def session(self, request: Request) -> Session | None:
+        if not self.allow_actions:
+            return None
+        return self.sessions.get(request.cookies.get(COOKIE))
+
+    def render(self, request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        session = self.session(request)
+        flash = []
+        if session is not None and session.flash:
+            flash, session.flash = session.flash, []
+        html = self.env.get_template(name).render(
+            request=request,
+            allow_actions=self.allow_actions,
+            session=session,
+            csrf=session.csrf if session else "",
+            flash=flash,
+            path=request.url.path,
+            query=str(request.url.query),
+            **ctx,
+        )
+        return HTMLResponse(html, status_code=status)
+
+    def error(self, request: Request, status: int, title: str, message: str) -> HTMLResponse:
+        return self.render(request, "error.html", status=status, title=title, message=message)
+
+    def guard(self, request: Request, fn: Callable[[], HTMLResponse]) -> HTMLResponse:
+        try:
+            return fn()
+        except DurableError as exc:
+            status = 404 if isinstance(exc, LookupError) else 400
+            return self.error(request, status, type(exc).__name__, exc.message)
+        except ValueError as exc:  # a malformed query parameter (limit=abc)
+            return self.error(request, 400, "bad request", str(exc))
+
+    # ---------------------------------------------------------------- views
+    def overview(self, request: Request) -> HTMLResponse:
+        counts = lgi.thread_status_counts(self.saver)
+        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+            cur.execute(q.WORKERS_SQL)
+            workers = cur.fetchall()
+            cur.execute(q.LEASES_SQL, (20,))
+            leases = cur.fetchall()
+        self.sampler.sample(min_age=2.0)
+        bars = [(s, float(counts.get(s, 0)), f"/threads?state={s}") for s in STATES if s in counts]
+        clock = lambda t: dt.datetime.fromtimestamp(t).strftime("%H:%M:%S")  # noqa: E731
+        charts = {
+            "states": _svg.bar_chart(bars, title="threads by state"),
+            "rate": _svg.line_chart(
+                self.sampler.rate_points(), title="checkpoint writes per second", unit="/s",
+                x_label=clock,
+            ),
+            "bytes": _svg.line_chart(
+                self.sampler.bytes_points(), title="storage", fmt=_fmt_bytes, x_label=clock
+            ),
+        }
+        quarantined = poison.list_quarantined(self.saver, limit=5)
+        unknown = [e for e in Ledger(self.saver).entries(status="started", limit=200) if e.outcome_unknown]
+        refresh = request.query_params.get("refresh", "")
+        return self.render(
+            request, "overview.html", refresh=int(refresh) if refresh.isdigit() else 0,
+            counts=counts, states=STATES, workers=workers,
+            leases=leases, charts=charts, quarantined=quarantined, unknown=unknown[:5],
+            unknown_count=len(unknown),
+        )
+
+    def threads(self, request: Request) -> HTMLResponse:
+        p = request.query_params
+        state = p.get("state") or None
+        prefix = p.get("prefix") or None
+        version = p.get("version") or None
+        after = p.get("after") or None
+        older = _hours(p.get("older_than_h"))
+        newer = _hours(p.get("newer_than_h"))
+        limit = min(max(int(p.get("limit") or PAGE), 1), 500)
+        if version is None and older is None and newer is None:
+            rows = lgi.list_threads(
+                self.saver, status=state, prefix=prefix, limit=limit + 1, after=after
+            )
+        else:
+            params = {
+                "after": after, "prefix": prefix, "version": version, "older": older,
+                "newer": newer, "status": state, "limit": limit + 1,
+            }
+            with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+                cur.execute(q.THREADS_SQL, params)
+                rows = cur.fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_url = None
+        if more and rows:
+            args = {k: v for k, v in p.items() if k != "after" and v}
+            args["after"] = rows[-1]["thread_id"]
+            next_url = "/threads?" + urlencode(args)
+        return self.render(
+            request, "threads.html", rows=rows, next_url=next_url, states=STATES,
+            f={"state": state or "", "prefix": prefix or "", "version": version or "",
+               "older_than_h": p.get("older_than_h") or "", "newer_than_h": p.get("newer_than_h") or ""},
+            first_url=(
+                "/threads?" + urlencode({k: v for k, v in p.items() if k != "after" and v})
+                if after else None
+            ),
+        )
+
+    def thread(self, request: Request) -> HTMLResponse:
+        p = request.query_params
+        tid = p.get("id")
+        if not tid:
+            return self.error(request, 400, "missing thread", "give ?id=THREAD")
+        info = lgi.show_thread(self.saver, tid)
+        history = lgi.thread_history(self.saver, tid, limit=int(p.get("history") or 50))
+        ledger = Ledger(self.saver).entries(thread_id=tid, limit=100)
+        trail = audit.list_audit(self.saver, thread_id=tid, limit=50)
+        at = None
+        if p.get("cp"):
+            at = _state_at(self.saver, tid, lgi.resolve_checkpoint(self.saver, tid, p["cp"]))
+        diff = None
+        if p.get("a") and p.get("b"):
+            diff = lgi.diff_checkpoints(self.saver, tid, p["a"], p["b"])
+        return self.render(
+            request, "thread.html", t=info, history=history, ledger=ledger, trail=trail,
+            at=at, diff=diff, a=p.get("a") or "", b=p.get("b") or "",
+        )
+
+    def quarantine(self, request: Request) -> HTMLResponse:
+        entries = poison.list_quarantined(self.saver, limit=500)
+        histories = {e.thread_id: poison.show(self.saver, e.thread_id, history=8).history for e in entries[:50]}
+        return self.render(request, "quarantine.html", entries=entries, histories=histories)
+
+    def ledger(self, request: Request) -> HTMLResponse:
+        show = request.query_params.get("show") or "unknown"
+        status = {"unknown": "started", "started": "started"}.get(show, show if show != "all" else None)
+        if status not in (None, "started", "completed", "failed"):
+            status, show = "started", "unknown"
+        entries = Ledger(self.saver).entries(status=status, limit=500)
+        if show == "unknown":
+            entries = [e for e in entries if e.outcome_unknown]
+        return self.render(request, "ledger.html", entries=entries, show=show)
+
+    def versions(self, request: Request) -> HTMLResponse:
+        exact = request.query_params.get("exact") == "1"
+        fast = self._version_summary()
+        summary = versioning.version_summary(self.saver) if exact else fast
+        # The current version: ?current=, else the one the newest thread started on
+        # (new threads start on the deployed code; old versions' threads only resume).
+        newest = max(fast, key=lambda g: g["newest_thread"] or _EPOCH, default=None)
+        current = request.query_params.get("current") or (newest["graph_version"] if newest else None)
+        summary = sorted(summary, key=lambda g: g["graph_version"] != current)
+        drain = [g for g in summary if g["graph_version"] != current and g["unfinished"]]
+        log = versioning.migration_log(self.saver, limit=30)
+        dry = None
+        p = request.query_params
+        if self.graph is not None and p.get("from"):
+            dry = versioning.migrate_threads(
+                self.saver, p["from"], p.get("to") or current or None, graph=self.graph,
+                registry=self.registry, dry_run=True, limit=1000,
+            )
+        return self.render(
+            request, "versions.html", summary=summary, current=current, drain=drain, log=log,
+            dry=dry, has_graph=self.graph is not None, exact=exact,
+        )
+
+    def _version_summary(self) -> list[dict[str, Any]]:
+        """``versioning.version_summary``'s shape from durable_threads alone (fast)."""
+        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+            cur.execute(q.VERSIONS_SQL)
+            rows = cur.fetchall()
+        groups: dict[Any, dict[str, Any]] = {}
+        for row in rows:
+            g = groups.setdefault(
+                row["graph_version"],
+                {"graph_version": row["graph_version"], "threads": 0, "by_status": {},
+                 "last_activity": None, "newest_thread": None},
+            )
+            if row["newest_thread"] is not None and (
+                g["newest_thread"] is None or row["newest_thread"] > g["newest_thread"]
+            ):
+                g["newest_thread"] = row["newest_thread"]
+            g["threads"] += row["threads"]
+            g["by_status"][row["status"]] = row["threads"]
+            if row["last_activity"] is not None and (
+                g["last_activity"] is None or row["last_activity"] > g["last_activity"]
+            ):
+                g["last_activity"] = row["last_activity"]
+        for g in groups.values():
+            g["unfinished"] = g["threads"] - g["by_status"].get("done", 0)
+        return sorted(
+            groups.values(),
+            key=lambda g: (g["last_activity"] is not None, g["last_activity"] or 0),
+            reverse=True,
+        )
+
+    def storage(self, request: Request) -> HTMLResponse:
+        p = request.query_params
+        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+            cur.execute(q.TABLE_SIZES_SQL)
+            tables = cur.fetchall()
+            largest = None
+            if p.get("largest") == "1":
+                cur.execute(q.LARGEST_SQL, (15,))
+                largest = cur.fetchall()
+        stats = lgi.storage_stats(self.saver) if p.get("dedup", "1") != "0" else None
+        report = None
+        form = {
+            "older_than_days": p.get("older_than_days") or "30",
+            "keep_last": p.get("keep_last") or "",
+            "statuses": p.get("statuses") or "done",
+        }
+        if p.get("dry_run"):
+            keep = int(form["keep_last"]) if form["keep_last"] else None
+            report = retention.retain(
+                self.saver,
+                older_than_days=float(form["older_than_days"]),
+                keep_last=keep,
+                statuses=[s.strip() for s in form["statuses"].split(",") if s.strip()],
+                dry_run=True,
+            )
+        bars = [(t["name"], float(t["total_bytes"]), None) for t in tables[:8]]
+        return self.render(
+            request, "storage.html", tables=tables, largest=largest, stats=stats, report=report,
+            form=form, chart=_svg.bar_chart(bars, title="bytes per table"),
+        )
+
+    def audit_view(self, request: Request) -> HTMLResponse:
+        p = request.query_params
+        before = int(p["before"]) if p.get("before", "").isdigit() else None
+        rows = audit.list_audit(
+            self.saver, thread_id=p.get("thread") or None, action=p.get("action") or None,
+            before=before, limit=PAGE + 1,
+        )
+        more = len(rows) > PAGE
+        rows = rows[:PAGE]
+        next_url = None
+        if more:
+            args = {k: v for k, v in p.items() if k != "before" and v}
+            args["before"] = str(rows[-1]["id"])
+            next_url = "/audit?" + urlencode(args)
+        return self.render(
+            request, "audit.html", rows=rows, next_url=next_url,
+            f={"thread": p.get("thread") or "", "action": p.get("action") or ""},
+        )
+
+    # ---------------------------------------------------------------- actions
+    def plan(self, action: str, form: Any) -> dict[str, Any]:
+        """What ``action`` will change, for the confirmation page (read-only)."""
+        if action in ("release", "rewind"):
+            tid = str(form.get("thread") or "")
+            report = poison.show(self.saver, tid, history=1)
+            head = report.history[0].checkpoint_id if report.history else None
+            plan: dict[str, Any] = {
+                "thread": tid, "status": report.status, "attempts": report.attempts,
+                "quarantine": report.quarantine, "head": head, "lease_owner": report.lease_owner,
+            }
+            if action == "rewind":
+                to = lgi.resolve_checkpoint(self.saver, tid, str(form.get("to") or ""))
+                plan["to"] = to
+                plan["diff"] = lgi.diff_checkpoints(self.saver, tid, head, to) if head else None
+            elif report.quarantine is None:
+                raise _Refused(f"thread {tid!r} is not quarantined (status {report.status})")
+            return plan
+        key = str(form.get("key") or "")
+        entry = Ledger(self.saver).get(key)
+        if entry is None:
+            raise _Refused(f"idempotency key {key!r} is not in the ledger")
+        plan = {"key": key, "entry": entry}
+        if action == "resolve":
+            text = str(form.get("result") or "")
+            try:
+                plan["value"] = json.loads(text)
+            except ValueError as exc:
+                raise _Refused(f"the result is not valid JSON: {exc}") from None
+            plan["result_text"] = text
+        return plan
+
+    def execute(self, action: str, form: Any, session: Session) -> tuple[str, str]:
+        """Run ``action`` as ``session``'s operator; (message, where to go next)."""
+        with audit.acting_as(session.actor, via="console"):
+            if action == "release":
+                tid = str(form["thread"])
+                entry = poison.release(self.saver, tid)
+                return (f"released {tid} (checkpoint {entry.checkpoint_id}, "
+                        f"{entry.attempts} attempts reset)", "/thread?id=" + quote(tid, safe=""))
+            if action == "rewind":
+                tid, to = str(form["thread"]), str(form["to"])
+                r = poison.rewind(self.saver, tid, to)
+                return (f"rewound {tid} to {to}: new head {r.checkpoint_id}",
+                        "/thread?id=" + quote(tid, safe=""))
+            key = str(form["key"])
+            if action == "resolve":
+                Ledger(self.saver).resolve(key, json.loads(str(form["result"])))
+                return f"resolved {key}: the call will not run again", "/ledger"
+            if Ledger(self.saver).forget(key):
+                return f"forgot {key}: the next call runs the function", "/ledger"
+            return f"{key} was not in the ledger", "/ledger"
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+class _Refused(Exception):
+    pass
+
+
+def _dict_row() -> Any:
+    from psycopg.rows import dict_row
+
+    return dict_row
+
+
+def _hours(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return float(value) * 3600.0
+    except ValueError:
+        return None
+
+
+def _state_at(saver: Any, thread_id: str, checkpoint_id: str) -> dict[str, Any]:
+    """The channel values of one checkpoint (decoded through the saver)."""
+    saved = saver.get_tuple(
+        {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
+    )
+    if saved is None:
+        raise lgi.InspectError(
+            f"no checkpoint {checkpoint_id!r} in thread {thread_id!r}", thread_id=thread_id
+        )
+    values = saved.checkpoint.get("channel_values") or {}
+    md = dict(saved.metadata or {})
+    return {
+        "checkpoint_id": checkpoint_id,
+        "step": md.get("step"),
+        "source": md.get("source"),
+        "channels": [
+            {"channel": c, "type": type(v).__name__, "preview": lgi.preview(v, 400)}
+            for c, v in sorted(values.items())
+            if not lgi.is_internal(c)
+        ],
+        "pending": [
+            {"task_id": t, "channel": c, "preview": lgi.preview(v, 200)}
+            for t, c, v in saved.pending_writes or ()
+        ],
+    }
+
+
+def create_app(
+    saver: Any,
+    *,
+    allow_actions: bool = False,
+    token: str | None = None,
+    sample_interval: float = 10.0,
+    graph: Any = None,
+    registry: Any = None,
+    allowed_hosts: list[str] | None = None,
+) -> Starlette:
+    """The console as an ASGI app on a set-up sync ``DurablePostgresSaver``.
+
+    ``allow_actions``: enable release/rewind/resolve/forget (``token`` is then
+    required). ``graph``: the current graph (builder or compiled), for the versions
+    page's migrate dry-run, with ``registry`` (default: ``saver.migrations``).
+    ``allowed_hosts``: the Host headers served (others get 400: a page of another site
+    cannot reach the console through DNS rebinding); the CLI passes the loopback names."""
+    c = Console(
+        saver, allow_actions=allow_actions, token=token, sample_interval=sample_interval,
+        graph=graph, registry=registry,
+    )
+
+    def view(fn: Callable[[Request], HTMLResponse]) -> Callable[[Request], Response]:
+        def endpoint(request: Request) -> Response:
+            return c.guard(request, lambda: fn(request))
+
+        return endpoint
+
+    async def login(request: Request) -> Response:
+        if not c.allow_actions:
+            return c.error(request, 403, "read-only console",
+                           "this console was started without --allow-actions: nothing to sign in to")
+        nxt = request.query_params.get("next") or "/"
+        if not nxt.startswith("/") or nxt.startswith("//") or "\\" in nxt:  # no open redirect
+            nxt = "/"
+        if request.method == "GET":
+            return c.render(request, "login.html", next=nxt, failed=False)
+        form = await request.form()
+        if not c.sessions.check_token(str(form.get("token") or "")):
+            return c.render(request, "login.html", status=403, next=nxt, failed=True)
+        name = _short(form.get("name") or "operator", 60)
+        client = request.client.host if request.client else "?"
+        session = c.sessions.create(f"{name} ({client})")
+        resp = RedirectResponse(nxt, status_code=303)
+        resp.set_cookie(COOKIE, session.sid, httponly=True, samesite="strict", path="/")
+        return resp
+
+    async def logout(request: Request) -> Response:
+        form = await request.form()
+        session = c.session(request)
+        if session is not None and csrf_ok(session, form):
+            c.sessions.drop(session.sid)
+        resp = RedirectResponse("/", status_code=303)
+        resp.delete_cookie(COOKIE, path="/")
+        return resp
+
+    def refuse(request: Request, action: str) -> Response | None:
+        if action not in ACTIONS:
+            return c.error(request, 404, "no such action", action)
+        if not c.allow_actions:
+            return c.error(request, 403, "read-only console",
+                           "this console was started without --allow-actions")
+        return None
+
+    def confirm(request: Request) -> Response:
+        action = request.path_params["action"]
+        refused = refuse(request, action)
+        if refused is not None:
+            return refused
+        if c.session(request) is None:
+            nxt = str(request.url.path) + ("?" + request.url.query if request.url.query else "")
+            return RedirectResponse("/login?" + urlencode({"next": nxt}), status_code=303)
+        try:
+            plan = c.plan(action, request.query_params)
+        except _Refused as exc:
+            return c.error(request, 409, f"cannot {action}", str(exc))
+        except DurableError as exc:
+            return c.error(request, 404 if isinstance(exc, LookupError) else 400,
+                           type(exc).__name__, exc.message)
+        return c.render(request, "confirm.html", action=action, plan=plan)
+
+    async def act(request: Request) -> Response:
+        action = request.path_params["action"]
+        refused = refuse(request, action)
+        if refused is not None:
+            return refused
+        origin = request.headers.get("origin")
+        if origin and urlsplit(origin).netloc != request.headers.get("host"):
+            return c.error(request, 403, "cross-origin request", f"refused a POST from {origin}")
+        form = await request.form()
+        session = c.session(request)
+        if session is None:
+            return c.error(request, 403, "not signed in", "sign in with the console token first")
+        if not csrf_ok(session, form):
+            return c.error(request, 403, "CSRF check failed",
+                           "the form's token does not match this session: reload the page and retry")
+        if form.get("confirmed") != "yes":
+            return c.error(request, 400, "not confirmed", "actions are confirmed on their own page")
+
+        def run() -> tuple[str, str]:
+            return c.execute(action, form, session)
+
+        from starlette.concurrency import run_in_threadpool
+
+        try:
+            message, where = await run_in_threadpool(run)
+        except DurableError as exc:
+            return c.error(request, 409, type(exc).__name__, exc.message)
+        except (ValueError, KeyError) as exc:
+            return c.error(request, 400, f"cannot {action}", str(exc))
+        session.flash.append(message)
+        return RedirectResponse(where, status_code=303)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        c.sampler.sample()
+        c.sampler.start()
+        try:
+            yield
+        finally:
+            c.sampler.stop()
+
+    from importlib.resources import files
+
+    static = str(files("langgraph_durable.console") / "static")
+    routes = [
+        Route("/", view(c.overview)),
+        Route("/threads", view(c.threads)),
+        Route("/thread", view(c.thread)),
+        Route("/quarantine", view(c.quarantine)),
+        Route("/ledger", view(c.ledger)),
+        Route("/versions", view(c.versions)),
+        Route("/storage", view(c.storage)),
+        Route("/audit", view(c.audit_view)),
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/confirm/{action}", confirm),
+        Route("/act/{action}", act, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=static), name="static"),
+    ]
+    middleware = []
+    if allowed_hosts:
+        from starlette.middleware import Middleware
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+    app.state.console = c
+    return app

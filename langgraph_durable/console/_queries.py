@@ -1,0 +1,103 @@
+"""The console's own SQL: what the operator APIs (inspect, poison, idempotency,
+versioning, retention, audit) do not already answer. Read-only statements, each
+bounded by an index walk or a LIMIT (bench/bench_console.py times them at 100k
+threads)."""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from langgraph_durable.sql.inspection import THREAD_STATE_CASE_SQL as _STATE_SQL
+
+# Live leases by owner (the workers). The status list comes from the trigger-kept
+# counts so the (status, lease_expires_at) index answers it (as inspect._COUNTS_SQL).
+WORKERS_SQL = """
+SELECT t.lease_owner AS owner, count(*)::int AS threads,
+       min(EXTRACT(EPOCH FROM (t.lease_expires_at - now())))::float8 AS min_expires_in,
+       max(EXTRACT(EPOCH FROM (t.lease_expires_at - now())))::float8 AS max_expires_in
+FROM durable_threads t
+WHERE t.status = ANY(ARRAY(SELECT status FROM durable_thread_counts GROUP BY status))
+  AND t.lease_owner IS NOT NULL AND t.lease_expires_at > now()
+GROUP BY t.lease_owner ORDER BY t.lease_owner
+LIMIT 200
+"""
+
+LEASES_SQL = """
+SELECT t.thread_id, t.lease_owner AS owner, t.lease_token AS token, t.status,
+       EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8 AS expires_in
+FROM durable_threads t
+WHERE t.status = ANY(ARRAY(SELECT status FROM durable_thread_counts GROUP BY status))
+  AND t.lease_owner IS NOT NULL AND t.lease_expires_at > now()
+ORDER BY t.lease_expires_at
+LIMIT %s
+"""
+
+# Tracked threads filtered by what inspect.list_threads does not filter on (graph
+# version, age), in thread_id order after a keyset cursor: a walk of the primary key
+# that stops after one page of matches.
+THREADS_SQL = sql.SQL("""
+SELECT t.thread_id, t.status, {state} AS state, t.graph_version, t.attempts,
+       t.lease_owner, EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8 AS lease_expires_in,
+       t.last_error, t.updated_at AS last_activity
+FROM durable_threads t
+WHERE t.thread_id > COALESCE(%(after)s::text, '')
+  AND t.thread_id >= COALESCE(%(prefix)s::text, '')
+  AND (%(prefix)s::text IS NULL OR starts_with(t.thread_id, %(prefix)s))
+  AND (%(version)s::text IS NULL OR t.graph_version = %(version)s)
+  AND (%(older)s::float8 IS NULL OR t.updated_at < now() - make_interval(secs => %(older)s))
+  AND (%(newer)s::float8 IS NULL OR t.updated_at >= now() - make_interval(secs => %(newer)s))
+  AND (%(status)s::text IS NULL OR t.status = %(status)s OR {state} = %(status)s)
+ORDER BY t.thread_id
+LIMIT %(limit)s
+""").format(state=sql.SQL(_STATE_SQL))
+
+# The threads with the most stored bytes (their own rows: checkpoints, blobs, writes).
+# A scan of the three tables: the storage page's one statement that grows with them.
+LARGEST_SQL = """
+SELECT thread_id, sum(bytes)::bigint AS bytes, sum(rows)::bigint AS rows FROM (
+    SELECT thread_id, sum(pg_column_size(checkpoint) + pg_column_size(metadata)) AS bytes,
+           count(*) AS rows
+    FROM checkpoints GROUP BY thread_id
+    UNION ALL
+    SELECT thread_id, sum(octet_length(blob)), count(*) FROM checkpoint_blobs GROUP BY thread_id
+    UNION ALL
+    SELECT thread_id, sum(octet_length(blob)), count(*) FROM checkpoint_writes GROUP BY thread_id
+) x GROUP BY thread_id ORDER BY bytes DESC, thread_id LIMIT %s
+"""
+
+TABLE_SIZES_SQL = """
+SELECT c.relname AS name, c.reltuples::bigint AS rows_estimate,
+       pg_total_relation_size(c.oid)::bigint AS total_bytes,
+       pg_relation_size(c.oid)::bigint AS heap_bytes,
+       pg_indexes_size(c.oid)::bigint AS index_bytes
+FROM pg_class c
+WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
+  AND (c.relname LIKE 'durable\\_%%' OR c.relname LIKE 'checkpoint%%')
+ORDER BY pg_total_relation_size(c.oid) DESC
+"""
+
+# One sample of the counters the charts plot (see _app.Sampler): rows inserted into
+# checkpoints since the statistics were reset, and the bytes of every table.
+SAMPLE_SQL = """
+SELECT COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables
+                 WHERE relname = 'checkpoints' AND schemaname = current_schema()), 0)::bigint
+           AS checkpoints_inserted,
+       COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables
+                 WHERE relname = 'checkpoint_writes' AND schemaname = current_schema()), 0)::bigint
+           AS writes_inserted,
+       COALESCE((SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c
+                 WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
+                   AND (c.relname LIKE 'durable\\_%%' OR c.relname LIKE 'checkpoint%%')), 0)::bigint
+           AS total_bytes,
+       now() AS at
+"""
+
+# Threads per graph version and status from durable_threads (the version the saver
+# stamped at the thread's last run start or migration): one scan of durable_threads,
+# where versioning.version_summary reads every thread's latest checkpoint (exact, also
+# for untracked threads, but ~2 s at 100k threads; the versions page offers it).
+VERSIONS_SQL = """
+SELECT graph_version, status, count(*)::int AS threads, max(updated_at) AS last_activity,
+       max(created_at) AS newest_thread
+FROM durable_threads GROUP BY 1, 2
+"""

@@ -1,0 +1,439 @@
+"""``_DurableBase``: the stock checkpointer API (``get_tuple``, ``put``, ``list``, ... and
+their ``a*`` twins) written once for both savers, over the components it is composed
+of. Everything but I/O: the two public savers (``saver.py``) add the driver."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import Any, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+)
+from langgraph.checkpoint.postgres.base import BasePostgresSaver
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from psycopg import Connection
+
+from langgraph_durable import telemetry as _telemetry
+from langgraph_durable._io import (
+    Flow,
+    Op,
+)
+from langgraph_durable.artifacts import (
+    ArtifactCodec,
+    KnownRefs,
+)
+from langgraph_durable.config import SaverOptions
+from langgraph_durable.core.admin import AdminOps
+from langgraph_durable.core.load import LoadOps, _canceled_as_typed
+from langgraph_durable.core.rewrite import VersionGate
+from langgraph_durable.core.setup import SetupOps
+from langgraph_durable.core.write import WriteOps
+from langgraph_durable.granularity import CheckpointPolicy, Deferrals
+from langgraph_durable.leases.fence import FenceOps
+from langgraph_durable.leases.model import _HANDOFF, _RUN_LEASE, Lease, _LeaseRegistry, _RenewerSlot
+from langgraph_durable.leases.ops import LeaseOps
+from langgraph_durable.lifecycle import OnBusy, OnUnrecognisedRun, RunLifecycle
+from langgraph_durable.pooler import (
+    Pooler,
+    prepare_threshold,
+    resolve_pooler,
+)
+from langgraph_durable.quarantine import QuarantineOps
+from langgraph_durable.versioning import (
+    MigrationRegistry,
+    MigrationResult,
+    UnversionedPolicy,
+    VersionPolicy,
+    graph_fingerprint,
+)
+
+
+class _DurableBase(
+    RunLifecycle,
+    VersionGate,
+    QuarantineOps,
+    LeaseOps,
+    FenceOps,
+    WriteOps,
+    AdminOps,
+    LoadOps,
+    SetupOps,
+    BasePostgresSaver,
+):
+    """Everything but I/O. Subclasses provide ``_run_op``/``_arun_op`` and the flow
+    equivalents; every public method below is written once for both."""
+
+    # Checkpoint deferral (granularity.py); None: every checkpoint is written (stock).
+    # Set per saver by checkpoint_policy (the class default serves savers built
+    # without __init__, e.g. by copy).
+    _granularity: Deferrals | None = None
+    # Set by each saver's __init__ from the connection it is given.
+    _conninfo: str
+
+    @property
+    def checkpoint_policy(self) -> CheckpointPolicy | None:
+        """Which checkpoints may be deferred (see langgraph_durable.granularity)."""
+        return "always" if self._granularity is None else self._granularity.policy
+
+    @checkpoint_policy.setter
+    def checkpoint_policy(self, policy: CheckpointPolicy | None) -> None:
+        # None (the default) honours node metadata ({"checkpoint": "defer"}) only;
+        # "always" turns deferral off entirely.
+        self._granularity = None if policy == "always" else Deferrals(policy)
+
+    def __init__(
+        self, *, serde: SerializerProtocol | None = None, options: SaverOptions | None = None
+    ) -> None:
+        """The options come validated, in their groups (``config.SaverOptions``); the
+        public savers build them from their flat keyword-only parameters."""
+        opts = options if options is not None else SaverOptions()
+        super().__init__(serde=serde)
+        self.checkpoint_policy = opts.checkpoint_policy
+        self.schema = opts.schema
+        versions, poison, leases = opts.versions, opts.poison, opts.leases
+        self.graph_version = versions.graph_version
+        self.version_policy: VersionPolicy = versions.policy
+        self.unversioned_policy: UnversionedPolicy = versions.unversioned_policy
+        self.migrations = versions.migrations if versions.migrations is not None else MigrationRegistry()
+        self.max_resume_attempts = poison.max_resume_attempts
+        self.on_poison = poison.on_poison
+        self.lease_ttl = float(leases.ttl)
+        self.on_busy: OnBusy = leases.on_busy
+        self.busy_timeout = leases.busy_timeout
+        self.leases_enabled = leases.enabled
+        # A lease held by a process of this machine that is provably dead is taken over
+        # at once (see owner_is_dead); leases of other machines always run to expiry.
+        self.takeover_dead_owners = leases.takeover_dead_owners
+        # A root run start the saver failed to recognise (LangGraph changed how runs
+        # start): "raise" refuses the run with UnsupportedLangGraphError before any node
+        # runs; "log" logs an error and lets it run without a lease (unprotected).
+        self.on_unrecognised_run: OnUnrecognisedRun = leases.on_unrecognised_run
+        # Behind a transaction pooler (pooler.py): no session state across transactions.
+        self.pooler: Pooler = resolve_pooler(opts.pooler)
+        # False: setup() only verifies the schema version (no DDL; SchemaNotReadyError).
+        self.run_migrations = bool(opts.run_migrations)
+        self.codec = ArtifactCodec(opts.artifacts)
+        self._known_refs = KnownRefs()
+        self._leases = _LeaseRegistry()
+        self._unrecognised_logged: set[str] = set()
+        # Graph versions whose topology this saver (and its bind() views) stored.
+        self._recorded_versions: set[str] = set()
+        # One renewer for a saver and all its bind()/with_allowlist clones (they share
+        # the slot, as they share the lease registry): closing any of them stops it. A
+        # clone with a renewer of its own outlived the saver's close by up to 60 s.
+        self._renewer_slot = _RenewerSlot()
+
+    # ------------------------------------------------------------------ drivers
+    def _run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        raise NotImplementedError
+
+    async def _arun_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        raise NotImplementedError
+
+    def _run_flow(self, flow: Flow[Any]) -> Any:
+        raise NotImplementedError
+
+    async def _arun_flow(self, flow: Flow[Any]) -> Any:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ views
+    def bind(
+        self,
+        *,
+        graph_version: str | None = None,
+        graph: Any = None,
+        version_policy: VersionPolicy | None = None,
+        migrations: MigrationRegistry | None = None,
+    ) -> Any:
+        """A view of this saver for one graph: same pool, leases and caches, its own
+        version. ``saver.bind(graph=builder)`` stamps ``graph_fingerprint(builder)``;
+        one saver serves any number of graphs this way."""
+        clone = self._clone()
+        if graph is not None:
+            clone.graph_version = graph_fingerprint(graph)
+        if graph_version is not None:
+            clone.graph_version = graph_version
+        if version_policy is not None:
+            clone.version_policy = version_policy
+        if migrations is not None:
+            clone.migrations = migrations
+        return clone
+
+    def _clone(self) -> Any:
+        import copy
+
+        return copy.copy(self)
+
+    def with_allowlist(self, extra_allowlist: Any) -> Any:
+        """Clone with a derived msgpack allowlist. There is no inner saver to clone:
+        the codec reads ``self.serde`` at call time, so the clone's serde is used."""
+        return super().with_allowlist(extra_allowlist)
+
+    def get_next_version(self, current: Any, channel: Any) -> Any:
+        """The stock versioning, plus the zombie guard: LangGraph calls this on the
+        loop's own thread when it applies a step's writes, before the next step's tasks
+        start. A run whose lease was lost stops here with ``LeaseLostError`` instead of
+        running further nodes (and their side effects) whose writes would be rejected."""
+        lease = _RUN_LEASE.get()
+        if lease is not None and not lease.released:
+            self._confirm_lease(lease)
+        return super().get_next_version(current, channel)
+
+    # ------------------------------------------------------------------ public API (sync)
+
+    @_telemetry.instrument("get")
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        ctx = self._run_context(config)
+        with _canceled_as_typed("get_tuple", config):
+            if ctx is not None:
+                outer = _RUN_LEASE.get()
+                saved, lease = self._run_flow(self._flow_run_start(config, ctx, _HANDOFF.get()))
+                self._run_started(config, ctx, lease, outer, saved)
+                return cast("CheckpointTuple | None", saved)
+            if config.get("configurable", {}).get("checkpoint_ns"):
+                self._bind_run(config, None)
+            # Reads run without BEGIN/COMMIT: each statement has its own snapshot either
+            # way (READ COMMITTED) and artifacts are immutable; two round trips less.
+            return cast(
+                "CheckpointTuple | None",
+                self._run_op(lambda: self._op_get_tuple(config), transaction=False),
+            )
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        with _canceled_as_typed("list", config):
+            items = self._run_op(lambda: self._op_list(config, filter, before, limit), transaction=False)
+        yield from items
+
+    @_telemetry.instrument("put")
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        self._check_unrecognised_put(config, metadata)
+        if self._granularity is not None and (
+            flow := self._granularity.put_flow(self, config, checkpoint, metadata, new_versions)
+        ) is not None:
+            return cast(RunnableConfig, self._run_flow(flow))
+        return cast(
+            RunnableConfig,
+            self._write(
+                str(config["configurable"]["thread_id"]),
+                lambda: self._op_put(config, checkpoint, metadata, new_versions),
+            ),
+        )
+
+    @_telemetry.instrument("put_writes")
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        if self._granularity is not None and (
+            flow := self._granularity.writes_flow(self, config, writes, task_id, task_path)
+        ) is not None:
+            self._run_flow(flow)
+            return
+        self._write(
+            str(config["configurable"]["thread_id"]),
+            lambda: self._op_put_writes(config, writes, task_id, task_path),
+        )
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._run_op(lambda: self._op_delete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._run_flow(self._flow_delete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._run_op(lambda: self._op_copy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._run_flow(self._flow_prune(thread_ids, strategy))
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return cast(
+            "Mapping[str, DeltaChannelHistory]",
+            self._run_op(lambda: self._op_delta_history(config, channels), transaction=False),
+        )
+
+    # ------------------------------------------------------------------ public API (async)
+    @_telemetry.instrument("get")
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        ctx = self._run_context(config)
+        with _canceled_as_typed("get_tuple", config):
+            if ctx is not None:
+                outer = _RUN_LEASE.get()
+                saved, lease = await self._arun_flow(self._flow_run_start(config, ctx, _HANDOFF.get()))
+                self._run_started(config, ctx, lease, outer, saved)
+                return cast("CheckpointTuple | None", saved)
+            if config.get("configurable", {}).get("checkpoint_ns"):
+                self._bind_run(config, None)
+            return cast(
+                "CheckpointTuple | None",
+                await self._arun_op(lambda: self._op_get_tuple(config), transaction=False),
+            )
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        with _canceled_as_typed("list", config):
+            items = await self._arun_op(
+                lambda: self._op_list(config, filter, before, limit), transaction=False
+            )
+        for item in items:
+            yield item
+
+    @_telemetry.instrument("put")
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        self._check_unrecognised_put(config, metadata)
+        if self._granularity is not None and (
+            flow := self._granularity.put_flow(self, config, checkpoint, metadata, new_versions)
+        ) is not None:
+            return cast(RunnableConfig, await self._arun_flow(flow))
+        return cast(
+            RunnableConfig,
+            await self._awrite(
+                str(config["configurable"]["thread_id"]),
+                lambda: self._op_put(config, checkpoint, metadata, new_versions),
+            ),
+        )
+
+    @_telemetry.instrument("put_writes")
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        if self._granularity is not None and (
+            flow := self._granularity.writes_flow(self, config, writes, task_id, task_path)
+        ) is not None:
+            await self._arun_flow(flow)
+            return
+        await self._awrite(
+            str(config["configurable"]["thread_id"]),
+            lambda: self._op_put_writes(config, writes, task_id, task_path),
+        )
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._arun_op(lambda: self._op_delete_thread(thread_id))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self._arun_flow(self._flow_delete_for_runs(run_ids))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._arun_op(lambda: self._op_copy_thread(source_thread_id, target_thread_id))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await self._arun_flow(self._flow_prune(thread_ids, strategy))
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return cast(
+            "Mapping[str, DeltaChannelHistory]",
+            await self._arun_op(lambda: self._op_delta_history(config, channels), transaction=False),
+        )
+
+    # ------------------------------------------------------------------ generic access
+    def run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        """Run a package-internal op (used by the ledger, CLI, retention, recovery)."""
+        return self._run_op(factory, transaction=transaction)
+
+    async def arun_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        return await self._arun_op(factory, transaction=transaction)
+
+    def run_flow(self, flow: Flow[Any]) -> Any:
+        return self._run_flow(flow)
+
+    async def arun_flow(self, flow: Flow[Any]) -> Any:
+        return await self._arun_flow(flow)
+
+    def lease_for(self, thread_id: str) -> Lease | None:
+        """The lease this process holds on ``thread_id`` (inside a run), if any."""
+        return self._leases.get(str(thread_id))
+
+    # Public names for what the package's other modules use of a saver (versioning,
+    # export, granularity, retention, the ledger). The private names stay until the
+    # last caller has moved to these.
+    @property
+    def known_refs(self) -> KnownRefs:
+        """The artifact references this process knows stored, per thread."""
+        return self._known_refs
+
+    @property
+    def lease_registry(self) -> _LeaseRegistry:
+        """The leases this process holds (shared by the saver and its views)."""
+        return self._leases
+
+    @property
+    def conninfo(self) -> str:
+        """A conninfo string that opens another connection like the saver's."""
+        return self._conninfo
+
+    def op_get_tuple(self, config: RunnableConfig) -> Op[CheckpointTuple | None]:
+        """The op behind a ``get_tuple`` that is not a run start, to compose with others."""
+        return self._op_get_tuple(config)
+
+    def op_resolve(
+        self, pairs: builtins.list[tuple[str, bytes]], where: Mapping[str, Any]
+    ) -> Op[dict[bytes, bytes]]:
+        """The op fetching every artifact the (type, data) pairs need (see ``decode``)."""
+        return self._op_resolve(pairs, where)
+
+    def decode(
+        self, tag: str, data: bytes, where: Mapping[str, Any], local: Mapping[bytes, bytes] | None = None
+    ) -> Any:
+        """One stored (type, data) value, artifacts resolved (``CheckpointLoadError``)."""
+        return self._decode(tag, data, where, local)
+
+    def op_rewrite(
+        self,
+        saved: CheckpointTuple,
+        result: MigrationResult,
+        metadata: dict[str, Any],
+        *,
+        expected: str,
+        origin: str,
+    ) -> Op[None]:
+        """The op replacing a checkpoint in place with its migrated form."""
+        return self._op_rewrite(saved, result, metadata, expected=expected, origin=origin)
+
+    def _renew_connect(self) -> Connection[Any]:
+        """A short-lived connection of its own (the renewer's, setup's behind a pipe)."""
+        return Connection.connect(
+            self._conninfo, autocommit=True, prepare_threshold=prepare_threshold(self.pooler)
+        )

@@ -1,0 +1,245 @@
+"""``Ledger``: the operator API over recorded calls (inspect, resolve, forget, purge).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import (
+    Generator,
+    Mapping,
+)
+from dataclasses import dataclass
+from typing import Any, cast
+
+from langgraph_durable import audit as _audit
+from langgraph_durable._io import (
+    Batch,
+    Stmt,
+    op_memo,
+)
+from langgraph_durable.errors import (
+    CallInFlightError,
+    ConfigurationError,
+    IdempotencyError,
+    SerializationError,
+)
+from langgraph_durable.idempotency.protocol import _op_one
+from langgraph_durable.saver import (
+    _DurableBase,
+)
+from langgraph_durable.sql.ledger import (
+    LEDGER_FORGET_SQL,
+    LEDGER_LIST_SQL,
+    LEDGER_PURGE_EXPIRED_SQL,
+    LEDGER_READ_SQL,
+    LEDGER_RESOLVE_SQL,
+)
+
+logger = logging.getLogger("langgraph_durable.idempotency")
+
+# --- operators --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One recorded call, as an operator sees it."""
+
+    key: str
+    status: str  # started | completed | failed
+    name: str | None
+    thread_id: str | None
+    origin_thread_id: str | None
+    task_id: str | None
+    attempts: int
+    in_flight: bool  # started, and its claim is still renewed by a live process
+    outcome_unknown: bool  # started, claim expired: the process died mid-call
+    error_type: str | None
+    error: str | None
+    args_preview: str | None
+    fingerprint: str
+    created_at: dt.datetime | None
+    completed_at: dt.datetime | None
+    expires_at: dt.datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> LedgerEntry:
+        started = row["status"] == "started"
+        return cls(
+            key=row["key"],
+            status=row["status"],
+            name=row["name"],
+            thread_id=row["thread_id"],
+            origin_thread_id=row["origin_thread_id"],
+            task_id=row["task_id"],
+            attempts=int(row["attempts"] or 1),
+            in_flight=bool(started and row["live"]),
+            outcome_unknown=bool(started and not row["live"]),
+            error_type=row["error_type"],
+            error=row["error"],
+            args_preview=row["args_preview"],
+            fingerprint=row["fingerprint"],
+            created_at=row["created_at"],
+            completed_at=row["completed_at"],
+            expires_at=row["expires_at"],
+        )
+
+
+class Ledger:
+    """Inspect and repair the idempotency ledger of a durable saver.
+
+    ``resolve`` and ``forget`` are the operator's answers to an ``OutcomeUnknownError``:
+    the effect happened (record its result; the call is never run again) or it did not
+    (drop the key; the next call runs the function). Both refuse a call in flight.
+    Sync methods use the saver's sync path, ``a*`` methods its async path.
+    """
+
+    def __init__(self, saver: _DurableBase) -> None:
+        if not isinstance(saver, _DurableBase):
+            raise ConfigurationError(
+                "Ledger needs a DurablePostgresSaver or AsyncDurablePostgresSaver, got "
+                f"{type(saver).__name__}"
+            )
+        self.saver = saver
+
+    # ops (one definition each; the sync and async methods only pick the runner)
+    def _op_get(self, key: str) -> Generator[Any, Any, LedgerEntry | None]:
+        rows = yield from _op_one(LEDGER_READ_SQL, (key,))
+        return LedgerEntry.from_row(rows[0]) if rows else None
+
+    def _op_entries(
+        self, thread_id: str | None, status: str | None, limit: int
+    ) -> Generator[Any, Any, list[LedgerEntry]]:
+        rows = yield from _op_one(
+            LEDGER_LIST_SQL, {"thread_id": thread_id, "status": status, "limit": int(limit)}
+        )
+        return [LedgerEntry.from_row(r) for r in rows]
+
+    def _op_result(self, key: str) -> Generator[Any, Any, Any]:
+        rows = yield from _op_one(LEDGER_READ_SQL, (key,))
+        if not rows or rows[0]["status"] != "completed":
+            raise IdempotencyError(f"idempotency key {key!r} has no recorded result", key=key)
+        row = rows[0]
+        try:
+            return self.saver.serde.loads_typed((row["result_type"], bytes(row["result"] or b"")))
+        except Exception as exc:
+            raise SerializationError(
+                f"the recorded result of idempotency key {key!r} cannot be decoded: {exc}",
+                value_type=str(row["result_type"]),
+                key=key,
+            ) from exc
+
+    def _encode_result(self, key: str, result: Any) -> tuple[str, bytes]:
+        try:
+            tag, data = self.saver.serde.dumps_typed(result)
+        except Exception as exc:
+            raise SerializationError(
+                f"result for idempotency key {key!r} cannot be serialized: {exc}",
+                value_type=type(result).__qualname__,
+                key=key,
+            ) from exc
+        return tag, data
+
+    @_audit.audited("ledger.resolve", _audit.describe_ledger_change, prefetch=_audit.ledger_row)
+    def _op_change(self, sql: str, key: str, params: tuple[Any, ...]) -> Generator[Any, Any, None]:
+        memo = op_memo()
+        rows = yield Batch(
+            [Stmt(sql, params, fetch=True, name="changed"), Stmt(LEDGER_READ_SQL, (key,), fetch=True, name="row")]
+        )
+        if rows["changed"]:
+            memo["changed"] = True
+            return
+        current = rows["row"][0] if rows["row"] else None
+        if memo.get("changed") and current is not None and current["status"] == "completed":
+            return  # this very change, committed; the driver retried after a lost reply
+        if current is None:
+            raise IdempotencyError(f"idempotency key {key!r} is not in the ledger", key=key)
+        if current["status"] == "started" and current["live"]:
+            raise CallInFlightError(key, 0.0)
+        raise IdempotencyError(
+            f"idempotency key {key!r} is already {current['status']}", key=key
+        )
+
+    @_audit.audited("ledger.forget", _audit.describe_ledger_forget, prefetch=_audit.ledger_row)
+    def _op_forget(self, key: str) -> Generator[Any, Any, bool]:
+        memo = op_memo()
+        rows = yield Batch(
+            [
+                Stmt(LEDGER_FORGET_SQL, (key,), fetch=True, name="forgot"),
+                Stmt(LEDGER_READ_SQL, (key,), fetch=True, name="row"),
+            ]
+        )
+        if rows["forgot"]:
+            memo["forgot"] = True
+            return True
+        if rows["row"]:
+            raise CallInFlightError(key, 0.0)
+        return bool(memo.get("forgot"))  # True: this forget committed, its reply was lost
+
+    @_audit.audited("ledger.purge_expired", _audit.describe_ledger_purge)
+    def _op_purge(self) -> Generator[Any, Any, int]:
+        rows = yield Batch([Stmt(LEDGER_PURGE_EXPIRED_SQL + " RETURNING key", None, fetch=True)])
+        return len(rows[0])
+
+    # sync
+    def get(self, key: str) -> LedgerEntry | None:
+        return cast("LedgerEntry | None", self.saver.run_op(lambda: self._op_get(key)))
+
+    def entries(
+        self, *, thread_id: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[LedgerEntry]:
+        return cast(
+            "list[LedgerEntry]", self.saver.run_op(lambda: self._op_entries(thread_id, status, limit))
+        )
+
+    def result(self, key: str) -> Any:
+        return self.saver.run_op(lambda: self._op_result(key))
+
+    def resolve(self, key: str, result: Any) -> None:
+        """The effect happened: record ``result`` as the call's outcome."""
+        tag, data = self._encode_result(key, result)
+        self.saver.run_op(lambda: self._op_change(LEDGER_RESOLVE_SQL, key, (tag, data, key)))
+
+    def forget(self, key: str) -> bool:
+        """The effect did not happen (or should happen again): drop the key."""
+        return cast(bool, self.saver.run_op(lambda: self._op_forget(key)))
+
+    def purge_expired(self) -> int:
+        """Delete keys whose TTL ran out; returns how many."""
+        return cast(int, self.saver.run_op(self._op_purge))
+
+    # async
+    async def aget(self, key: str) -> LedgerEntry | None:
+        return cast("LedgerEntry | None", await self.saver.arun_op(lambda: self._op_get(key)))
+
+    async def aentries(
+        self, *, thread_id: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[LedgerEntry]:
+        return cast(
+            "list[LedgerEntry]",
+            await self.saver.arun_op(lambda: self._op_entries(thread_id, status, limit)),
+        )
+
+    async def aresult(self, key: str) -> Any:
+        return await self.saver.arun_op(lambda: self._op_result(key))
+
+    async def aresolve(self, key: str, result: Any) -> None:
+        tag, data = self._encode_result(key, result)
+        await self.saver.arun_op(lambda: self._op_change(LEDGER_RESOLVE_SQL, key, (tag, data, key)))
+
+    async def aforget(self, key: str) -> bool:
+        return cast(bool, await self.saver.arun_op(lambda: self._op_forget(key)))
+
+    async def apurge_expired(self) -> int:
+        return cast(int, await self.saver.arun_op(self._op_purge))
+
+
+def purge_expired_keys(saver: _DurableBase) -> int:
+    """Delete ledger keys whose TTL ran out (for retention jobs); returns how many."""
+    return Ledger(saver).purge_expired()
+
+
+async def apurge_expired_keys(saver: _DurableBase) -> int:
+    return await Ledger(saver).apurge_expired()
+
+

@@ -1,0 +1,118 @@
+"""The fence: which lease a write is checked against, the guard parameters folded into
+a put's own statements, and the typed errors for a refused write."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+
+from langgraph_durable import telemetry as _telemetry
+from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
+from langgraph_durable._io import Stmt
+from langgraph_durable.core.idclock import _advance_id_clock, _uuid6_ticks
+from langgraph_durable.core.view import FenceView
+from langgraph_durable.errors import (
+    ClockSkewError,
+    DurableError,
+    LeaseLostError,
+    ThreadBusyError,
+)
+from langgraph_durable.leases.model import _RUN_LEASE, Lease
+from langgraph_durable.sql.checkpoints import ORDER_SKEW_STATE
+from langgraph_durable.sql.threads import (
+    FENCE_BUSY_STATE,
+    FENCE_LOST_STATE,
+    FOREIGN_LEASE_RAISING_SQL,
+    FOREIGN_LEASE_SQL,
+    LEASE_FENCE_RAISING_SQL,
+    LEASE_FENCE_SQL,
+)
+
+
+class FenceOps(FenceView):
+    """The fence checks of the saver's writes."""
+
+    def _fence(
+        self, thread_id: str, *, raising: bool = False, config: RunnableConfig | None = None
+    ) -> tuple[Stmt, Lease | None]:
+        """The fence statement of a write and the lease it checks. ``raising``: the
+        variant that fails server-side (SQLSTATE LGD01/LGD02, see ``_fence_error``),
+        for batches sent as one implicit transaction (``Batch(final=True)``)."""
+        # Only the run executing in this context writes with its lease. No fallback to
+        # this process's lease registry: that let any write of the process (update_state
+        # from another request of a web server) pass the fence with the running run's
+        # token, and the run then silently overwrote it. Every other writer, in this
+        # process or not, is checked against the live lease (ThreadBusyError).
+        lease = _RUN_LEASE.get()
+        if lease is not None and (lease.released or lease.thread_id != thread_id):
+            lease = None
+        if lease is None and config is not None:
+            # A write LangGraph submitted outside the run's context (see bind_runtime).
+            runtime = (config.get("configurable") or {}).get(_RUNTIME_KEY)
+            lease = self._leases.for_runtime(runtime, thread_id)
+        if lease is not None:
+            if lease.lost:
+                raise LeaseLostError(thread_id, lease.token)
+            sql = LEASE_FENCE_RAISING_SQL if raising else LEASE_FENCE_SQL
+            return Stmt(sql, (thread_id, lease.token, lease.owner), fetch=True), lease
+        if raising and self.leases_enabled:
+            return Stmt(FOREIGN_LEASE_RAISING_SQL, (thread_id,), fetch=True), None
+        return Stmt(FOREIGN_LEASE_SQL, (thread_id,), fetch=True), None
+
+    def _guard(
+        self, thread_id: str, config: RunnableConfig, checkpoint_ns: str | None, checkpoint_id: str | None
+    ) -> tuple[tuple[Any, ...], Lease | None]:
+        """durable_put_guard's parameters for a put/put_writes (the fence folded into the
+        write's own statement, see GUARDED_UPSERT_CHECKPOINT_SQL) and the lease it
+        checks: the run's lease (same rule as ``_fence``), else the foreign-lease check
+        when leases are on, else none. ``checkpoint_id``: the order check (puts)."""
+        lease = _RUN_LEASE.get()
+        if lease is not None and (lease.released or lease.thread_id != thread_id):
+            lease = None
+        if lease is None:
+            runtime = (config.get("configurable") or {}).get(_RUNTIME_KEY)
+            lease = self._leases.for_runtime(runtime, thread_id)
+        if lease is not None:
+            if lease.lost:
+                raise LeaseLostError(thread_id, lease.token)
+            return (thread_id, lease.token, lease.owner, False, checkpoint_ns, checkpoint_id), lease
+        return (thread_id, None, None, self.leases_enabled, checkpoint_ns, checkpoint_id), None
+
+    @_telemetry.instrument("fence_error")
+    def _fence_error(self, thread_id: str, lease: Lease | None, exc: BaseException) -> DurableError | None:
+        """The typed error for a raising fence's failure (None: not a fence failure)."""
+        state = getattr(exc, "sqlstate", None)
+        if state == FENCE_LOST_STATE and lease is not None:
+            lease.lost = True
+            return LeaseLostError(thread_id, lease.token)
+        if state == FENCE_BUSY_STATE:
+            diag = getattr(exc, "diag", None)
+            info = json.loads(getattr(diag, "message_detail", None) or "{}")
+            return ThreadBusyError(thread_id, info.get("owner"), info.get("expires_in"))
+        return None
+
+    @staticmethod
+    def _order_error(
+        thread_id: str, checkpoint_ns: str, checkpoint_id: str, exc: BaseException
+    ) -> DurableError | None:
+        """ClockSkewError for a put refused by durable_checkpoint_order (else None). The
+        id clock is moved past the head first, so the caller's retry is ordered."""
+        if getattr(exc, "sqlstate", None) != ORDER_SKEW_STATE:
+            return None
+        diag = getattr(exc, "diag", None)
+        head = str(json.loads(getattr(diag, "message_detail", None) or "{}").get("head") or "")
+        _advance_id_clock(head)
+        ahead, mine = _uuid6_ticks(head), _uuid6_ticks(checkpoint_id)
+        skew = (ahead - mine) / 1e7 if ahead is not None and mine is not None else None
+        return ClockSkewError(thread_id, checkpoint_ns, checkpoint_id, head, skew)
+
+    @_telemetry.instrument("check_fence")
+    def _check_fence(self, thread_id: str, lease: Lease | None, rows: list[Any]) -> None:
+        if lease is not None:
+            if not rows:
+                lease.lost = True
+                raise LeaseLostError(thread_id, lease.token)
+        elif rows and self.leases_enabled:
+            raise ThreadBusyError(thread_id, rows[0]["lease_owner"], rows[0]["expires_in"])

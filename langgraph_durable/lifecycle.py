@@ -1,0 +1,500 @@
+"""Run lifecycle. LangGraph tells a checkpointer nothing about runs. The saver recognises
+the ``get_tuple`` a ``PregelLoop`` makes when a root run starts (``_find_run_context``),
+and registers a callback on that loop's exit stack, so it knows when the run ends and
+how (done, interrupted, failed, cancelled). That is where the lease is taken and
+released, the resume attempt is counted (poison detection) and the graph version is
+checked. Reads that are not run starts never take a lease or raise a version error."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack, ExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+)
+
+from langgraph_durable import _values
+from langgraph_durable import telemetry as _telemetry
+from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
+from langgraph_durable._io import (
+    Flow,
+    Sleep,
+    Stmt,
+    SyncDriver,
+    Tx,
+)
+from langgraph_durable.config import OnBusy as OnBusy
+from langgraph_durable.config import OnUnrecognisedRun as OnUnrecognisedRun
+from langgraph_durable.core.view import RunLifecycleView
+from langgraph_durable.errors import (
+    CheckpointLoadError,
+    PoisonCheckpointError,
+    ThreadBusyError,
+    UnsupportedLangGraphError,
+)
+from langgraph_durable.leases.model import _RUN_LEASE, Lease, _Handoff
+from langgraph_durable.leases.owners import _owner_id
+from langgraph_durable.pooler import session_schema
+from langgraph_durable.quarantine import PoisonRecord
+from langgraph_durable.sql.threads import ATTEMPT_AT_HEAD_SQL
+from langgraph_durable.versioning import (
+    POLICY_KEY,
+    RUN_GRAPH,
+    VERSION_KEY,
+    graph_fingerprint,
+)
+
+if TYPE_CHECKING:
+    from langgraph_durable.core.base import _DurableBase
+
+logger = logging.getLogger("langgraph_durable")
+
+# Configurable keys LangGraph sets on a run's config (see langgraph._internal._constants;
+# the Runtime key is _compat.RUNTIME_KEY).
+_TASK_ID_KEY = "__pregel_task_id"
+_INTERRUPT = "__interrupt__"
+
+
+@dataclass
+class _RunContext:
+    loop: Any
+    graph: Any
+
+
+def _find_run_context() -> _RunContext | None:
+    """The PregelLoop (and its graph) whose ``__enter__`` is calling us, if any."""
+    from langgraph.pregel import Pregel
+    from langgraph.pregel._loop import PregelLoop
+
+    frame = sys._getframe(2)
+    loop = None
+    for _ in range(12):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if loop is None:
+            if frame.f_globals.get("__name__") == "langgraph.pregel._checkpoint":
+                # checkpoint_superseded(): __enter__ reading the latest checkpoint after
+                # it loaded the one a replay asked for. The run started already; taking
+                # a second lease here would make the replay refuse itself (busy).
+                return None
+            if isinstance(candidate, PregelLoop):
+                if frame.f_code.co_name not in ("__enter__", "__aenter__"):
+                    return None
+                loop = candidate
+        elif isinstance(candidate, Pregel):
+            return _RunContext(loop, candidate)
+        frame = frame.f_back  # type: ignore[assignment]
+    return _RunContext(loop, None) if loop is not None else None
+
+
+def _check_runnable(saved: CheckpointTuple | None) -> None:
+    """What a run start needs beyond a read: PregelLoop.__enter__ computes
+    ``metadata["step"] + 1`` before any handler of ours can see a failure."""
+    if saved is None:
+        return
+    step = saved.metadata.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        cfg = saved.config["configurable"]
+        raise CheckpointLoadError(
+            f"checkpoint {cfg.get('checkpoint_id')!r} of thread {cfg.get('thread_id')!r} "
+            f"cannot be run from: its metadata has no integer 'step' ({step!r})",
+            thread_id=cfg.get("thread_id", ""),
+            checkpoint_ns=cfg.get("checkpoint_ns", ""),
+            checkpoint_id=cfg.get("checkpoint_id"),
+        )
+
+
+class RunLifecycle(RunLifecycleView):
+    """Run start and run end of the saver."""
+
+    def _current_version(self, config: RunnableConfig, ctx: _RunContext | None) -> str | None:
+        # The running graph, for a migration at this run start (new task ids, pending
+        # work left for nodes it lacks). Set on every start so none sees a stale one.
+        RUN_GRAPH.set(ctx.graph if ctx is not None else None)
+        configured = config["configurable"].get(VERSION_KEY)
+        if configured:
+            return str(configured)
+        if self.graph_version:
+            return self.graph_version
+        if ctx is not None and ctx.graph is not None:
+            try:
+                return graph_fingerprint(ctx.graph)
+            except Exception:  # a graph we cannot describe runs unversioned
+                logger.debug("could not fingerprint %r", ctx.graph, exc_info=True)
+        return None
+
+    @_telemetry.instrument("run_start")
+    def _flow_run_start(
+        self, config: RunnableConfig, ctx: _RunContext, handoff: _Handoff | None = None
+    ) -> Flow[tuple[CheckpointTuple | None, Lease]]:
+        thread_id = str(config["configurable"]["thread_id"])
+        requested = get_checkpoint_id(config)
+        _values.check_ids(thread_id, config["configurable"].get("checkpoint_ns", ""), requested)
+        version = self._current_version(config, ctx)
+        policy = config["configurable"].get(POLICY_KEY, self.version_policy)
+        lease = yield from self._flow_take_lease(thread_id, version, requested, handoff)
+        # The run's own writes during its start (a migration rewriting the checkpoint)
+        # are fenced with this lease: _fence reads it from the context only.
+        outer = _RUN_LEASE.get()
+        _RUN_LEASE.set(lease)
+        try:
+            saved = yield from self._flow_enter_run(config, ctx, lease, version, policy)
+            return saved, lease
+        except PoisonCheckpointError:
+            _RUN_LEASE.set(outer)
+            raise
+        except BaseException:
+            _RUN_LEASE.set(outer)
+            # The run never started: hand the thread back as it was (status, version).
+            self._leases.remove(lease)
+            lease.released = True
+            with contextlib.suppress(Exception):
+                yield Tx(lambda: self._op_abandon(lease))
+            raise
+
+    def _flow_take_lease(
+        self, thread_id: str, version: str | None, requested: str | None, handoff: _Handoff | None
+    ) -> Flow[Lease]:
+        """Step 1 of a run start: take the thread's lease (waiting while busy if
+        ``on_busy="wait"``); a quarantined thread raises ``PoisonCheckpointError``."""
+        # A recovery worker may hold the lease (handoff, from claim_handoff in the caller's
+        # context): ACQUIRE_SQL takes it over from that owner and token without a gap.
+        owner = _owner_id()
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            started = time.monotonic()
+            res = yield Tx(
+                lambda: self._op_acquire(thread_id, owner, version, requested, handoff)
+            )
+            if res.get("contended"):
+                res = yield Tx(
+                    lambda: self._op_acquire_contended(thread_id, owner, version, requested, handoff)
+                )
+            if res["ok"]:
+                break
+            if res.get("status") == "quarantined":
+                q = yield Tx(lambda: self._op_quarantine_row(thread_id))
+                q = q or {}
+                raise PoisonCheckpointError(
+                    thread_id, q.get("checkpoint_id"), q.get("attempts") or res.get("attempts", 0),
+                    q.get("last_error") or res.get("last_error"),
+                    reason=q.get("reason") or "max_attempts",
+                )
+            if self.on_busy == "wait" and time.monotonic() < deadline:
+                yield Sleep(0.25)
+                continue
+            raise ThreadBusyError(thread_id, res.get("lease_owner"), res.get("expires_in"))
+        lease = Lease(
+            thread_id=thread_id,
+            owner=owner,
+            token=int(res["lease_token"]),
+            attempts=int(res["attempts"]),
+            checkpoint_id=res["checkpoint_id"],
+            version=version,
+            last_error=res.get("last_error"),
+            renewed_at=started,
+            prev_status=res.get("prev_status"),
+            prev_version=res.get("prev_version"),
+        )
+        self._leases.add(lease)
+        return lease
+
+    def _flow_enter_run(
+        self, config: RunnableConfig, ctx: _RunContext, lease: Lease, version: str | None, policy: str
+    ) -> Flow[CheckpointTuple | None]:
+        """Step 2, the lease held: record the graph's topology, refuse a poisoned
+        checkpoint, load the one to run from (fail closed), check its version."""
+        thread_id = lease.thread_id
+        yield from self._flow_record_version(version, ctx)
+        if lease.attempts > self.max_resume_attempts and lease.checkpoint_id is not None:
+            # This is start number max+1 from the same checkpoint: the max runs before
+            # it all failed there (exception or dead process). It never runs a node.
+            record = PoisonRecord(
+                thread_id, lease.checkpoint_id, lease.attempts - 1, lease.last_error, version
+            )
+            yield from self._flow_quarantine(lease, record)
+        try:
+            # No BEGIN/COMMIT, as in get_tuple outside a run: each statement has its
+            # own snapshot either way (READ COMMITTED) and artifacts are immutable;
+            # with the lease held no other run writes the thread meanwhile.
+            saved = yield Tx(lambda: self._op_get_tuple(config), transaction=False)
+            _check_runnable(saved)
+        except CheckpointLoadError as exc:
+            # Fail closed: a checkpoint we cannot read is never run on half a state,
+            # and retrying cannot fix stored bytes: quarantine at once.
+            record = PoisonRecord(
+                thread_id, lease.checkpoint_id, lease.attempts,
+                f"{type(exc).__name__}: {exc}"[:4000], version, "load_error",
+            )
+            yield from self._flow_quarantine(lease, record, exc)
+        if saved is not None:
+            saved = yield from self._flow_check_version(thread_id, saved, version, policy)
+        return saved
+
+    @staticmethod
+    def _exit_outcome(loop: Any, exc: BaseException | None) -> tuple[str, bool, bool, str | None]:
+        """(status, reset attempts, undo this attempt, error text) for a finished run."""
+        from langgraph.errors import GraphInterrupt
+
+        if exc is None or isinstance(exc, GraphInterrupt):
+            status = getattr(loop, "status", None)
+            if status == "done":
+                return "done", True, False, None
+            writes = getattr(loop, "checkpoint_pending_writes", None) or []
+            if (
+                isinstance(exc, GraphInterrupt)
+                or (isinstance(status, str) and status.startswith("interrupt"))
+                or any(w[1] == _INTERRUPT for w in writes)
+            ):
+                return "waiting", True, False, None
+            return "stopped", False, True, None
+        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | GeneratorExit):
+            return "stopped", False, True, None
+        text = f"{type(exc).__name__}: {exc}"[:4000]
+        return "error", False, False, text
+
+    def _head(self, loop: Any) -> str | None:
+        cfg = getattr(loop, "checkpoint_config", None) or {}
+        return cast("str | None", cfg.get("configurable", {}).get("checkpoint_id"))
+
+    def _release_flow(self, lease: Lease, loop: Any, exc: BaseException | None) -> Flow[None]:
+        self._leases.remove(lease)
+        lease.released = True
+        status, reset, undo, error = self._exit_outcome(loop, exc)
+        head = self._head(loop)
+        moved = head is not None and head != lease.checkpoint_id
+        if error is not None and moved:
+            # The failure happened past the checkpoint the run started from: it is the
+            # first failed attempt at the new head.
+            moved_to = Stmt(
+                ATTEMPT_AT_HEAD_SQL,
+                (head, lease.thread_id, lease.token, lease.owner),
+            )
+            yield Tx(
+                lambda: self._op_release(
+                    lease, status, reset=False, undo=False, error=error, first=(moved_to,)
+                )
+            )
+            return
+        yield Tx(lambda: self._op_release(lease, status, reset=reset, undo=undo, error=error))
+
+    def _run_started(
+        self,
+        config: RunnableConfig,
+        ctx: _RunContext,
+        lease: Lease,
+        outer: Lease | None,
+        saved: CheckpointTuple | None,
+    ) -> None:
+        """After a recognised run start took its lease: attach the run end, start the
+        checkpoint deferral, and make ``lease`` the run's (context and Runtime)."""
+        self._attach_exit(ctx, lease, outer)
+        if self._granularity is not None:
+            self._granularity.start(lease, ctx, saved)
+        _RUN_LEASE.set(lease)
+        self._bind_run(config, lease)
+
+    def _attach_exit(self, ctx: _RunContext, lease: Lease, outer: Lease | None = None) -> None:
+        """Run end: release ``lease`` when the run's loop exits (``_push_exit``), or
+        hand the thread back when the loop fails before it starts (``_guard_first``)."""
+        self._ensure_renewer()
+
+        def restore() -> None:
+            # A root run started inside another run's node (another thread) hands the
+            # context back to the outer run's lease: writes fence only with _RUN_LEASE.
+            if _RUN_LEASE.get() is lease:
+                _RUN_LEASE.set(outer if outer is not None and not outer.released else None)
+
+        self._push_exit(ctx, lease, restore)
+        self._guard_first(ctx, lease, restore)
+
+    def _push_exit(self, ctx: _RunContext, lease: Lease, restore: Callable[[], None]) -> None:
+        """Register the run-end callback on the loop's exit stack (sync or async)."""
+        stack = ctx.loop.stack
+        # granularity takes the composed saver (self is one: this is its component).
+        saver = cast("_DurableBase", self)
+
+        def sync_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+            if self._granularity is not None:  # deferred checkpoints, before the release
+                try:
+                    self._run_flow(self._granularity.exit_flow(saver, lease))
+                except Exception:
+                    logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
+            try:
+                self._run_flow(self._release_flow(lease, ctx.loop, exc))
+            except Exception:
+                logger.exception("could not release the lease on thread %s", lease.thread_id)
+            restore()
+            return False
+
+        async def async_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+            if self._granularity is not None:
+                try:
+                    await self._arun_flow(self._granularity.exit_flow(saver, lease))
+                except Exception:
+                    logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
+            try:
+                await self._arun_flow(self._release_flow(lease, ctx.loop, exc))
+            except Exception:
+                logger.exception("could not release the lease on thread %s", lease.thread_id)
+            restore()
+            return False
+
+        if isinstance(stack, AsyncExitStack):
+            stack.push_async_exit(async_exit)
+        elif isinstance(stack, ExitStack):
+            stack.push(sync_exit)
+
+    def _guard_first(self, ctx: _RunContext, lease: Lease, restore: Callable[[], None]) -> None:
+        """LangGraph calls loop._first() after this get_tuple, still inside __enter__. If
+        it raises (EmptyInputError on invoke(None) of a new thread, an input or Command
+        the thread cannot take) the `with` never reaches __exit__, so the callbacks
+        above never run: the lease would stay held, and renewed, for the life of the
+        process (every other run of the thread: ThreadBusyError). Hand the thread back
+        there as a run that never started: the attempt is not counted."""
+        first = ctx.loop._first
+
+        def guarded_first(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return first(*args, **kwargs)
+            except BaseException:
+                restore()
+                self._abandon_now(lease)
+                raise
+
+        ctx.loop._first = guarded_first
+
+    def _abandon_now(self, lease: Lease) -> None:
+        self._leases.remove(lease)
+        lease.released = True
+        if _RUN_LEASE.get() is lease:
+            _RUN_LEASE.set(None)
+        try:
+            try:
+                self._run_op(lambda: self._op_abandon(lease))
+            except asyncio.InvalidStateError:
+                # On the async saver's own event loop (inside __aenter__, where nothing
+                # can be awaited): one statement on a short-lived connection of its own.
+                with self._renew_connect() as conn:
+                    SyncDriver(conn, session_schema(self)).run_op(lambda: self._op_abandon(lease))
+        except Exception:
+            logger.exception("could not release the lease on thread %s", lease.thread_id)
+
+    def _run_context(self, config: RunnableConfig) -> _RunContext | None:
+        if not self.leases_enabled:
+            return None
+        configurable = config.get("configurable", {})
+        if _RUNTIME_KEY not in configurable or configurable.get("checkpoint_ns"):
+            return None
+        if "thread_id" not in configurable:
+            return None
+        ctx = _find_run_context()
+        if ctx is None:
+            self._check_unrecognised_start(config)
+            return None
+        if getattr(ctx.loop, "is_nested", False):
+            return None
+        return ctx
+
+    # --- fail closed
+    # The run-start recognition (_find_run_context) walks LangGraph's private call stack.
+    # A LangGraph release that changes it would make every run go without a lease,
+    # fencing, poison counting and version check, silently. These checks notice a root
+    # run the saver did not recognise and refuse it (on_unrecognised_run="raise") or log
+    # an error ("log"). Only root runs of savers with leases are concerned: update_state,
+    # copy_thread, nested graphs, subgraphs and leases=False savers are never refused.
+
+    def _run_config(self, configurable: Mapping[str, Any]) -> bool:
+        """Whether ``configurable`` is LangGraph's config for a root run of a thread:
+        set by a PregelLoop (runtime key), root namespace, not nested in another run's
+        task (a graph invoked inside a node carries its task id: never leased)."""
+        return (
+            self.leases_enabled
+            and _RUNTIME_KEY in configurable
+            and not configurable.get("checkpoint_ns")
+            and "thread_id" in configurable
+            and _TASK_ID_KEY not in configurable
+        )
+
+    def _check_unrecognised_start(self, config: RunnableConfig) -> None:
+        """LangGraph is loading a root run's checkpoint and no PregelLoop run start was
+        recognised. The one such load in a recognised run is ``checkpoint_superseded``
+        inside ``__enter__``, right after the start took its lease: a live lease of this
+        thread in this context. Runs before any node (``__enter__``), in every
+        durability mode."""
+        configurable = config.get("configurable", {})
+        if not self._run_config(configurable):
+            return
+        thread_id = str(configurable["thread_id"])
+        lease = _RUN_LEASE.get()
+        if lease is not None and not lease.released and lease.thread_id == thread_id:
+            return
+        self._unrecognised_run(thread_id, "the run's first checkpoint load (get_tuple)")
+
+    def _check_unrecognised_put(self, config: RunnableConfig, metadata: CheckpointMetadata) -> None:
+        """The backstop, should a LangGraph release load the run's state some other way:
+        a checkpoint of a root run (source "input" or "loop") with no lease of this
+        thread in this context or this process. An ``update_state`` ("update"),
+        a fork or a copy is not a run and is never refused."""
+        configurable = config.get("configurable", {})
+        if not self._run_config(configurable):
+            return
+        if (metadata or {}).get("source") not in ("input", "loop"):
+            return
+        thread_id = str(configurable["thread_id"])
+        lease = _RUN_LEASE.get()
+        if lease is not None and lease.thread_id == thread_id:
+            return  # this run's (under durability="exit" the last put may follow release)
+        if self._leases.get(thread_id) is not None:
+            return
+        self._unrecognised_run(thread_id, "the run's first checkpoint write (put)")
+
+    def _unrecognised_run(self, thread_id: str, where: str) -> None:
+        from langgraph_durable import _compat
+
+        version = _compat.langgraph_version()
+        message = (
+            f"thread {thread_id!r}: a LangGraph run started that langgraph-durable did not "
+            f"recognise (detected at {where}; installed: {_compat.describe_versions()}). "
+            "Run starts are recognised through LangGraph internals that this release "
+            "seems to have changed; running on would skip the lease, fencing, poison "
+            "counting and the graph-version check. Install a LangGraph version this "
+            "package supports (see its pyproject/README), or pass "
+            "on_unrecognised_run='log' to run such graphs unprotected."
+        )
+        if self.on_unrecognised_run == "log":
+            if thread_id not in self._unrecognised_logged:
+                if len(self._unrecognised_logged) < 10_000:
+                    self._unrecognised_logged.add(thread_id)
+                logger.error("%s Running it unprotected (on_unrecognised_run='log').", message)
+            return
+        raise UnsupportedLangGraphError(
+            message, langgraph_version=version, what=f"run start not recognised at {where}",
+            thread_id=thread_id,
+        )
+
+    def _bind_run(self, config: RunnableConfig, lease: Lease | None) -> None:
+        """Tie this call's LangGraph Runtime to ``lease`` (a root run start) or, for a
+        subgraph's start inside a run, to the run lease of the calling context."""
+        runtime = (config.get("configurable") or {}).get(_RUNTIME_KEY)
+        if runtime is None:
+            return
+        if lease is None:
+            lease = _RUN_LEASE.get()
+            if lease is None or lease.released:
+                return
+            if lease.thread_id != str(config["configurable"].get("thread_id")):
+                return
+        self._leases.bind_runtime(runtime, lease)

@@ -1,0 +1,102 @@
+"""Quarantine, the saver side: a thread whose run start failed too often (or whose
+checkpoint cannot be decoded) is set aside with its ``PoisonRecord``; the ``on_poison``
+hook runs once. The operator side (list, release) is ``poison.py``."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from langgraph_durable import telemetry as _telemetry
+from langgraph_durable._io import (
+    Batch,
+    Flow,
+    Hook,
+    Op,
+    Stmt,
+    Tx,
+)
+from langgraph_durable.core.view import QuarantineView
+from langgraph_durable.errors import PoisonCheckpointError
+from langgraph_durable.leases.model import Lease
+from langgraph_durable.sql.quarantine import QUARANTINE_ROW_SQL, QUARANTINE_THREAD_SQL
+
+logger = logging.getLogger("langgraph_durable")
+
+
+PoisonHook = Callable[["PoisonRecord"], Any]
+
+
+@dataclass(frozen=True)
+class PoisonRecord:
+    """What ``on_poison`` receives when a thread is quarantined.
+
+    ``attempts``: failed runs from ``checkpoint_id`` (a SIGKILL counts like an
+    exception). ``last_error``: the last exception text, ``None`` when every failure was
+    a dead process. ``reason``: ``"max_attempts"`` (more than ``max_resume_attempts``
+    failures) or ``"load_error"`` (the checkpoint could not be decoded: fail closed)."""
+
+    thread_id: str
+    checkpoint_id: str | None
+    attempts: int
+    last_error: str | None
+    graph_version: str | None
+    reason: str = "max_attempts"
+
+
+class QuarantineOps(QuarantineView):
+    """Quarantining a thread at a run start (see ``lifecycle``)."""
+
+    def _op_quarantine_row(self, thread_id: str) -> Op[dict[str, Any] | None]:
+        rows = yield Batch(
+            [Stmt(QUARANTINE_ROW_SQL, (thread_id,), fetch=True)]
+        )
+        return rows[0][0] if rows[0] else None
+
+    def _op_quarantine(self, record: PoisonRecord) -> Op[None]:
+        yield Batch([Stmt(QUARANTINE_THREAD_SQL, record.__dict__)])
+
+    def _fire_on_poison(self, record: PoisonRecord) -> Any:
+        logger.error(
+            "thread %s quarantined at checkpoint %s after %d attempts (graph version %s): %s",
+            record.thread_id, record.checkpoint_id, record.attempts, record.graph_version,
+            record.last_error,
+        )
+        if self.on_poison is None:
+            return None
+        try:
+            result = self.on_poison(record)
+        except Exception:
+            logger.exception("on_poison hook failed for thread %s", record.thread_id)
+            return None
+        if inspect.isawaitable(result):
+            # The driver awaits what a Hook returns: guard it too, so a failing async
+            # hook is logged and the caller still gets PoisonCheckpointError.
+            async def guarded() -> Any:
+                try:
+                    return await result
+                except Exception:
+                    logger.exception("on_poison hook failed for thread %s", record.thread_id)
+                    return None
+
+            return guarded()
+        return result
+
+    @_telemetry.instrument("quarantine")
+    def _flow_quarantine(
+        self, lease: Lease, record: PoisonRecord, cause: BaseException | None = None
+    ) -> Flow[None]:
+        """Quarantine the thread (lease dropped in the same statement), run the hook
+        once (at most once: after the commit), raise. Later run starts see the status
+        and raise without the hook."""
+        yield Tx(lambda: self._op_quarantine(record))
+        self._leases.remove(lease)
+        lease.released = True
+        yield Hook(self._fire_on_poison, (record,))
+        raise PoisonCheckpointError(
+            record.thread_id, record.checkpoint_id, record.attempts, record.last_error,
+            reason=record.reason,
+        ) from cause

@@ -1,0 +1,113 @@
+"""The recovery workers' SQL: claim a recoverable thread (``durable_threads``), queue
+submitted work, read a thread back after its run, count threads by lifecycle. Owner:
+langgraph_durable/recovery.py."""
+
+RECOVERY_CLAIM_SQL = """
+WITH cand AS (
+    SELECT t.thread_id, t.prev_status, t.attempts, t.attempts_checkpoint_id,
+           cp.checkpoint_id, cp.graph_version
+    FROM (
+        -- The ready queue in claim order (durable_threads_ready_idx). OFFSET 0 keeps
+        -- it a subquery of its own: the latest-checkpoint probe below then runs per
+        -- thread in this order and the LIMIT stops at the first taker, instead of the
+        -- planner probing every candidate and sorting after (issue 14).
+        SELECT r.thread_id, r.status AS prev_status, r.attempts, r.attempts_checkpoint_id
+        FROM durable_threads r
+        WHERE r.status IN ('running', 'stopped', 'queued', 'error')
+          -- ... or a thread this very claim took already: its COMMIT's reply was lost
+          -- and the driver retried it (the retry takes it again, same token).
+          AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(owner)s)
+          AND (r.status = ANY(%(statuses)s)
+               OR (r.status = 'error' AND %(retry_errors)s
+                   AND r.updated_at < now() - make_interval(secs => LEAST(
+                       %(backoff)s * power(2, GREATEST(r.attempts - 1, 0)), %(max_backoff)s))))
+          AND NOT (r.thread_id = ANY(%(skip)s))
+        ORDER BY r.updated_at
+        OFFSET 0
+    ) t
+    CROSS JOIN LATERAL (
+        SELECT c.checkpoint_id, c.metadata ->> 'graph_version' AS graph_version
+        FROM checkpoints c
+        WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = ''
+        ORDER BY c.checkpoint_id DESC
+        LIMIT 1
+    ) cp
+    WHERE (%(any_version)s
+           OR cp.graph_version = ANY(%(versions)s)
+           OR (cp.graph_version IS NULL AND %(adopt)s))
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE durable_threads AS t
+SET lease_owner = %(owner)s,
+    lease_token = CASE WHEN t.lease_owner = %(owner)s THEN t.lease_token ELSE t.lease_token + 1 END,
+    lease_expires_at = now() + make_interval(secs => %(ttl)s)
+FROM cand
+WHERE t.thread_id = cand.thread_id
+RETURNING t.thread_id, t.lease_token, cand.prev_status, cand.checkpoint_id, cand.graph_version,
+          CASE WHEN cand.attempts_checkpoint_id IS NOT DISTINCT FROM cand.checkpoint_id
+               THEN cand.attempts + 1 ELSE 1 END AS attempt
+"""
+
+JIT_OFF_SQL = "SELECT set_config('jit', 'off', true)"
+
+# After a run: drop the claim if the run never took it over (it failed before its
+# lease acquisition), then read where the thread ended up.
+RECOVERY_FINISH_SQL = """
+UPDATE durable_threads SET lease_owner = NULL, lease_expires_at = NULL
+WHERE thread_id = %(thread_id)s AND lease_owner = %(owner)s AND lease_token = %(token)s
+"""
+
+RECOVERY_THREAD_STATE_SQL = """
+SELECT status, lease_owner, lease_token, attempts, last_error
+FROM durable_threads WHERE thread_id = %s
+"""
+
+RECOVERY_QUEUE_SQL = """
+INSERT INTO durable_threads AS t (thread_id, status, graph_version, updated_at)
+VALUES (%(thread_id)s, 'queued', %(version)s, now())
+ON CONFLICT (thread_id) DO UPDATE SET
+    status = 'queued',
+    graph_version = COALESCE(EXCLUDED.graph_version, t.graph_version),
+    attempts = 0,
+    attempts_checkpoint_id = NULL,
+    last_error = NULL,
+    updated_at = now()
+WHERE t.status <> 'quarantined'
+  AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
+RETURNING thread_id
+"""
+
+# Threads by lifecycle, bounded by the live work, not by history (issue 14): done,
+# waiting and quarantined threads (nearly all, in time) are read from the trigger-kept
+# durable_thread_counts; only the threads the ready index holds (running, stopped,
+# queued, error: the backlog and the live runs) are looked at one by one. Same kinds as
+# before: a live lease is 'running' whatever the status, 'orphaned' has no checkpoint.
+STATUS_COUNTS_SQL = """
+WITH totals AS (
+    SELECT status, sum(n)::bigint AS n FROM durable_thread_counts GROUP BY status HAVING sum(n) <> 0
+), live AS (
+    SELECT t.status, count(*)::bigint AS n FROM durable_threads t
+    WHERE t.status IN ('running', 'stopped', 'queued', 'error')
+      AND t.lease_expires_at > now() AND t.lease_owner IS NOT NULL
+    GROUP BY t.status
+), orphans AS (
+    SELECT count(*)::bigint AS n FROM durable_threads t
+    WHERE t.status IN ('running', 'stopped', 'queued')
+      AND NOT (t.lease_owner IS NOT NULL AND t.lease_expires_at > now())
+      AND NOT EXISTS (SELECT 1 FROM checkpoints c
+                      WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '')
+)
+SELECT totals.status, totals.n, COALESCE(live.n, 0) AS live, (SELECT n FROM orphans) AS orphans
+FROM totals LEFT JOIN live ON live.status = totals.status
+"""
+
+# Fold the +1/-1 rows into one per status. Concurrent folds are safe: a row deleted
+# by one is skipped by the other, and rows inserted meanwhile are left for next time.
+STATUS_FOLD_SQL = """
+WITH gone AS (DELETE FROM durable_thread_counts RETURNING status, n)
+INSERT INTO durable_thread_counts SELECT status, sum(n) FROM gone GROUP BY status HAVING sum(n) <> 0
+"""
+# Fold when the table holds more rows than this (a fold costs ~its row count).
+STATUS_FOLD_ROWS = 500
+STATUS_ROWS_SQL = "SELECT count(*) AS n FROM (SELECT 1 FROM durable_thread_counts LIMIT %s) x"

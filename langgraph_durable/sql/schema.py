@@ -1,0 +1,406 @@
+"""Schema of this package: its migrations, the thread-keyed table lists, identifiers.
+
+Every statement is unqualified: the saver points ``search_path`` at the configured
+schema on each connection it uses, so the stock saver's SQL (reused verbatim from
+``langgraph.checkpoint.postgres.base``) and ours address the same tables. Values are
+always bound parameters; the only identifier ever interpolated is the schema name,
+validated and quoted with ``psycopg.sql.Identifier``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from psycopg import sql
+
+from langgraph_durable.errors import InvalidIdentifierError
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+# Advisory-lock key serializing setup() across processes ("lgdurable" in ASCII, folded).
+SETUP_LOCK_KEY = 0x6C6764757261626C
+
+
+def validate_schema(name: str | None) -> str | None:
+    """Return ``name`` if it is a safe identifier, else raise ``InvalidIdentifierError``."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not _IDENT.match(name) or name.lower().startswith("pg_"):
+        raise InvalidIdentifierError(name)
+    return name
+
+
+def set_search_path(schema: str) -> sql.Composed:
+    return sql.SQL("SET search_path TO {}").format(sql.Identifier(schema))
+
+
+def create_schema(schema: str) -> sql.Composed:
+    return sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
+
+
+# Our migrations, recorded in durable_migrations (the stock ones keep their own table).
+# The position in the list is the version; never edit an applied entry, append.
+MIGRATIONS: list[str] = [
+    """CREATE TABLE IF NOT EXISTS durable_migrations (
+        v INTEGER PRIMARY KEY,
+        applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    # One row per thread: lifecycle status, lease (owner, token, expiry), the resume
+    # attempt counter of poison detection, and the graph version of the latest run.
+    """CREATE TABLE IF NOT EXISTS durable_threads (
+        thread_id TEXT PRIMARY KEY,
+        status TEXT NOT NULL DEFAULT 'running',
+        graph_version TEXT,
+        lease_owner TEXT,
+        lease_token BIGINT NOT NULL DEFAULT 0,
+        lease_expires_at TIMESTAMPTZ,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        attempts_checkpoint_id TEXT,
+        last_error TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    "CREATE INDEX IF NOT EXISTS durable_threads_status_idx ON durable_threads (status, lease_expires_at)",
+    """CREATE TABLE IF NOT EXISTS durable_quarantine (
+        thread_id TEXT PRIMARY KEY,
+        checkpoint_ns TEXT NOT NULL DEFAULT '',
+        checkpoint_id TEXT,
+        attempts INTEGER NOT NULL,
+        last_error TEXT,
+        graph_version TEXT,
+        quarantined_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    # Content-addressed artifacts: digest = sha256 of the uncompressed content.
+    """CREATE TABLE IF NOT EXISTS durable_artifacts (
+        digest BYTEA PRIMARY KEY,
+        size INTEGER NOT NULL,
+        data BYTEA NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        last_used_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    # Which threads reference which artifacts: GC deletes artifacts no thread refers to.
+    """CREATE TABLE IF NOT EXISTS durable_artifact_refs (
+        thread_id TEXT NOT NULL,
+        digest BYTEA NOT NULL,
+        PRIMARY KEY (thread_id, digest)
+    )""",
+    "CREATE INDEX IF NOT EXISTS durable_artifact_refs_digest_idx ON durable_artifact_refs (digest)",
+    # The idempotency ledger of @idempotent calls.
+    """CREATE TABLE IF NOT EXISTS durable_ledger (
+        key TEXT PRIMARY KEY,
+        thread_id TEXT,
+        checkpoint_ns TEXT,
+        task_id TEXT,
+        fingerprint TEXT NOT NULL,
+        status TEXT NOT NULL,
+        owner TEXT,
+        result_type TEXT,
+        result BYTEA,
+        error TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        completed_at TIMESTAMPTZ,
+        expires_at TIMESTAMPTZ
+    )""",
+    "CREATE INDEX IF NOT EXISTS durable_ledger_thread_idx ON durable_ledger (thread_id)",
+    # Stock tables gain an index used by retention and the CLI (latest activity).
+    "CREATE INDEX IF NOT EXISTS durable_checkpoints_thread_cp_idx ON checkpoints (thread_id, checkpoint_ns, checkpoint_id DESC)",
+    "CREATE INDEX IF NOT EXISTS durable_checkpoints_run_id_idx ON checkpoints ((metadata ->> 'run_id'))",
+    # Why a thread was quarantined: 'max_attempts' (crash/error loop) or 'load_error'
+    # (undecodable checkpoint); they call for different operator actions.
+    "ALTER TABLE durable_quarantine ADD COLUMN IF NOT EXISTS reason TEXT NOT NULL DEFAULT 'max_attempts'",
+    # @idempotent (idempotency.py): what an operator needs to judge an unknown outcome
+    # (which function, which arguments, how many attempts), the claim's own lease (live:
+    # in flight; expired: the outcome is unknown), and the thread a key= key was first
+    # used in (key= keys outlive their thread, so their thread_id stays NULL and
+    # delete_thread leaves them to their TTL).
+    """ALTER TABLE durable_ledger
+        ADD COLUMN IF NOT EXISTS name TEXT,
+        ADD COLUMN IF NOT EXISTS args_preview TEXT,
+        ADD COLUMN IF NOT EXISTS attempts INTEGER NOT NULL DEFAULT 1,
+        ADD COLUMN IF NOT EXISTS claim_expires_at TIMESTAMPTZ,
+        ADD COLUMN IF NOT EXISTS error_type TEXT,
+        ADD COLUMN IF NOT EXISTS origin_thread_id TEXT""",
+    "CREATE INDEX IF NOT EXISTS durable_ledger_expires_idx ON durable_ledger (expires_at) WHERE expires_at IS NOT NULL",
+    # Artifacts (issue #5): a reference row can only point at a stored artifact, so GC
+    # can never delete an artifact a committed reference names (its DELETE fails), and
+    # a put that reuses an artifact GC just removed fails loudly and is retried with
+    # the data. NOT VALID: rows written before this migration are not re-checked.
+    """DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                       WHERE conname = 'durable_artifact_refs_digest_fk'
+                         AND conrelid = 'durable_artifact_refs'::regclass) THEN
+            ALTER TABLE durable_artifact_refs ADD CONSTRAINT durable_artifact_refs_digest_fk
+                FOREIGN KEY (digest) REFERENCES durable_artifacts (digest) NOT VALID;
+        END IF;
+    END $$""",
+    # The primary key (thread_id, checkpoint_ns, checkpoint_id) already serves "latest
+    # checkpoint of a thread" (a backward index scan); the copy cost one more index
+    # insert per checkpoint and ~7% of the chat benchmark's bytes.
+    "DROP INDEX IF EXISTS durable_checkpoints_thread_cp_idx",
+    # Graph-version migrations (versioning.py): the rows a migration replaced, copied
+    # in its own transaction, so an operator can audit and undo it.
+    """CREATE TABLE IF NOT EXISTS durable_migration_log (
+        id BIGSERIAL PRIMARY KEY,
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL DEFAULT '',
+        checkpoint_id TEXT NOT NULL,
+        from_version TEXT,
+        to_version TEXT NOT NULL,
+        steps JSONB NOT NULL,
+        origin TEXT NOT NULL,
+        old_checkpoint JSONB NOT NULL,
+        old_metadata JSONB NOT NULL,
+        old_writes JSONB NOT NULL,
+        old_blobs JSONB NOT NULL,
+        migrated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        undone_at TIMESTAMPTZ
+    )""",
+    "CREATE INDEX IF NOT EXISTS durable_migration_log_thread_idx ON durable_migration_log (thread_id, id)",
+    # Server-side fences for puts sent as one implicit transaction (_io._implicit): the
+    # check must abort the transaction itself, as the Python-side check of FENCE_SQL's
+    # rows would come after the commit. Same predicates and row lock as FENCE_SQL /
+    # FOREIGN_LEASE_SQL; SQLSTATE LGD01 = lease lost, LGD02 = leased by someone else
+    # (DETAIL: JSON owner / expires_in). Tables resolve through the caller's search_path.
+    """CREATE OR REPLACE FUNCTION durable_fence(p_thread text, p_token bigint, p_owner text)
+    RETURNS integer LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM 1 FROM durable_threads
+        WHERE thread_id = p_thread AND lease_token = p_token AND lease_owner = p_owner
+        FOR SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'LGD01',
+                MESSAGE = format('lease on thread %s (token %s) was lost', p_thread, p_token);
+        END IF;
+        RETURN 1;
+    END $$""",
+    """CREATE OR REPLACE FUNCTION durable_foreign_lease(p_thread text)
+    RETURNS SETOF integer LANGUAGE plpgsql AS $$
+    DECLARE
+        v_owner text;
+        v_expires float8;
+    BEGIN
+        SELECT t.lease_owner, EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8
+        INTO v_owner, v_expires
+        FROM durable_threads t
+        WHERE t.thread_id = p_thread AND t.lease_owner IS NOT NULL AND t.lease_expires_at > now();
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'LGD02',
+                MESSAGE = format('thread %s is being run by %s', p_thread, v_owner),
+                DETAIL = json_build_object('owner', v_owner, 'expires_in', v_expires)::text;
+        END IF;
+    END $$""",
+    # Storage (issue #5, measured with bench/bench_storage.py). Reference rows: the
+    # primary key leads with the digest (it serves the foreign-key check of an artifact
+    # delete and GC's "still referenced?" probe, as the digest index did), and thread_id
+    # gets a plain index, which btree deduplication keeps to a few bytes per thread
+    # instead of one ~50-byte entry per (thread, digest) pair: one index fewer.
+    """DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                       WHERE conname = 'durable_artifact_refs_digest_pkey'
+                         AND conrelid = 'durable_artifact_refs'::regclass) THEN
+            ALTER TABLE durable_artifact_refs DROP CONSTRAINT IF EXISTS durable_artifact_refs_pkey;
+            ALTER TABLE durable_artifact_refs ADD CONSTRAINT durable_artifact_refs_digest_pkey
+                PRIMARY KEY (digest, thread_id);
+        END IF;
+    END $$""",
+    "CREATE INDEX IF NOT EXISTS durable_artifact_refs_thread_idx ON durable_artifact_refs (thread_id)",
+    "DROP INDEX IF EXISTS durable_artifact_refs_digest_idx",
+    # delete_for_runs' index only needs checkpoints that name a run: a partial index
+    # (the planner proves `metadata ->> 'run_id' = ANY(...)` implies NOT NULL) stays
+    # empty for graphs invoked without a run_id instead of holding one entry per row.
+    """CREATE INDEX IF NOT EXISTS durable_checkpoints_run_idx ON checkpoints ((metadata ->> 'run_id'))
+        WHERE (metadata ->> 'run_id') IS NOT NULL""",
+    "DROP INDEX IF EXISTS durable_checkpoints_run_id_idx",
+    # Graph versions (compat.py): each version's topology (the JSON its fingerprint
+    # hashes, plus declared value types), written once per version at run start, so a
+    # version mismatch can be classified identical / compatible / incompatible.
+    # ``ambiguous``: the version name was stamped by graphs of different topologies.
+    """CREATE TABLE IF NOT EXISTS durable_graph_versions (
+        version TEXT PRIMARY KEY,
+        fingerprint TEXT NOT NULL,
+        topology JSONB NOT NULL,
+        ambiguous BOOLEAN NOT NULL DEFAULT false,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    # Checkpoint order (issue 11, clock skew): checkpoint ids are uuid6 from the writer's
+    # clock and "latest" is the greatest id, so a writer whose clock is behind the head's
+    # writer would add checkpoints that sort before the head: the next load would resume
+    # from the old head and run its steps (and their effects) again. A put whose id
+    # sorts before the head of its thread and namespace, and is not a re-put of a stored
+    # checkpoint, is refused (SQLSTATE LGD03, DETAIL: JSON head). One backward index
+    # probe on the primary key, inside the put's pipeline.
+    """CREATE OR REPLACE FUNCTION durable_checkpoint_order(p_thread text, p_ns text, p_id text)
+    RETURNS integer LANGUAGE plpgsql AS $$
+    DECLARE
+        v_head text;
+    BEGIN
+        SELECT checkpoint_id INTO v_head FROM checkpoints
+        WHERE thread_id = p_thread AND checkpoint_ns = p_ns
+        ORDER BY checkpoint_id DESC LIMIT 1;
+        IF v_head > p_id AND NOT EXISTS (
+            SELECT 1 FROM checkpoints
+            WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_id) THEN
+            RAISE EXCEPTION USING ERRCODE = 'LGD03',
+                MESSAGE = format('checkpoint %s of thread %s would sort before its head %s',
+                                 p_id, p_thread, v_head),
+                DETAIL = json_build_object('head', v_head)::text;
+        END IF;
+        RETURN 1;
+    END $$""",
+    # Artifacts are zstd output already: the default EXTENDED storage made pglz try (and
+    # fail) to compress every large one again, ~390 ms per 40 MB (issue 14). EXTERNAL:
+    # out of line, uncompressed. Existing rows keep their form; setting it twice is a no-op.
+    "ALTER TABLE durable_artifacts ALTER COLUMN data SET STORAGE EXTERNAL",
+    # The workers' ready queue (recovery.CLAIM_SQL, issue 14): only the threads a claim
+    # may take, in claim order, so a poll walks from the oldest claimable thread and
+    # stops at the first it can take instead of sorting every candidate. Done, waiting
+    # and quarantined threads (nearly all of them, in time) are not in it.
+    """CREATE INDEX IF NOT EXISTS durable_threads_ready_idx ON durable_threads (updated_at)
+        WHERE status IN ('running', 'stopped', 'queued', 'error')""",
+    # Threads per status, maintained by triggers (recovery.status_counts, issue 14: the
+    # count scanned every thread, 117 ms at 100k). Append-only +1/-1 rows, no upsert:
+    # concurrent runs never wait for (or deadlock on) a shared counter row; readers sum
+    # them and fold them into one row per status now and then (STATUS_FOLD_SQL). Created
+    # and filled in one transaction, durable_threads locked against writes meanwhile.
+    """DO $$ BEGIN
+        IF to_regclass('durable_thread_counts') IS NULL THEN
+            CREATE TABLE durable_thread_counts (status TEXT NOT NULL, n BIGINT NOT NULL);
+            CREATE OR REPLACE FUNCTION durable_thread_counts_row() RETURNS trigger
+            LANGUAGE plpgsql SET search_path FROM CURRENT AS $f$
+            BEGIN
+                IF TG_OP <> 'INSERT' THEN
+                    INSERT INTO durable_thread_counts VALUES (OLD.status, -1);
+                END IF;
+                IF TG_OP <> 'DELETE' THEN
+                    INSERT INTO durable_thread_counts VALUES (NEW.status, 1);
+                END IF;
+                RETURN NULL;
+            END $f$;
+            CREATE OR REPLACE FUNCTION durable_thread_counts_truncate() RETURNS trigger
+            LANGUAGE plpgsql SET search_path FROM CURRENT AS $f$
+            BEGIN
+                DELETE FROM durable_thread_counts;
+                RETURN NULL;
+            END $f$;
+            LOCK TABLE durable_threads IN SHARE ROW EXCLUSIVE MODE;
+            CREATE TRIGGER durable_thread_counts_ins_del AFTER INSERT OR DELETE ON durable_threads
+                FOR EACH ROW EXECUTE FUNCTION durable_thread_counts_row();
+            CREATE TRIGGER durable_thread_counts_upd AFTER UPDATE OF status ON durable_threads
+                FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+                EXECUTE FUNCTION durable_thread_counts_row();
+            CREATE TRIGGER durable_thread_counts_trunc AFTER TRUNCATE ON durable_threads
+                FOR EACH STATEMENT EXECUTE FUNCTION durable_thread_counts_truncate();
+            INSERT INTO durable_thread_counts SELECT status, count(*) FROM durable_threads GROUP BY status;
+        END IF;
+    END $$""",
+    # Issue 14 (writes at the floor): the fence (or, outside a run, the foreign-lease
+    # check) and the order check of a write, folded into the write's own statement
+    # (GUARDED_* below: ``INSERT ... SELECT ... WHERE durable_put_guard(...)``), so a
+    # leased put costs the stock saver's statements and round trips. Same predicates,
+    # row lock and SQLSTATEs as durable_fence / durable_foreign_lease /
+    # durable_checkpoint_order (inlined: a nested plpgsql call costs ~10 us each).
+    # p_owner NULL and p_foreign false: no lease check; p_id NULL: no order check.
+    """CREATE OR REPLACE FUNCTION durable_put_guard(
+        p_thread text, p_token bigint, p_owner text, p_foreign boolean, p_ns text, p_id text)
+    RETURNS boolean LANGUAGE plpgsql AS $$
+    DECLARE
+        v_owner text;
+        v_expires float8;
+        v_head text;
+    BEGIN
+        IF p_owner IS NOT NULL THEN
+            PERFORM 1 FROM durable_threads
+            WHERE thread_id = p_thread AND lease_token = p_token AND lease_owner = p_owner
+            FOR SHARE;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'LGD01',
+                    MESSAGE = format('lease on thread %s (token %s) was lost', p_thread, p_token);
+            END IF;
+        ELSIF p_foreign THEN
+            SELECT t.lease_owner, EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8
+            INTO v_owner, v_expires
+            FROM durable_threads t
+            WHERE t.thread_id = p_thread AND t.lease_owner IS NOT NULL AND t.lease_expires_at > now();
+            IF FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'LGD02',
+                    MESSAGE = format('thread %s is being run by %s', p_thread, v_owner),
+                    DETAIL = json_build_object('owner', v_owner, 'expires_in', v_expires)::text;
+            END IF;
+        END IF;
+        IF p_id IS NOT NULL THEN
+            SELECT checkpoint_id INTO v_head FROM checkpoints
+            WHERE thread_id = p_thread AND checkpoint_ns = p_ns
+            ORDER BY checkpoint_id DESC LIMIT 1;
+            IF v_head > p_id AND NOT EXISTS (
+                SELECT 1 FROM checkpoints
+                WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_id) THEN
+                RAISE EXCEPTION USING ERRCODE = 'LGD03',
+                    MESSAGE = format('checkpoint %s of thread %s would sort before its head %s',
+                                     p_id, p_thread, v_head),
+                    DETAIL = json_build_object('head', v_head)::text;
+            END IF;
+        END IF;
+        RETURN true;
+    END $$""",
+    # Issue 14 (one round trip per run start): the thread's state before the current
+    # lease, kept in the row by ACQUIRE_SQL, so an acquisition sent as one autocommit
+    # statement whose reply was lost still knows, when retried, what to give back if
+    # the run never starts (ABANDON_SQL). Before, an op memo filled between the
+    # statement and its COMMIT did that, at the price of BEGIN/COMMIT round trips.
+    """ALTER TABLE durable_threads
+        ADD COLUMN IF NOT EXISTS lease_prev_status TEXT,
+        ADD COLUMN IF NOT EXISTS lease_prev_version TEXT""",
+    # Issue 13 (one order check): durable_checkpoint_order, the stand-alone order check no
+    # statement of the package calls since durable_put_guard inlined it (issue 14), kept
+    # for installs and grants that name it, becomes durable_put_guard's order check with
+    # no lease check: the rule is written once. Same signature, result and SQLSTATE.
+    """CREATE OR REPLACE FUNCTION durable_checkpoint_order(p_thread text, p_ns text, p_id text)
+    RETURNS integer LANGUAGE sql AS $$
+        SELECT CASE WHEN durable_put_guard(p_thread, NULL, NULL, false, p_ns, p_id) THEN 1 END
+    $$""",
+    # Issue 17 (operator console): the audit trail of operator actions, from the
+    # console, the CLI and the Python API (langgraph_durable/audit.py writes it).
+    """CREATE TABLE IF NOT EXISTS durable_audit (
+        id BIGSERIAL PRIMARY KEY,
+        event_id UUID NOT NULL UNIQUE,
+        at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        actor TEXT NOT NULL,
+        via TEXT NOT NULL,
+        action TEXT NOT NULL,
+        thread_id TEXT,
+        before_id TEXT,
+        after_id TEXT,
+        detail JSONB NOT NULL DEFAULT '{}'::jsonb
+    )""",
+    "CREATE INDEX IF NOT EXISTS durable_audit_thread_idx ON durable_audit (thread_id, id)",
+]
+
+# THE list of this package's tables keyed by thread (beside the stock checkpoints,
+# checkpoint_blobs, checkpoint_writes). Every path that deletes a thread (delete_thread,
+# prune(strategy="delete"), retain, delete_for_runs of its last run) deletes its rows
+# in all of them through the statements below: a migration backup or ledger row that
+# outlived its thread would keep data the user asked to delete (issue 11, defect 5).
+# A new per-thread table goes here; tests/test_seams_delete.py fails until it does.
+# durable_threads last: its row is what a run's lease and fence lock.
+THREAD_TABLES = (
+    "durable_artifact_refs",
+    "durable_ledger",
+    "durable_quarantine",
+    "durable_migration_log",
+    "durable_threads",
+)
+STOCK_THREAD_TABLES = ("checkpoint_writes", "checkpoint_blobs", "checkpoints")
+# Tables with a thread_id column that deleting a thread does NOT empty, on purpose:
+# durable_audit is the trail of who did what (including who deleted the thread); its rows
+# hold ids and action metadata, never state values, so nothing the user asked to delete
+# survives in it (audit.py builds every row from ids, counts and type names).
+KEPT_AFTER_DELETE = ("durable_audit",)
+
+# setup(): the session advisory lock, polled (see core.setup), and the two version tables.
+SETUP_TRY_LOCK_SQL = "SELECT pg_try_advisory_lock(%s) AS ok"
+SETUP_POLL_SLEEP_SQL = "SELECT pg_sleep(0.05)"
+SETUP_UNLOCK_SQL = "SELECT pg_advisory_unlock(%s)"
+STOCK_MIGRATION_VERSION_SQL = "SELECT v FROM checkpoint_migrations ORDER BY v DESC LIMIT 1"
+STOCK_MIGRATION_RECORD_SQL = "INSERT INTO checkpoint_migrations (v) VALUES (%s)"
+DURABLE_MIGRATION_VERSION_SQL = "SELECT v FROM durable_migrations ORDER BY v DESC LIMIT 1"
+DURABLE_MIGRATION_RECORD_SQL = "INSERT INTO durable_migrations (v) VALUES (%s)"

@@ -1,0 +1,177 @@
+"""SQL on ``durable_threads``: the lease (acquire, fence, renew, release, abandon) and
+the thread-row locks deletes take. Parameterized, unqualified (see ``sql.schema``)."""
+
+from __future__ import annotations
+
+# Take the lease if it is free, expired, held by a provably dead process of this
+# machine (dead_owner) or handed over by a recovery worker (claim_owner AND its token,
+# see saver.claim_handoff), bump the fencing token, and count one attempt for the
+# checkpoint the run starts from. Poison counting: attempts_checkpoint_id is the checkpoint the
+# previous run started from. The same checkpoint: one more attempt. Another one with
+# status still 'running': the previous run moved on to it and died there (SIGKILL, OOM:
+# no exit handler ran), so that was attempt 1 at it and this is attempt 2. Otherwise the
+# previous run ended (done/waiting/stopped reset or undo; an error moved the count to
+# its head itself): attempt 1. Counting here, not in every put, keeps puts write-free
+# on durable_threads (an UPDATE per checkpoint cost ~20% per step). last_error belongs
+# to attempts_checkpoint_id and is cleared with it. Quarantined threads are never
+# taken. The conditional upsert is atomic: concurrent acquirers serialize on the row
+# lock and the loser re-evaluates the WHERE on the winner's row, so at most one owner
+# holds a live lease (no SELECT ... FOR UPDATE needed). prev_* report the row as it
+# was, to restore it if the run never starts; kept in lease_prev_*, so a retry reports
+# them too. With no checkpoint requested, the run starts from the thread's latest root
+# checkpoint, looked up in the same statement: the whole acquisition is one autocommit
+# statement, one round trip (issue 14).
+# Owner ids are unique per run, so a row already held by this owner is this very
+# acquisition, committed once already and retried by the driver because the COMMIT's
+# reply was lost: then nothing is counted or bumped again (retried = true), so a lost
+# acknowledgement can never push a healthy thread over max_resume_attempts.
+LEASE_ACQUIRE_SQL = """
+WITH prev AS (SELECT lease_owner FROM durable_threads WHERE thread_id = %(thread_id)s),
+head AS (SELECT COALESCE(%(checkpoint_id)s::text,
+                         (SELECT checkpoint_id FROM checkpoints
+                          WHERE thread_id = %(thread_id)s AND checkpoint_ns = ''
+                          ORDER BY checkpoint_id DESC LIMIT 1)) AS id)
+INSERT INTO durable_threads AS t (
+    thread_id, status, graph_version, lease_owner, lease_token, lease_expires_at,
+    attempts, attempts_checkpoint_id, updated_at)
+VALUES (%(thread_id)s, 'running', %(version)s, %(owner)s, 1,
+        now() + make_interval(secs => %(ttl)s), 1, (SELECT id FROM head), now())
+ON CONFLICT (thread_id) DO UPDATE SET
+    status = 'running',
+    graph_version = COALESCE(EXCLUDED.graph_version, t.graph_version),
+    lease_owner = EXCLUDED.lease_owner,
+    lease_token = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.lease_token
+                       ELSE t.lease_token + 1 END,
+    lease_expires_at = EXCLUDED.lease_expires_at,
+    attempts = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.attempts
+                    WHEN t.attempts_checkpoint_id IS NOT DISTINCT FROM EXCLUDED.attempts_checkpoint_id
+                    THEN t.attempts + 1
+                    WHEN t.status = 'running' THEN 2
+                    ELSE 1 END,
+    attempts_checkpoint_id = EXCLUDED.attempts_checkpoint_id,
+    last_error = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.last_error
+                      WHEN t.attempts_checkpoint_id IS NOT DISTINCT FROM EXCLUDED.attempts_checkpoint_id
+                      THEN t.last_error END,
+    lease_prev_status = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.lease_prev_status
+                             ELSE t.status END,
+    lease_prev_version = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.lease_prev_version
+                              ELSE t.graph_version END,
+    updated_at = now()
+WHERE t.status <> 'quarantined'
+  AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR t.lease_owner = EXCLUDED.lease_owner
+       OR t.lease_owner = %(dead_owner)s
+       OR (t.lease_owner = %(claim_owner)s AND t.lease_token = %(claim_token)s))
+RETURNING lease_token, attempts, last_error, attempts_checkpoint_id AS checkpoint_id,
+          lease_prev_status AS prev_status, lease_prev_version AS prev_version,
+          COALESCE((SELECT lease_owner FROM prev) = %(owner)s, false) AS retried
+"""
+
+# A run that took the lease but never started (version mismatch, failed migration,
+# load error): give the thread back as it was and do not count the attempt.
+LEASE_ABANDON_SQL = """
+UPDATE durable_threads SET
+    status = %(status)s,
+    graph_version = COALESCE(%(version)s, graph_version),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    attempts = GREATEST(attempts - 1, 0),
+    updated_at = now()
+WHERE thread_id = %(thread_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
+"""
+
+THREAD_LEASE_ROW_SQL = """
+SELECT thread_id, status, graph_version, lease_owner, lease_token,
+       EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS expires_in,
+       attempts, attempts_checkpoint_id, last_error
+FROM durable_threads WHERE thread_id = %s
+"""
+
+LATEST_CHECKPOINT_ID_SQL = """
+SELECT checkpoint_id FROM checkpoints
+WHERE thread_id = %s AND checkpoint_ns = '' ORDER BY checkpoint_id DESC LIMIT 1
+"""
+
+# Row lock in share mode: a takeover (UPDATE of the row) waits until this write commits,
+# so a write is either before the takeover or rejected, never interleaved.
+LEASE_FENCE_SQL = """
+SELECT 1 AS ok FROM durable_threads
+WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s FOR SHARE
+"""
+
+# The same two checks raising server-side (durable_fence / durable_foreign_lease above):
+# for puts sent as one implicit transaction. LGD01: lease lost; LGD02: busy.
+LEASE_FENCE_RAISING_SQL = "SELECT durable_fence(%s, %s, %s) AS ok"
+FOREIGN_LEASE_RAISING_SQL = "SELECT * FROM durable_foreign_lease(%s)"
+FENCE_LOST_STATE = "LGD01"
+FENCE_BUSY_STATE = "LGD02"
+
+# A write made outside a leased run (update_state, tools) is refused while another
+# process holds a live lease on the thread.
+FOREIGN_LEASE_SQL = """
+SELECT lease_owner, EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS expires_in
+FROM durable_threads
+WHERE thread_id = %s AND lease_owner IS NOT NULL AND lease_expires_at > now()
+"""
+
+LEASE_RENEW_SQL = """
+UPDATE durable_threads AS t
+SET lease_expires_at = now() + make_interval(secs => %s)
+FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS l(thread_id, token, owner)
+WHERE t.thread_id = l.thread_id AND t.lease_token = l.token AND t.lease_owner = l.owner
+RETURNING t.thread_id
+"""
+
+LEASE_RELEASE_SQL = """
+UPDATE durable_threads SET
+    status = %(status)s,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    attempts = CASE WHEN %(reset)s THEN 0
+                    WHEN %(undo)s THEN GREATEST(attempts - 1, 0)
+                    ELSE attempts END,
+    attempts_checkpoint_id = COALESCE(%(checkpoint_id)s, attempts_checkpoint_id),
+    last_error = CASE WHEN %(reset)s THEN NULL ELSE COALESCE(%(error)s, last_error) END,
+    updated_at = now()
+WHERE thread_id = %(thread_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
+"""
+
+
+# Whole-thread deletes (delete_thread, prune(strategy="delete")) lock the thread rows
+# first, after the artifact locks (the order puts take them in), creating one for a
+# thread that has none (removed with the rest). A leased put in flight holds its row
+# FOR SHARE: the delete waits for its commit and then deletes what it wrote; the next
+# put fails its fence (LGD01: the row is gone) and a run starting waits, then finds
+# nothing. Without this, a put committing between the delete's statements left a
+# checkpoint whose blobs the next statement had deleted.
+LOCK_THREADS_FOR_DELETE_SQL = (
+    """INSERT INTO durable_threads (thread_id, status)
+       SELECT t, 'done' FROM unnest(%s::text[]) AS t ORDER BY t
+       ON CONFLICT (thread_id) DO NOTHING""",
+    "SELECT thread_id FROM durable_threads WHERE thread_id = ANY(%s) ORDER BY thread_id FOR UPDATE",
+)
+
+
+# delete_for_runs' row locks (see sql.checkpoints.RUN_THREADS_SQL for the whole story).
+ENSURE_THREAD_ROWS_SQL = """
+INSERT INTO durable_threads (thread_id, status)
+SELECT t, 'done' FROM unnest(%(threads)s::text[]) AS t ORDER BY t
+ON CONFLICT (thread_id) DO NOTHING
+RETURNING thread_id
+"""
+LOCK_THREAD_ROWS_SQL = """
+SELECT thread_id, lease_owner,
+       EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS expires_in,
+       (lease_owner IS NOT NULL AND lease_expires_at > now()) AS leased
+FROM durable_threads WHERE thread_id = ANY(%(threads)s)
+ORDER BY thread_id FOR UPDATE
+"""
+
+# Thread rows made only to lock a thread (delete_for_runs, retention), removed again.
+DELETE_THREAD_ROWS_SQL = "DELETE FROM durable_threads WHERE thread_id = ANY(%s)"
+
+# A run that failed past the checkpoint it started from: the first failed attempt at
+# the new head (sent before LEASE_RELEASE_SQL, in the same pipeline).
+ATTEMPT_AT_HEAD_SQL = (
+    "UPDATE durable_threads SET attempts = 1, attempts_checkpoint_id = %s "
+    "WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s"
+)
