@@ -42,7 +42,7 @@ from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from langgraph_durable import AsyncDurablePostgresSaver, DurablePostgresSaver
+from langgraph_durable import AsyncDurablePostgresSaver, DurablePostgresSaver, ReworkBudget
 from langgraph_durable.versioning import VERSION_KEY
 
 DEFAULT_BASE = "postgresql://postgres@127.0.0.1:5432/"
@@ -53,6 +53,13 @@ _built = [0]
 
 
 _normalise = True  # --lgd-keep-graph-version turns it off (to count what it hides)
+_policy: Any = None  # --lgd-policy: the checkpoint_policy every durable saver gets
+
+
+def _options(options: dict[str, Any]) -> dict[str, Any]:
+    if _policy is not None and options.get("checkpoint_policy") is None:
+        options["checkpoint_policy"] = _policy
+    return options
 
 
 def _hide_graph_version(tup: Any) -> Any:
@@ -67,7 +74,7 @@ class SuiteDurablePostgresSaver(DurablePostgresSaver):
     """``DurablePostgresSaver`` (stock constructor: conn, pipe, serde), ``graph_version`` hidden."""
 
     def __init__(self, conn: Any, pipe: Any = None, serde: Any = None, **options: Any) -> None:
-        super().__init__(conn, pipe, serde, **options)
+        super().__init__(conn, pipe, serde, **_options(options))
         _built[0] += 1
 
     def get_tuple(self, config: Any) -> Any:
@@ -89,7 +96,7 @@ class SuiteAsyncDurablePostgresSaver(AsyncDurablePostgresSaver):
     """``AsyncDurablePostgresSaver`` (stock constructor), ``graph_version`` hidden."""
 
     def __init__(self, conn: Any, pipe: Any = None, serde: Any = None, **options: Any) -> None:
-        super().__init__(conn, pipe, serde, **options)
+        super().__init__(conn, pipe, serde, **_options(options))
         _built[0] += 1
 
     def get_tuple(self, config: Any) -> Any:
@@ -410,6 +417,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="do not hide metadata['graph_version'] (shows which tests see only that key)",
     )
     group.addoption(
+        "--lgd-policy",
+        choices=("defer", "budget"),
+        default=None,
+        help="durable savers: checkpoint_policy='defer' (every node deferrable) or "
+        "ReworkBudget(seconds=60) (issue 16: deferral must be invisible to the suites)",
+    )
+    group.addoption(
         "--lgd-db",
         choices=("reuse", "fresh"),
         default="reuse",
@@ -465,10 +479,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Point the suites at our server and, for durable, rebind their saver names. Runs after
     every test module is imported (so their ``from x import y`` copies exist) and before any
     fixture runs; under xdist each worker does it for itself."""
-    global _base, _normalise, _db_mode
+    global _base, _normalise, _db_mode, _policy
     config = session.config
     _base = config.getoption("--lgd-base")
     _db_mode = config.getoption("--lgd-db")
+    policy = config.getoption("--lgd-policy")
+    _policy = ReworkBudget(seconds=60.0) if policy == "budget" else policy
     _normalise = not config.getoption("--lgd-keep-graph-version")
     durable = config.getoption("--lgd-saver") == "durable"
     mods = sys.modules
