@@ -232,7 +232,8 @@ SAVER_ARGS = {
 
 
 def launch(job: Job, saver: str, workers: int, base: str, ids: list[str] | None = None) -> Running:
-    out = CACHE / "results"
+    # Per langgraph version: the newest and the oldest job may run at the same time.
+    out = CACHE / "results" / f"langgraph-{metadata.version('langgraph')}"
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{job.name}-{saver}" + ("-rerun" if ids else "")
     xml, log = out / f"{stem}.xml", out / f"{stem}.log"
