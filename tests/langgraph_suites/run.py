@@ -354,12 +354,20 @@ def _main(args: argparse.Namespace, base: str) -> int:
                         flaky.append(f"{job.name}/{saver}: {tid}")
     server_cpu = fastpg.server_cpu() - pg0
     results: dict[tuple[str, str], Result] = {}
+    problems: list[str] = []
     for job in jobs:
         for saver in savers:
-            for name, r in _split(job, job_results[job.name, saver]).items():
+            whole = job_results[job.name, saver]
+            for name, r in _split(job, whole).items():
                 results[name, saver] = r
-
-    problems: list[str] = []
+            # A collection error (an import error of a test module) has no test id of a
+            # suite file, and a file that collects nothing hides its tests: both fail the run.
+            for tid, o in sorted(whole.outcomes.items()):
+                if not tid.startswith(tuple(f + "::" for f in job.files)) and o in ("failed", "error"):
+                    problems.append(f"{job.name}/{saver}: {o} outside any test: {tid} (see {whole.log})")
+            for f in job.files:
+                if whole.outcomes and not any(t.startswith(f + "::") for t in whole.outcomes):
+                    problems.append(f"{job.name}/{saver}: no test of {f} ran (see {whole.log})")
     explained: dict[Known, list[str]] = {}
     compared = agreed = 0
     print()
