@@ -2,14 +2,18 @@
 
 Loaded by ``run.py`` with ``-p suite_plugin`` inside an unpacked sdist (``langgraph`` or
 ``langgraph-checkpoint-postgres``); nothing of theirs is edited. ``--lgd-saver=stock`` runs
-their postgres checkpointers unchanged (only pointed at our server); ``--lgd-saver=durable``
-substitutes the durable savers *through the suites' own fixtures*:
+their postgres checkpointers (pointed at our server); ``--lgd-saver=durable`` substitutes the
+durable savers *through the suites' own fixtures* (``--lgd-policy`` gives them a checkpoint
+policy, issue 16):
 
 * langgraph (``tests/conftest.py``): the ``sync_checkpointer`` / ``async_checkpointer``
   fixtures call module globals ``_checkpointer_postgres``, ``_checkpointer_postgres_pipe``,
-  ``_checkpointer_postgres_pool`` and the ``_aio`` trio; those globals are rebound to the
-  durable builders below, which mirror the stock ones connection for connection (from the
-  conn string; one connection in pipeline mode; a pool opened by the test).
+  ``_checkpointer_postgres_pool`` and the ``_aio`` trio. In both modes those globals are
+  rebound to builders below: the stock ones are theirs line for line, the durable ones
+  mirror them connection for connection (from the conn string; one connection in pipeline
+  mode; a pool opened by the test). Both take their database from ``_Databases`` (emptied
+  databases reused per xdist worker instead of CREATE/DROP DATABASE per test: the one
+  speed-up, the same for both modes; ``--lgd-db=fresh`` turns it off).
 * langgraph-checkpoint-postgres (``tests/test_sync.py``, ``tests/test_async.py``): their
   module-level ``_saver`` helpers construct ``PostgresSaver(conn)``,
   ``PostgresSaver(conn, pipe=pipe)``, ``PostgresSaver(pool)`` (async likewise); the names
