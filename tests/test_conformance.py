@@ -2,7 +2,8 @@
 
 Also with a checkpoint policy on (issue 16: deferral must be invisible to everything but
 the number of writes): the suite calls the saver directly, outside a leased root run, so
-nothing may be deferred and every result must be the same as without a policy.
+nothing may be deferred and every result must be the same as without a policy
+(tests/test_granularity.py runs it with a ReworkBudget).
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 
-from langgraph_durable import AsyncDurablePostgresSaver, ReworkBudget
+from langgraph_durable import AsyncDurablePostgresSaver
 from langgraph_durable.granularity import CheckpointPolicy
 
 
 @pytest.mark.parametrize(
     ("threshold", "policy"),
-    [(1024, None), (0, None), (1024, "defer"), (1024, ReworkBudget(seconds=60.0))],
-    ids=["default", "offload-everything", "policy-defer", "policy-budget"],
+    [(1024, None), (0, None), (1024, "defer")],
+    ids=["default", "offload-everything", "policy-defer"],
 )
 async def test_conformance_async(dsn: str, threshold: int, policy: CheckpointPolicy | None) -> None:
     @checkpointer_test(name=f"AsyncDurablePostgresSaver[threshold={threshold}, policy={policy!r}]")
