@@ -5,12 +5,13 @@
     python3 dev.py test         # ruff + mypy + the whole test suite
     python3 dev.py test --long  # the hypothesis tests only, long profile (many examples)
     python3 dev.py suites       # LangGraph's own test suites, stock vs durable savers
-    python3 dev.py test-oldest  # the oldest supported LangGraph: the drop-in suites
+    python3 dev.py test-oldest  # the oldest supported LangGraph: drop-in suites + LangGraph's suites
 
 ``demo``/``test``/``suites`` create ``.venv`` on first use and install the package with its
 test extras (reinstalled when pyproject.toml changes). ``test-oldest`` does the same in
 ``.venv-oldest`` with the low end of the supported range pinned
-(``[tool.langgraph-durable.oldest]`` in pyproject.toml) and runs ``OLDEST_SUITES``.
+(``[tool.langgraph-durable.oldest]`` in pyproject.toml) and runs ``OLDEST_SUITES``, then
+LangGraph's own suites of those versions (tests/langgraph_suites/run.py).
 Extra arguments go to the demo, to pytest or to tests/langgraph_suites/run.py.
 """
 
