@@ -287,6 +287,31 @@ def finish(run: Running) -> Result:
     return Result(parse_junit(run.xml), seconds, cpu, rc, int(m[-1]) if m else -1, run.log)
 
 
+def failure_sites(xml: Path) -> dict[str, list[str]]:
+    """Test ids by the line of theirs that failed (``file:line: assertion``), from the
+    junit XML: groups the differences of the ``policy`` run (most read the stored
+    history, which deferral shortens)."""
+    sites: dict[str, list[str]] = {}
+    if not xml.exists():
+        return sites
+    for case in ET.parse(xml).iter("testcase"):
+        for child in case:
+            if child.tag not in ("failure", "error"):
+                continue
+            text = (child.text or "") + (child.get("message") or "")
+            locs = re.findall(r"^(tests/\S+\.py):(\d+): (\w+)", text, re.M)
+            site = "unknown"
+            if locs:
+                file, line, err = locs[-1]
+                src = CACHE / xml.parent.name / file  # results/langgraph-<v>/ -> the sdist
+                code = ""
+                if src.exists():
+                    code = src.read_text(errors="replace").splitlines()[int(line) - 1].strip()[:90]
+                site = f"{file}:{line}: {err}: {code}"
+            sites.setdefault(site, []).append(f"{case.get('classname')}::{case.get('name')}")
+    return sites
+
+
 def known_for(suite: str, tid: str) -> Known | None:
     for k in KNOWN_DIFFERENCES:
         if k.suite == suite and k.versions_match() and re.fullmatch(".*".join(map(re.escape, k.pattern.split("*"))), tid):
@@ -442,6 +467,15 @@ def _main(args: argparse.Namespace, base: str) -> int:
             print("    ", tid)
     for line in problems:
         print("PROBLEM:", line)
+    if "policy" in savers:
+        # The policy run's differences, grouped by the assertion that failed.
+        for job in jobs:
+            run_xml = CACHE / "results" / f"langgraph-{metadata.version('langgraph')}" / f"{job.name}-policy.xml"
+            sites = failure_sites(run_xml)
+            if sites:
+                print(f"\npolicy run {job.name}: {sum(map(len, sites.values()))} failures at {len(sites)} sites")
+                for site, tids in sorted(sites.items(), key=lambda kv: -len(kv[1])):
+                    print(f"  {len(tids):4}  {site}")
     print(f"\n{compared} test ids compared with stock; {sum(map(len, explained.values()))} differ as listed in "
           f"KNOWN_DIFFERENCES, {len(problems)} problem(s).")
     # The closing line counts test ids whose outcome matches stock's (or is a listed
