@@ -19,7 +19,8 @@ pregel core and extended suites share one; outcomes are split back by file), all
 side by side, ``-n 2`` each; the PostgreSQL server is a throwaway ``fsync=off`` cluster
 (fastpg.py), and the langgraph suites reuse emptied databases instead of creating one per
 test (suite_plugin._Databases). Measured on the shared 2-core machine, same load for both:
-before 990 s wall, 209 s pytest CPU + 939 s PostgreSQL CPU; after 408 s wall, 163 s + 178 s.
+before 990 s wall, 209 s pytest CPU + 939 s PostgreSQL CPU; after 408 s wall (272 s in a
+quieter moment), 163 s + 178 s.
 """
 
 from __future__ import annotations
