@@ -6,12 +6,13 @@
     python3 dev.py lint         # ruff + mypy + lint-imports (the layers contract)
     python3 dev.py test --long  # the hypothesis tests only, long profile (many examples)
     python3 dev.py suites       # LangGraph's own test suites, stock vs durable savers
-    python3 dev.py test-oldest  # the oldest supported LangGraph: the drop-in suites
+    python3 dev.py test-oldest  # the oldest supported LangGraph: drop-in suites + LangGraph's suites
 
 ``demo``/``test``/``suites`` create ``.venv`` on first use and install the package with its
 test extras (reinstalled when pyproject.toml changes). ``test-oldest`` does the same in
 ``.venv-oldest`` with the low end of the supported range pinned
-(``[tool.langgraph-durable.oldest]`` in pyproject.toml) and runs ``OLDEST_SUITES``.
+(``[tool.langgraph-durable.oldest]`` in pyproject.toml) and runs ``OLDEST_SUITES``, then
+LangGraph's own suites of those versions (tests/langgraph_suites/run.py).
 Extra arguments go to the demo, to pytest or to tests/langgraph_suites/run.py.
 """
 
@@ -70,13 +71,19 @@ OLDEST_SUITES: list[str] = [
     "tests/test_crash_resume.py",
     "tests/test_dropin_api.py",
 ]
-# Test extras the oldest job needs (their version specs are taken from pyproject.toml):
-# not the notebook/Studio/lint tools, which pull in the newest LangGraph.
+# Test extras the oldest job needs (their version specs are taken from pyproject.toml's
+# ``test`` and ``langgraph-suites`` extras): not the notebook/Studio/lint tools, which pull
+# in the newest LangGraph.
 OLDEST_TEST_TOOLS = (
     "pytest", "pytest-asyncio", "langgraph-checkpoint-conformance", "hypothesis",
     "pytest-xdist", "asyncpg",
+    # LangGraph's own suites (tests/langgraph_suites/run.py), from the oldest sdists
+    "syrupy", "pytest-mock", "redis", "langgraph-checkpoint-sqlite", "pycryptodome",
 )
 OLDEST_EXTRA_SUITES: list[str] = []
+# Then LangGraph's own suites of the oldest versions (their sdists), stock vs durable:
+# tests/langgraph_suites/run.py with these arguments (LGD_OLDEST_SUITES=0 skips it).
+OLDEST_LANGGRAPH_SUITES: list[str] = []
 
 
 def add_oldest_suite(*pytest_args: str) -> None:
@@ -89,9 +96,10 @@ def oldest_requirements() -> tuple[str, ...]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     pins = project["tool"]["langgraph-durable"]["oldest"]["pins"]
     tools = []
-    for spec in project["project"]["optional-dependencies"]["test"]:
+    extras = project["project"]["optional-dependencies"]
+    for spec in [*extras["test"], *extras["langgraph-suites"]]:
         name = re.split(r"[\[<>=!~; ]", spec, maxsplit=1)[0].lower()
-        if name in OLDEST_TEST_TOOLS:
+        if name in OLDEST_TEST_TOOLS and spec not in tools:
             tools.append(spec)
     return (".", *pins, *tools)
 
@@ -110,6 +118,11 @@ def test_oldest(rest: list[str]) -> int:
         print("test-oldest: some tests failed; rerunning only those once (FLAKY if they pass)", flush=True)
         code = _run(py, "-m", "pytest", "--last-failed", "--last-failed-no-failures", "none",
                     *OLDEST_SUITES, *OLDEST_EXTRA_SUITES)
+    if os.environ.get("LGD_OLDEST_SUITES", "1") != "0" and not rest:
+        # LangGraph's suites of exactly the oldest versions: run.py unpacks the sdists of
+        # what this virtualenv has installed (langgraph 1.0.6, checkpoint-postgres 3.2.0).
+        suites = _run(py, ROOT / "tests" / "langgraph_suites" / "run.py", *OLDEST_LANGGRAPH_SUITES)
+        code = code or suites
     return code
 
 

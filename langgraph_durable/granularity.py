@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 
-from langgraph_durable._io import Flow, Tx
+from langgraph_durable._io import Flow, Sleep, Tx
 from langgraph_durable.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -125,6 +125,11 @@ class _Run:
     # versions_seen of the last checkpoint put (the parent of the next).
     last_seen: dict[str, Any] = field(default_factory=dict)
     closed: bool = False
+    # Ids of deferred checkpoints taken for a flush whose put has not finished: a later
+    # put of the thread waits for them (taken under the lock, written outside it: without
+    # the wait, the child's put could commit first and the flush then fail the order
+    # check, seen with durability="async" and a subgraph's writes flushing the head).
+    flushing: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -258,7 +263,9 @@ class Deferrals:
         # that parent does not have (those of the superseded steps included).
         put = (pending.config, pending.checkpoint, pending.metadata, run.durable_id,
                _diff(pending.checkpoint, run.durable_versions))
-        ops: list[tuple[str, Any]] = [("put", put), *[("writes", w) for w in pending.writes]]
+        flush = (run, put, set(run.flushing))
+        run.flushing.add(pending.checkpoint["id"])
+        ops: list[tuple[str, Any]] = [("flush", flush), *[("writes", w) for w in pending.writes]]
         self._mark_durable(run, pending.checkpoint)
         self.stats.flushed += 1
         return ops
@@ -310,6 +317,7 @@ class Deferrals:
         parent_id = configurable.get("checkpoint_id")
         now = time.monotonic()
         with self.lock:
+            inflight = set(run.flushing)
             early = run.early.pop(checkpoint["id"], [])
             defer = self._may_defer(run, checkpoint, metadata, parent_id, now) and not any(
                 _interrupts(w[1]) for w in early
@@ -341,7 +349,7 @@ class Deferrals:
             self.stats.written += 1
             ops = [*before, ("put", (config, checkpoint, metadata, parent, versions))]
             ops.extend(("writes", w) for w in early)
-        return self._put_result(saver, ops)
+        return self._put_result(saver, [("wait", (run, inflight)), *ops])
 
     def _ops_then(self, saver: _DurableBase, ops: list[tuple[str, Any]], value: Any) -> Flow[Any]:
         yield from self._run_ops(saver, ops)
@@ -430,9 +438,31 @@ class Deferrals:
         return self._ops_flow(saver, ops) if ops else None
 
     # ------------------------------------------------------------------ I/O
+    def _wait_flushes(self, run: _Run, ids: set[str]) -> Flow[None]:
+        """Until the flushes of ``ids`` (taken before this op) have written their put."""
+        deadline = time.monotonic() + 30.0
+        while True:
+            with self.lock:
+                ids &= run.flushing
+            if not ids or time.monotonic() > deadline:
+                return
+            yield Sleep(0.002)
+
     def _run_ops(self, saver: _DurableBase, ops: list[tuple[str, Any]]) -> Flow[Any]:
         result: Any = None
         for kind, args in ops:
+            if kind == "wait":
+                yield from self._wait_flushes(*args)
+                continue
+            if kind == "flush":
+                run, put, before = args
+                yield from self._wait_flushes(run, before)
+                try:
+                    result = yield from self._run_ops(saver, [("put", put)])
+                finally:
+                    with self.lock:
+                        run.flushing.discard(put[1]["id"])
+                continue
             if kind == "put":
                 config, checkpoint, metadata, parent, versions = args
                 cfg = _with_parent(config, parent)

@@ -6,12 +6,21 @@
 
 For the *installed* ``langgraph`` and ``langgraph-checkpoint-postgres``, pip downloads the
 sdists of exactly those versions (they ship their tests) into ``.cache/langgraph-suites/``
-(git-ignored) and unpacks them. Each suite then runs twice with pytest-xdist, once with the
-stock savers and once with the durable ones substituted through the suites' own fixtures
+(git-ignored) and unpacks them. The suites then run with pytest-xdist, once with the stock
+savers and once with the durable ones substituted through the suites' own fixtures
 (``suite_plugin.py`` says how, and holds the one normalisation: the ``graph_version`` metadata
-key). Per-test outcomes are compared; the run fails if any test's outcome differs between
-stock and durable, unless ``KNOWN_DIFFERENCES`` lists it (each entry names the issue item
-that removes it), and if a stock test fails at all (the environment, not the saver, is wrong).
+key); ``--policy`` adds a third run, the durable savers with a checkpoint policy on. Per-test
+outcomes are compared; the run fails if any test's outcome differs between stock and durable,
+unless ``KNOWN_DIFFERENCES`` lists it (each entry names the issue item that removes it), and
+if a stock test fails at all (the environment, not the saver, is wrong).
+
+Speed (issue 12: a few minutes of CI on 2 cores): one pytest per sdist and saver (the
+pregel core and extended suites share one; outcomes are split back by file), all of them
+side by side, ``-n 2`` each; the PostgreSQL server is a throwaway ``fsync=off`` cluster
+(fastpg.py), and the langgraph suites reuse emptied databases instead of creating one per
+test (suite_plugin._Databases). Measured on the shared 2-core machine, same load for both:
+before 990 s wall, 209 s pytest CPU + 939 s PostgreSQL CPU; after 408 s wall (272 s in a
+quieter moment), 163 s + 178 s.
 """
 
 from __future__ import annotations
@@ -24,11 +33,13 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -48,10 +59,14 @@ NOT_FIXTURE_BASED = ("tests/test_prune_postgres.py", "tests/test_delta_channel_b
 class Known:
     """A test whose durable outcome may differ from stock's, and why."""
 
-    suite: str
+    suite: str  # "pregel-core" (durable vs stock) or "pregel-core/policy" (policy vs stock)
     pattern: str  # the test id ``file::name[params]``, where only ``*`` is a wildcard
     reason: str
     removed_by: str  # the issue item (and branch) whose merge makes it pass
+    langgraph: str = ""  # only with this installed langgraph version (e.g. the oldest job's)
+
+    def versions_match(self) -> bool:
+        return not self.langgraph or metadata.version("langgraph") == self.langgraph
 
 
 # Kept as short as it can be. An entry that no longer occurs fails the run too (remove it),
@@ -167,19 +182,69 @@ def parse_junit(path: Path) -> dict[str, str]:
 
 
 @dataclass
+class Job:
+    """One pytest run per saver: the chosen suites of one sdist (same rootdir and addopts).
+    The outcomes are split back into suites by test file."""
+
+    suites: list[Suite]
+
+    @property
+    def name(self) -> str:
+        return "+".join(s.name for s in self.suites)
+
+    @property
+    def files(self) -> list[str]:
+        return [f for s in self.suites for f in s.files]
+
+
+def jobs_of(chosen: list[Suite]) -> list[Job]:
+    jobs: dict[tuple[Path, str], Job] = {}
+    for suite in chosen:
+        jobs.setdefault((suite.root, suite.addopts), Job([])).suites.append(suite)
+    return list(jobs.values())
+
+
+@dataclass
 class Running:
-    suite: Suite
+    job: Job
     saver: str
     proc: subprocess.Popen[bytes]
     xml: Path
     log: Path
     started: float
+    ended: tuple[float, int, Any] | None = None  # (monotonic time, wait status, rusage)
+
+    def wait(self) -> None:
+        """Reap the process (this pytest and, through it, its xdist workers)."""
+        _, status, usage = os.wait4(self.proc.pid, 0)
+        self.ended = (time.monotonic(), status, usage)
 
 
-def launch(suite: Suite, saver: str, workers: int, base: str, ids: list[str] | None = None) -> Running:
-    out = CACHE / "results"
+def wait_all(runs: list[Running]) -> list[Result]:
+    """Wait for every run at once (each run's time ends when it does, not when the
+    previous one in the list does)."""
+    threads = [threading.Thread(target=run.wait) for run in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [finish(run) for run in runs]
+
+
+# What each saver mode passes to suite_plugin.py: "policy" is the durable saver with a
+# checkpoint policy on (issue 16: deferral must be invisible to the suites).
+SAVER_ARGS = {
+    "stock": ["--lgd-saver=stock"],
+    "durable": ["--lgd-saver=durable"],
+    "policy": ["--lgd-saver=durable", "--lgd-policy=defer"],
+}
+
+
+def launch(job: Job, saver: str, workers: int, base: str, ids: list[str] | None = None) -> Running:
+    # Per langgraph version: the newest and the oldest job may run at the same time.
+    out = CACHE / "results" / f"langgraph-{metadata.version('langgraph')}"
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{suite.name}-{saver}" + ("-rerun" if ids else "")
+    stem = f"{job.name}-{saver}" + ("-rerun" if ids else "")
     xml, log = out / f"{stem}.xml", out / f"{stem}.log"
     xml.unlink(missing_ok=True)
     env = dict(os.environ)
@@ -187,39 +252,70 @@ def launch(suite: Suite, saver: str, workers: int, base: str, ids: list[str] | N
     # this folder for ``-p suite_plugin``; the sdist root itself is pytest's rootdir.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(HERE), env.get("PYTHONPATH")]))
     env["LGD_SUITE_PG"] = base
+    root = job.suites[0].root
     cmd = [
-        sys.executable, "-m", "pytest", *(ids or suite.files),
-        "-p", "suite_plugin", f"--lgd-saver={saver}",
-        "-p", "no:cacheprovider", "-o", f"addopts={suite.addopts}",
+        sys.executable, "-m", "pytest", *(ids or job.files),
+        "-p", "suite_plugin", *SAVER_ARGS[saver],
+        "-p", "no:cacheprovider", "-o", f"addopts={job.suites[0].addopts}",
         "-q", "--tb=short", f"--junitxml={xml}",
     ]
     if workers > 0:
         cmd += ["-n", str(workers)]
     shown = f"{len(ids)} failed test(s) again" if ids else " ".join(cmd[3:])
-    print(f"[{suite.name} / {saver}] {shown}  (log: {log.relative_to(REPO)})", flush=True)
+    print(f"[{job.name} / {saver}] {shown}  (log: {log.relative_to(REPO)})", flush=True)
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, cwd=suite.root, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    return Running(suite, saver, proc, xml, log, time.monotonic())
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    return Running(job, saver, proc, xml, log, time.monotonic())
 
 
 def finish(run: Running) -> Result:
-    # wait4: this pytest's own CPU (with its xdist workers), even with another one running
+    # wait4: this pytest's own CPU (with its xdist workers), even with others running
     # beside it. On a busy shared machine wall time says little; CPU seconds bound what an
     # idle CI machine needs.
-    _, status, usage = os.wait4(run.proc.pid, 0)
+    if run.ended is None:
+        run.wait()
+    assert run.ended is not None
+    ended, status, usage = run.ended
     run.proc.returncode = rc = os.waitstatus_to_exitcode(status)
-    seconds = time.monotonic() - run.started
+    seconds = ended - run.started
     cpu = usage.ru_utime + usage.ru_stime
     text = run.log.read_text(errors="replace")
     m = re.findall(r"^lgd-suite saver=\S+ durable_savers_built=(\d+)$", text, re.M)
+    db = re.findall(r"^lgd-suite databases .*$", text, re.M)
     tail = re.findall(r"^=*\s*(\d+ (?:passed|failed|error|skipped|deselected).* in [\d.]+s.*?)\s*=*$", text, re.M)
-    print(f"[{run.suite.name} / {run.saver}] exit {rc}: {tail[-1] if tail else 'no summary line'}", flush=True)
+    print(f"[{run.job.name} / {run.saver}] exit {rc}: {tail[-1] if tail else 'no summary line'}"
+          + (f"; {db[-1][len('lgd-suite '):]}" if db else ""), flush=True)
     return Result(parse_junit(run.xml), seconds, cpu, rc, int(m[-1]) if m else -1, run.log)
+
+
+def failure_sites(xml: Path) -> dict[str, list[str]]:
+    """Test ids by the line of theirs that failed (``file:line: assertion``), from the
+    junit XML: groups the differences of the ``policy`` run (most read the stored
+    history, which deferral shortens)."""
+    sites: dict[str, list[str]] = {}
+    if not xml.exists():
+        return sites
+    for case in ET.parse(xml).iter("testcase"):
+        for child in case:
+            if child.tag not in ("failure", "error"):
+                continue
+            text = (child.text or "") + (child.get("message") or "")
+            locs = re.findall(r"^(tests/\S+\.py):(\d+): (\w+)", text, re.M)
+            site = "unknown"
+            if locs:
+                file, line, err = locs[-1]
+                src = CACHE / xml.parent.name / file  # results/langgraph-<v>/ -> the sdist
+                code = ""
+                if src.exists():
+                    code = src.read_text(errors="replace").splitlines()[int(line) - 1].strip()[:90]
+                site = f"{file}:{line}: {err}: {code}"
+            sites.setdefault(site, []).append(f"{case.get('classname')}::{case.get('name')}")
+    return sites
 
 
 def known_for(suite: str, tid: str) -> Known | None:
     for k in KNOWN_DIFFERENCES:
-        if k.suite == suite and re.fullmatch(".*".join(map(re.escape, k.pattern.split("*"))), tid):
+        if k.suite == suite and k.versions_match() and re.fullmatch(".*".join(map(re.escape, k.pattern.split("*"))), tid):
             return k
     return None
 
@@ -227,11 +323,14 @@ def known_for(suite: str, tid: str) -> Known | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--suite", action="append", help="checkpoint-postgres, pregel-core, pregel-extended")
-    ap.add_argument("--saver", action="append", choices=("stock", "durable"))
-    ap.add_argument("-n", "--workers", type=int, default=int(os.environ.get("LGD_SUITE_WORKERS", "2")))
-    ap.add_argument("--sequential", action="store_true", help="stock, then durable (default: side by side)")
+    ap.add_argument("--saver", action="append", choices=tuple(SAVER_ARGS))
+    ap.add_argument("--policy", action="store_true",
+                    help="also run the durable savers with a checkpoint policy on (saver 'policy')")
+    ap.add_argument("-n", "--workers", type=int, default=int(os.environ.get("LGD_SUITE_WORKERS", "2")),
+                    help="xdist workers per pytest run (default 2; the runs go side by side)")
+    ap.add_argument("--sequential", action="store_true", help="one pytest run at a time (default: all at once)")
     ap.add_argument("--base", default=os.environ.get("LGD_SUITE_PG"),
-                    help="PostgreSQL server URI ending in '/' (a database per test is created there); "
+                    help="PostgreSQL server URI ending in '/' (test databases are created there); "
                     "default: a throwaway cluster (fastpg.py), else " + SERVER)
     args = ap.parse_args(argv)
     with contextlib.ExitStack() as stack:
@@ -239,87 +338,127 @@ def main(argv: list[str] | None = None) -> int:
         return _main(args, base)
 
 
+def _split(job: Job, r: Result) -> dict[str, Result]:
+    """The job's result per suite (outcomes by test file; time and CPU are the job's)."""
+    out = {}
+    for suite in job.suites:
+        files = tuple(f + "::" for f in suite.files)
+        outcomes = {t: o for t, o in r.outcomes.items() if t.startswith(files)}
+        out[suite.name] = Result(outcomes, r.seconds, r.cpu, r.returncode, r.built, r.log)
+    return out
+
+
 def _main(args: argparse.Namespace, base: str) -> int:
+    started = time.monotonic()
     savers = args.saver or ["stock", "durable"]
+    if args.policy and "policy" not in savers:
+        savers.append("policy")
     chosen = [s for s in suites() if not args.suite or s.name in args.suite]
+    jobs = jobs_of(chosen)
     print("langgraph", metadata.version("langgraph"), "/ langgraph-checkpoint-postgres",
           metadata.version("langgraph-checkpoint-postgres"), "/ langgraph-checkpoint",
           metadata.version("langgraph-checkpoint"), flush=True)
-    results: dict[tuple[str, str], Result] = {}
+    pg0 = fastpg.server_cpu()
+    # Every (job, saver) pytest at once: the same load for stock and durable, and the
+    # suites wait on round trips as much as they use CPU. The largest job starts first.
+    pending = [(job, saver) for job in sorted(jobs, key=lambda j: -len(j.files)) for saver in savers]
+    job_results: dict[tuple[str, str], Result] = {}
+    if args.sequential:
+        for job, saver in pending:
+            job_results[job.name, saver] = finish(launch(job, saver, args.workers, base))
+    else:
+        running = [launch(job, saver, args.workers, base) for job, saver in pending]
+        for run, result in zip(running, wait_all(running), strict=True):
+            job_results[run.job.name, run.saver] = result
     flaky: list[str] = []
-    server_cpu: dict[str, float] = {}
-    for suite in chosen:
-        # Stock and durable of one suite run side by side (same load for both, and the
-        # suites wait on sleeps and round trips more than they use CPU), unless --sequential.
-        pg0 = fastpg.server_cpu()
-        if args.sequential:
-            for saver in savers:
-                results[suite.name, saver] = finish(launch(suite, saver, args.workers, base))
-        else:
-            running = [launch(suite, saver, args.workers, base) for saver in savers]
-            for run in running:
-                results[suite.name, run.saver] = finish(run)
+    for job in jobs:
         for saver in savers:
-            r = results[suite.name, saver]
+            r = job_results[job.name, saver]
             # Timing-sensitive tests of theirs can fail under load (seen: stock
             # test_imp_nested[postgres_aio-sync], stream order of parallel tasks): every
             # failure is run once more, alone; one that then passes is reported as flaky.
             bad = sorted(t for t, o in r.outcomes.items() if o in ("failed", "error"))
             if bad and len(bad) <= 200:
-                again = finish(launch(suite, saver, 0, base, ids=bad))
+                again = finish(launch(job, saver, 0, base, ids=bad))
                 r.seconds += again.seconds
                 r.cpu += again.cpu
                 for tid in bad:
                     if again.outcomes.get(tid) == "passed":
                         r.outcomes[tid] = "passed"
-                        flaky.append(f"{suite.name}/{saver}: {tid}")
-        server_cpu[suite.name] = fastpg.server_cpu() - pg0
-
+                        flaky.append(f"{job.name}/{saver}: {tid}")
+    server_cpu = fastpg.server_cpu() - pg0
+    results: dict[tuple[str, str], Result] = {}
     problems: list[str] = []
+    for job in jobs:
+        for saver in savers:
+            whole = job_results[job.name, saver]
+            for name, r in _split(job, whole).items():
+                results[name, saver] = r
+            # A collection error (an import error of a test module) has no test id of a
+            # suite file, and a file that collects nothing hides its tests: both fail the run.
+            for tid, o in sorted(whole.outcomes.items()):
+                if not tid.startswith(tuple(f + "::" for f in job.files)) and o in ("failed", "error"):
+                    problems.append(f"{job.name}/{saver}: {o} outside any test: {tid} (see {whole.log})")
+            for f in job.files:
+                if whole.outcomes and not any(t.startswith(f + "::") for t in whole.outcomes):
+                    problems.append(f"{job.name}/{saver}: no test of {f} ran (see {whole.log})")
     explained: dict[Known, list[str]] = {}
     compared = agreed = 0
     print()
-    head = f"{'suite':<20} {'saver':<8} {'passed':>7} {'failed':>7} {'errors':>7} {'skipped':>8} {'time':>8} {'cpu':>7}"
+    head = f"{'suite':<20} {'saver':<8} {'passed':>7} {'failed':>7} {'errors':>7} {'skipped':>8}"
     print(head)
     print("-" * len(head))
     for suite in chosen:
         for saver in savers:
             r = results[suite.name, saver]
             print(f"{suite.name:<20} {saver:<8} {r.count('passed'):>7} {r.count('failed'):>7} "
-                  f"{r.count('error'):>7} {r.count('skipped'):>8} {r.seconds:>7.0f}s {r.cpu:>6.0f}s")
+                  f"{r.count('error'):>7} {r.count('skipped'):>8}")
             if not r.outcomes:
                 problems.append(f"{suite.name}/{saver}: no test ran (exit {r.returncode}, see {r.log})")
-            elif (r.built > 0) != (saver == "durable"):
+            elif (r.built > 0) != (saver != "stock"):
                 problems.append(f"{suite.name}/{saver}: {r.built} durable savers built: the "
                                 f"substitution did not work as intended (see {r.log})")
-        if fastpg.postmaster_pid is not None:
-            print(f"{suite.name:<20} {'server':<8} {'':>7} {'':>7} {'':>7} {'':>8} {'':>8} "
-                  f"{server_cpu[suite.name]:>6.0f}s  (PostgreSQL, both savers)")
-        stock, durable = results.get((suite.name, "stock")), results.get((suite.name, "durable"))
+        stock = results.get((suite.name, "stock"))
         if stock is not None:
             for tid, o in sorted(stock.outcomes.items()):
                 if o in ("failed", "error"):
                     problems.append(f"{suite.name}: STOCK {o}: {tid} (environment? see {stock.log})")
-        if stock is None or durable is None:
+        if stock is None:
             continue
-        seen: set[Known] = set()
-        for tid in sorted(stock.outcomes.keys() | durable.outcomes.keys()):
-            compared += 1
-            so, do = stock.outcomes.get(tid, "absent"), durable.outcomes.get(tid, "absent")
-            if so == do:
-                agreed += 1
+        for saver in savers:
+            if saver == "stock":
                 continue
-            k = known_for(suite.name, tid)
-            if k is not None:
-                seen.add(k)
-                agreed += 1
-                explained.setdefault(k, []).append(f"{tid} (stock {so}, durable {do})")
-            else:
-                problems.append(f"{suite.name}: {tid}: stock {so}, durable {do} (see {durable.log})")
-        for k in KNOWN_DIFFERENCES:
-            if k.suite == suite.name and k not in seen:
-                problems.append(f"known difference no longer occurs, remove it from "
-                                f"KNOWN_DIFFERENCES: {k.suite} {k.pattern}")
+            other = results[suite.name, saver]
+            seen: set[Known] = set()
+            for tid in sorted(stock.outcomes.keys() | other.outcomes.keys()):
+                compared += 1
+                so, do = stock.outcomes.get(tid, "absent"), other.outcomes.get(tid, "absent")
+                if so == do:
+                    agreed += 1
+                    continue
+                k = known_for(suite.name if saver == "durable" else f"{suite.name}/{saver}", tid)
+                if k is not None:
+                    seen.add(k)
+                    agreed += 1
+                    explained.setdefault(k, []).append(f"{tid} (stock {so}, {saver} {do})")
+                else:
+                    problems.append(f"{suite.name}: {tid}: stock {so}, {saver} {do} (see {other.log})")
+            for k in KNOWN_DIFFERENCES:
+                wanted = suite.name if saver == "durable" else f"{suite.name}/{saver}"
+                if k.suite == wanted and k not in seen and k.versions_match():
+                    problems.append(f"known difference no longer occurs, remove it from "
+                                    f"KNOWN_DIFFERENCES: {k.suite} {k.pattern}")
+    print()
+    head = f"{'pytest run':<36} {'saver':<8} {'time':>8} {'cpu':>7}"
+    print(head)
+    print("-" * len(head))
+    for job in jobs:
+        for saver in savers:
+            r = job_results[job.name, saver]
+            print(f"{job.name:<36} {saver:<8} {r.seconds:>7.0f}s {r.cpu:>6.0f}s")
+    if fastpg.postmaster_pid is not None:
+        print(f"{'PostgreSQL (all runs)':<36} {'server':<8} {'':>8} {server_cpu:>6.0f}s")
+    print(f"{'wall time of the whole run':<36} {'':<8} {time.monotonic() - started:>7.0f}s")
     print()
     for line in flaky:
         print("FLAKY (failed, then passed when run again):", line)
@@ -329,9 +468,18 @@ def _main(args: argparse.Namespace, base: str) -> int:
             print("    ", tid)
     for line in problems:
         print("PROBLEM:", line)
-    print(f"\n{compared} test ids compared stock vs durable; {sum(map(len, explained.values()))} differ as listed in "
+    if "policy" in savers:
+        # The policy run's differences, grouped by the assertion that failed.
+        for job in jobs:
+            run_xml = CACHE / "results" / f"langgraph-{metadata.version('langgraph')}" / f"{job.name}-policy.xml"
+            sites = failure_sites(run_xml)
+            if sites:
+                print(f"\npolicy run {job.name}: {sum(map(len, sites.values()))} failures at {len(sites)} sites")
+                for site, tids in sorted(sites.items(), key=lambda kv: -len(kv[1])):
+                    print(f"  {len(tids):4}  {site}")
+    print(f"\n{compared} test ids compared with stock; {sum(map(len, explained.values()))} differ as listed in "
           f"KNOWN_DIFFERENCES, {len(problems)} problem(s).")
-    # The closing line counts test ids whose durable outcome matches stock's (or is a listed
+    # The closing line counts test ids whose outcome matches stock's (or is a listed
     # difference) as passed, the rest as failed.
     failed = min(compared, len(problems))
     print(f"langgraph-suites: {compared - failed} passed, {failed} failed")

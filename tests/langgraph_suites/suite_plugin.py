@@ -2,14 +2,18 @@
 
 Loaded by ``run.py`` with ``-p suite_plugin`` inside an unpacked sdist (``langgraph`` or
 ``langgraph-checkpoint-postgres``); nothing of theirs is edited. ``--lgd-saver=stock`` runs
-their postgres checkpointers unchanged (only pointed at our server); ``--lgd-saver=durable``
-substitutes the durable savers *through the suites' own fixtures*:
+their postgres checkpointers (pointed at our server); ``--lgd-saver=durable`` substitutes the
+durable savers *through the suites' own fixtures* (``--lgd-policy`` gives them a checkpoint
+policy, issue 16):
 
 * langgraph (``tests/conftest.py``): the ``sync_checkpointer`` / ``async_checkpointer``
   fixtures call module globals ``_checkpointer_postgres``, ``_checkpointer_postgres_pipe``,
-  ``_checkpointer_postgres_pool`` and the ``_aio`` trio; those globals are rebound to the
-  durable builders below, which mirror the stock ones connection for connection (from the
-  conn string; one connection in pipeline mode; a pool opened by the test).
+  ``_checkpointer_postgres_pool`` and the ``_aio`` trio. In both modes those globals are
+  rebound to builders below: the stock ones are theirs line for line, the durable ones
+  mirror them connection for connection (from the conn string; one connection in pipeline
+  mode; a pool opened by the test). Both take their database from ``_Databases`` (emptied
+  databases reused per xdist worker instead of CREATE/DROP DATABASE per test: the one
+  speed-up, the same for both modes; ``--lgd-db=fresh`` turns it off).
 * langgraph-checkpoint-postgres (``tests/test_sync.py``, ``tests/test_async.py``): their
   module-level ``_saver`` helpers construct ``PostgresSaver(conn)``,
   ``PostgresSaver(conn, pipe=pipe)``, ``PostgresSaver(pool)`` (async likewise); the names
@@ -31,6 +35,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -41,7 +46,7 @@ from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from langgraph_durable import AsyncDurablePostgresSaver, DurablePostgresSaver
+from langgraph_durable import AsyncDurablePostgresSaver, DurablePostgresSaver, ReworkBudget
 from langgraph_durable.versioning import VERSION_KEY
 
 DEFAULT_BASE = "postgresql://postgres@127.0.0.1:5432/"
@@ -52,6 +57,13 @@ _built = [0]
 
 
 _normalise = True  # --lgd-keep-graph-version turns it off (to count what it hides)
+_policy: Any = None  # --lgd-policy: the checkpoint_policy every durable saver gets
+
+
+def _options(options: dict[str, Any]) -> dict[str, Any]:
+    if _policy is not None and options.get("checkpoint_policy") is None:
+        options["checkpoint_policy"] = _policy
+    return options
 
 
 def _hide_graph_version(tup: Any) -> Any:
@@ -66,7 +78,7 @@ class SuiteDurablePostgresSaver(DurablePostgresSaver):
     """``DurablePostgresSaver`` (stock constructor: conn, pipe, serde), ``graph_version`` hidden."""
 
     def __init__(self, conn: Any, pipe: Any = None, serde: Any = None, **options: Any) -> None:
-        super().__init__(conn, pipe, serde, **options)
+        super().__init__(conn, pipe, serde, **_options(options))
         _built[0] += 1
 
     def get_tuple(self, config: Any) -> Any:
@@ -88,7 +100,7 @@ class SuiteAsyncDurablePostgresSaver(AsyncDurablePostgresSaver):
     """``AsyncDurablePostgresSaver`` (stock constructor), ``graph_version`` hidden."""
 
     def __init__(self, conn: Any, pipe: Any = None, serde: Any = None, **options: Any) -> None:
-        super().__init__(conn, pipe, serde, **options)
+        super().__init__(conn, pipe, serde, **_options(options))
         _built[0] += 1
 
     def get_tuple(self, config: Any) -> Any:
@@ -106,97 +118,275 @@ class SuiteAsyncDurablePostgresSaver(AsyncDurablePostgresSaver):
             yield _hide_graph_version(tup)
 
 
-# ---------------------------------------------------------------- durable builders (langgraph)
+# ---------------------------------------------------------------- databases
 # Database names come from secrets, not uuid4: some tests mock uuid.uuid4 (deterministic_uuids).
 _base = DEFAULT_BASE
+_db_mode = "reuse"  # --lgd-db
 
 
-def _new_db() -> str:
-    name = f"lgd_suite_{secrets.token_hex(8)}"
-    with Connection.connect(_base, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return name
+class _Databases:
+    """The databases of this process (one xdist worker): a test takes an empty one, its
+    builder gives it back, and it is emptied for the next test.
+
+    Why: the suites' fixtures create and drop a database for every test. CREATE DATABASE
+    copies ``template1`` through the WAL (PostgreSQL 15), and the first connection of a new
+    database builds its catalog caches: together most of the PostgreSQL CPU of a suite run
+    (measured: tests/langgraph_suites/README.md). Reuse instead: after a test, every other
+    session of its database is terminated (what ``DROP DATABASE ... WITH (FORCE)`` does) and
+    every table but the ``*_migrations`` ones is truncated (``RESTART IDENTITY``), so the
+    next test starts from the state a fresh database has right after ``setup()``; its own
+    ``setup()`` then takes the already-migrated path. A database whose catalog (relations,
+    functions, schemas) differs from the first one emptied, or that cannot be emptied, is
+    dropped instead of reused. ``--lgd-db=fresh`` restores one new database per test.
+    """
+
+    SIGNATURE_SQL = """
+        SELECT 'rel', n.nspname::text, c.relname::text || ':' || c.relkind::text
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%'
+           AND n.nspname NOT LIKE 'pg_temp%'
+        UNION ALL
+        SELECT 'fn', n.nspname::text, p.proname::text || '(' || pg_get_function_identity_arguments(p.oid) || ')'
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+        UNION ALL
+        SELECT 'ns', nspname::text, '' FROM pg_namespace
+         WHERE nspname NOT IN ('pg_catalog', 'information_schema', 'public')
+           AND nspname NOT LIKE 'pg_toast%' AND nspname NOT LIKE 'pg_temp%'
+        ORDER BY 1, 2, 3
+    """
+    TABLES_SQL = """
+        SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+           AND n.nspname NOT LIKE 'pg_toast%' AND c.relname NOT LIKE '%\\_migrations'
+    """
+
+    def __init__(self) -> None:
+        self.free: list[str] = []
+        self.signature: list[tuple[str, ...]] | None = None
+        self.stats = {"created": 0, "reused": 0, "dropped_dirty": 0}
+        self._conn: Connection[Any] | None = None  # to the server's maintenance database
+
+    def _admin(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        if self._conn is None or self._conn.closed:
+            self._conn = Connection.connect(_base, autocommit=True)
+        try:
+            cur = self._conn.execute(sql, params)
+        except psycopg.OperationalError:
+            self._conn.close()  # a broken connection: the next call opens another
+            raise
+        return cur.fetchall() if cur.description else []
+
+    def acquire(self) -> str:
+        if self.free:
+            self.stats["reused"] += 1
+            return self.free.pop()
+        name = f"lgd_suite_{secrets.token_hex(8)}"
+        self._admin(f"CREATE DATABASE {name}")
+        self.stats["created"] += 1
+        return name
+
+    def release(self, name: str) -> None:
+        if _db_mode == "reuse":
+            try:
+                if self._empty(name):
+                    self.free.append(name)
+                    return
+                self.stats["dropped_dirty"] += 1
+            except psycopg.Error as exc:
+                self.stats["dropped_dirty"] += 1
+                if self.stats["dropped_dirty"] == 1:
+                    print(f"lgd-suite: could not empty database {name}: {exc!r}", file=sys.stderr)
+        self.drop(name)
+
+    def drop(self, name: str) -> None:
+        self._admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def _empty(self, name: str) -> bool:
+        """Terminate the test's leftover sessions and truncate its tables; False if the
+        database's catalog is not the one every reused database must have."""
+        others = "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+        self._admin(f"SELECT pg_terminate_backend(pid) FROM ({others}) s", (name,))
+        deadline = time.monotonic() + 10
+        while self._admin(others, (name,)):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        with Connection.connect(_base + name, autocommit=True) as conn:
+            signature = [tuple(r) for r in conn.execute(self.SIGNATURE_SQL).fetchall()]
+            if not signature:
+                return False  # the test failed before setup(): start over
+            if self.signature is None:
+                self.signature = signature
+            elif signature != self.signature:
+                return False
+            tables = [r[0] for r in conn.execute(self.TABLES_SQL).fetchall()]
+            if tables:
+                conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
+        return True
+
+    def close(self) -> None:
+        while self.free:
+            try:
+                self.drop(self.free.pop())
+            except psycopg.Error:
+                pass
+        if self._conn is not None:
+            self._conn.close()
 
 
-def _drop_db(name: str) -> None:
-    with Connection.connect(_base, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+_databases = _Databases()
 
 
 @contextmanager
+def _database() -> Iterator[str]:
+    """The URI of an empty database for one builder call (see _Databases)."""
+    name = _databases.acquire()
+    try:
+        yield _base + name
+    finally:
+        _databases.release(name)
+
+
+def _strict(checkpointer: Any) -> None:
+    """The suites' own ``_apply_strict_msgpack`` (a no-op unless LANGGRAPH_STRICT_MSGPACK)."""
+    apply = getattr(sys.modules.get("tests.conftest_checkpointer"), "_apply_strict_msgpack", None)
+    if apply is not None:
+        apply(checkpointer)
+
+
+# ---------------------------------------------------------------- stock builders (langgraph)
+# tests/conftest_checkpointer.py's builders line for line, only the database comes from
+# _database() instead of CREATE DATABASE/DROP DATABASE: so that stock and durable runs differ
+# in the saver alone. The classes are the ones that module imported.
+def _stock(name: str) -> Any:
+    return getattr(sys.modules["tests.conftest_checkpointer"], name)
+
+
+@contextmanager
+def _stock_postgres() -> Iterator[Any]:
+    with _database() as uri, _stock("PostgresSaver").from_conn_string(uri) as checkpointer:
+        checkpointer.setup()
+        _strict(checkpointer)
+        yield checkpointer
+
+
+@contextmanager
+def _stock_postgres_pipe() -> Iterator[Any]:
+    with _database() as uri, _stock("PostgresSaver").from_conn_string(uri) as checkpointer:
+        checkpointer.setup()
+        with checkpointer.conn.pipeline() as pipe:
+            checkpointer.pipe = pipe
+            _strict(checkpointer)
+            yield checkpointer
+
+
+@contextmanager
+def _stock_postgres_pool() -> Iterator[Any]:
+    with _database() as uri, ConnectionPool(uri, max_size=10, kwargs={"autocommit": True}) as pool:
+        checkpointer = _stock("PostgresSaver")(pool)
+        checkpointer.setup()
+        _strict(checkpointer)
+        yield checkpointer
+
+
+@asynccontextmanager
+async def _stock_postgres_aio() -> AsyncIterator[Any]:
+    with _database() as uri:
+        async with _stock("AsyncPostgresSaver").from_conn_string(uri) as checkpointer:
+            await checkpointer.setup()
+            _strict(checkpointer)
+            yield checkpointer
+
+
+@asynccontextmanager
+async def _stock_postgres_aio_pipe() -> AsyncIterator[Any]:
+    with _database() as uri:
+        async with _stock("AsyncPostgresSaver").from_conn_string(uri) as checkpointer:
+            await checkpointer.setup()
+            async with checkpointer.conn.pipeline() as pipe:
+                checkpointer.pipe = pipe
+                _strict(checkpointer)
+                yield checkpointer
+
+
+@asynccontextmanager
+async def _stock_postgres_aio_pool() -> AsyncIterator[Any]:
+    with _database() as uri:
+        async with AsyncConnectionPool(uri, max_size=10, kwargs={"autocommit": True}) as pool:
+            checkpointer = _stock("AsyncPostgresSaver")(pool)
+            await checkpointer.setup()
+            _strict(checkpointer)
+            yield checkpointer
+
+
+STOCK_BUILDERS = {
+    "_checkpointer_postgres": _stock_postgres,
+    "_checkpointer_postgres_pipe": _stock_postgres_pipe,
+    "_checkpointer_postgres_pool": _stock_postgres_pool,
+    "_checkpointer_postgres_aio": _stock_postgres_aio,
+    "_checkpointer_postgres_aio_pipe": _stock_postgres_aio_pipe,
+    "_checkpointer_postgres_aio_pool": _stock_postgres_aio_pool,
+}
+
+
+# ---------------------------------------------------------------- durable builders (langgraph)
+@contextmanager
 def _durable_postgres() -> Iterator[Any]:
     """Stock: ``PostgresSaver.from_conn_string(uri)``; durable: its ``from_conn_string``."""
-    db = _new_db()
-    try:
-        with SuiteDurablePostgresSaver.from_conn_string(_base + db) as saver:
-            saver.setup()
-            yield saver
-    finally:
-        _drop_db(db)
+    with _database() as uri, SuiteDurablePostgresSaver.from_conn_string(uri) as saver:
+        saver.setup()
+        yield saver
 
 
 @contextmanager
 def _durable_postgres_pipe() -> Iterator[Any]:
     """Stock: one connection in pipeline mode. Durable: the same, through ``pipe=``."""
-    db = _new_db()
-    try:
-        with Connection.connect(
-            _base + db, autocommit=True, prepare_threshold=0, row_factory=dict_row
-        ) as conn:
-            SuiteDurablePostgresSaver(conn).setup()
-            with conn.pipeline() as pipe:
-                yield SuiteDurablePostgresSaver(conn, pipe=pipe)
-    finally:
-        _drop_db(db)
+    with _database() as uri, Connection.connect(
+        uri, autocommit=True, prepare_threshold=0, row_factory=dict_row
+    ) as conn:
+        SuiteDurablePostgresSaver(conn).setup()
+        with conn.pipeline() as pipe:
+            yield SuiteDurablePostgresSaver(conn, pipe=pipe)
 
 
 @contextmanager
 def _durable_postgres_pool() -> Iterator[Any]:
     """Stock: ``PostgresSaver(ConnectionPool(..., kwargs={"autocommit": True}))``."""
-    db = _new_db()
-    try:
-        with ConnectionPool(_base + db, max_size=10, kwargs={"autocommit": True}) as pool:
-            saver = SuiteDurablePostgresSaver(pool)
-            saver.setup()
-            try:
-                yield saver
-            finally:
-                saver.close()
-    finally:
-        _drop_db(db)
+    with _database() as uri, ConnectionPool(uri, max_size=10, kwargs={"autocommit": True}) as pool:
+        saver = SuiteDurablePostgresSaver(pool)
+        saver.setup()
+        try:
+            yield saver
+        finally:
+            saver.close()
 
 
 @asynccontextmanager
 async def _durable_postgres_aio() -> AsyncIterator[Any]:
-    db = _new_db()
-    try:
-        async with SuiteAsyncDurablePostgresSaver.from_conn_string(_base + db) as saver:
+    with _database() as uri:
+        async with SuiteAsyncDurablePostgresSaver.from_conn_string(uri) as saver:
             await saver.setup()
             yield saver
-    finally:
-        _drop_db(db)
 
 
 @asynccontextmanager
 async def _durable_postgres_aio_pipe() -> AsyncIterator[Any]:
-    db = _new_db()
-    try:
+    with _database() as uri:
         async with await AsyncConnection.connect(
-            _base + db, autocommit=True, prepare_threshold=0, row_factory=dict_row
+            uri, autocommit=True, prepare_threshold=0, row_factory=dict_row
         ) as conn:
             await SuiteAsyncDurablePostgresSaver(conn).setup()
             async with conn.pipeline() as pipe:
                 yield SuiteAsyncDurablePostgresSaver(conn, pipe=pipe)
-    finally:
-        _drop_db(db)
 
 
 @asynccontextmanager
 async def _durable_postgres_aio_pool() -> AsyncIterator[Any]:
-    db = _new_db()
-    try:
+    with _database() as uri:
         async with AsyncConnectionPool(
-            _base + db, max_size=10, kwargs={"autocommit": True}, open=False
+            uri, max_size=10, kwargs={"autocommit": True}, open=False
         ) as pool:
             saver = SuiteAsyncDurablePostgresSaver(pool)
             await saver.setup()
@@ -204,8 +394,6 @@ async def _durable_postgres_aio_pool() -> AsyncIterator[Any]:
                 yield saver
             finally:
                 await saver.aclose()
-    finally:
-        _drop_db(db)
 
 
 DURABLE_BUILDERS = {
@@ -231,6 +419,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--lgd-keep-graph-version",
         action="store_true",
         help="do not hide metadata['graph_version'] (shows which tests see only that key)",
+    )
+    group.addoption(
+        "--lgd-policy",
+        choices=("defer", "budget"),
+        default=None,
+        help="durable savers: checkpoint_policy='defer' (every node deferrable) or "
+        "ReworkBudget(seconds=60) (issue 16: deferral must be invisible to the suites)",
+    )
+    group.addoption(
+        "--lgd-db",
+        choices=("reuse", "fresh"),
+        default="reuse",
+        help="langgraph suites: reuse emptied databases (default) or create one per test as "
+        "their fixtures do (see _Databases)",
     )
 
 
@@ -281,9 +483,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Point the suites at our server and, for durable, rebind their saver names. Runs after
     every test module is imported (so their ``from x import y`` copies exist) and before any
     fixture runs; under xdist each worker does it for itself."""
-    global _base, _normalise
+    global _base, _normalise, _db_mode, _policy
     config = session.config
     _base = config.getoption("--lgd-base")
+    _db_mode = config.getoption("--lgd-db")
+    policy = config.getoption("--lgd-policy")
+    _policy = ReworkBudget(seconds=60.0) if policy == "budget" else policy
     _normalise = not config.getoption("--lgd-keep-graph-version")
     durable = config.getoption("--lgd-saver") == "durable"
     mods = sys.modules
@@ -292,8 +497,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             if name in mods:
                 mods[name].DEFAULT_POSTGRES_URI = _base
         conftest = mods.get("tests.conftest")
-        if durable and conftest is not None:
-            for name, builder in DURABLE_BUILDERS.items():
+        if conftest is not None:
+            # Both modes: the same database handling (_Databases), the saver alone differs.
+            for name, builder in (DURABLE_BUILDERS if durable else STOCK_BUILDERS).items():
                 assert hasattr(conftest, name), f"tests.conftest has no {name}: suite changed"
                 setattr(conftest, name, builder)
         return
@@ -320,6 +526,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    _databases.close()
     for name in _scratch:
         try:
             with psycopg.connect(_base, autocommit=True) as conn:
@@ -330,13 +537,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:  # an xdist worker: hand its count to the controller
+    if workeroutput is not None:  # an xdist worker: hand its counts to the controller
         workeroutput["lgd_built"] = _built[0]
+        workeroutput["lgd_db"] = dict(_databases.stats)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    _built[0] += getattr(node, "workeroutput", {}).get("lgd_built", 0)
+    out = getattr(node, "workeroutput", {})
+    _built[0] += out.get("lgd_built", 0)
+    for k, v in out.get("lgd_db", {}).items():
+        _databases.stats[k] += v
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -344,3 +555,5 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     terminalreporter.write_line(
         f"lgd-suite saver={config.getoption('--lgd-saver')} durable_savers_built={_built[0]}"
     )
+    stats = " ".join(f"{k}={v}" for k, v in _databases.stats.items())
+    terminalreporter.write_line(f"lgd-suite databases ({config.getoption('--lgd-db')}): {stats}")
