@@ -560,12 +560,6 @@ def chunk_refs(content: bytes) -> tuple[set[bytes], set[bytes]]:
     return elements, chunks
 
 
-def chunk_children(content: bytes) -> set[bytes]:
-    """Digests a chunk artifact refers to (for GC's reference walk)."""
-    elements, chunks = chunk_refs(content)
-    return elements | chunks
-
-
 def _inline_size(items: Iterable[list[Any]]) -> int:
     total = 0
     for i in items:

@@ -39,7 +39,7 @@ from langgraph_durable.sql.export import (
     UPDATE_BLOB_SQL,
     UPDATE_WRITE_SQL,
 )
-from langgraph_durable.sql.threads_ops import LOCK_THREAD_LEASE_SQL
+from langgraph_durable.sql.threads import LOCK_THREAD_LEASE_SQL
 
 
 @dataclass

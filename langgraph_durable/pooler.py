@@ -42,14 +42,16 @@ from psycopg import sql
 from langgraph_durable._io import Batch, Op, Sleep, Stmt, Tx
 from langgraph_durable._view import SchemaView
 from langgraph_durable.errors import ConfigurationError, SchemaNotReadyError
-from langgraph_durable.sql.pooler import (
+from langgraph_durable.sql.schema import (
     CURRENT_SCHEMA_SQL,
+    MIGRATIONS,
+    SETUP_LOCK_KEY,
     TABLE_EXISTS_SQL,
     TRY_SETUP_XACT_LOCK_SQL,
+    create_schema,
     migration_version_sql,
     record_migration_sql,
 )
-from langgraph_durable.sql.schema import MIGRATIONS, SETUP_LOCK_KEY, create_schema
 
 POOLER_ENV = "LANGGRAPH_DURABLE_POOLER"
 Pooler = Literal["transaction"] | None

@@ -22,7 +22,8 @@ import psycopg
 import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 
-from langgraph_durable import DurableError, DurablePostgresSaver, _sql
+from langgraph_durable import DurableError, DurablePostgresSaver
+from langgraph_durable.sql import artifacts as _sql
 
 BIG = 300_000  # well past the threshold: one artifact
 

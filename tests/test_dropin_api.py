@@ -29,9 +29,9 @@ from langgraph_durable import (
     ConfigurationError,
     DurablePostgresSaver,
     UnsupportedConnectionError,
-    _sql,
 )
 from langgraph_durable.config import SaverOptions
+from langgraph_durable.sql import schema as _sql
 
 
 @pytest.fixture

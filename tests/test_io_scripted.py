@@ -18,8 +18,6 @@ import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, empty_checkpoint
 
-# The ops under test, from where they live today (one place: the lead fixes imports).
-from langgraph_durable import _sql
 from langgraph_durable._io import Batch, Hook, Sleep, Stmt, Tx
 from langgraph_durable._io.protocol import Results
 from langgraph_durable._io.scripted import Script, ScriptedDriver
@@ -38,6 +36,9 @@ from langgraph_durable.leases.model import _RUN_LEASE, Lease
 from langgraph_durable.leases.owners import _incarnation, process_identity
 from langgraph_durable.saver import _DurableBase
 from langgraph_durable.sql import ledger as ledger_sql
+
+# The ops under test, from where they live today (one place: the lead fixes imports).
+from langgraph_durable.sql import threads as threads_sql
 
 THREAD = "t-1"
 
@@ -156,7 +157,7 @@ def test_put_under_a_lost_lease_raises_lease_lost(lease: Lease) -> None:
     """The fence is folded into the put's upsert; its LGD01 refusal is LeaseLostError
     and the lease is marked lost, so the run's next write fails without a round trip."""
     saver = _saver()
-    driver = ScriptedDriver(Script().on("durable_put_guard|INSERT INTO checkpoints", _sql_error(_sql.FENCE_LOST_STATE)))
+    driver = ScriptedDriver(Script().on("durable_put_guard|INSERT INTO checkpoints", _sql_error(threads_sql.FENCE_LOST_STATE)))
     with pytest.raises(LeaseLostError):
         driver.run_op(_put(saver))
     assert lease.lost
@@ -169,7 +170,7 @@ def test_put_under_a_lost_lease_raises_lease_lost(lease: Lease) -> None:
 def test_put_into_a_thread_leased_elsewhere_raises_busy() -> None:
     saver = _saver()
     detail = '{"owner": "other:9", "expires_in": 12.5}'
-    driver = ScriptedDriver(Script().on("INSERT INTO checkpoints", _sql_error(_sql.FENCE_BUSY_STATE, detail)))
+    driver = ScriptedDriver(Script().on("INSERT INTO checkpoints", _sql_error(threads_sql.FENCE_BUSY_STATE, detail)))
     with pytest.raises(ThreadBusyError) as info:
         driver.run_op(_put(saver))
     assert "other:9" in str(info.value)
@@ -208,8 +209,8 @@ def _contended(saver: _DurableBase, driver: ScriptedDriver) -> dict[str, Any]:
 def test_lease_of_a_dead_process_of_this_machine_is_taken_over() -> None:
     holder = _dead_owner()
     acquired = {"lease_token": 8, "attempts": 1, "checkpoint_id": "c0", "prev_status": "running"}
-    script = Script().on_sql(_sql.THREAD_ROW_SQL, [{"status": "running", "lease_owner": holder}])
-    script.on_sql(_sql.ACQUIRE_SQL, [acquired])
+    script = Script().on_sql(threads_sql.THREAD_LEASE_ROW_SQL, [{"status": "running", "lease_owner": holder}])
+    script.on_sql(threads_sql.LEASE_ACQUIRE_SQL, [acquired])
     driver = ScriptedDriver(script)
     res = _contended(_saver(), driver)
     assert res["ok"] and res["lease_token"] == 8
@@ -219,7 +220,7 @@ def test_lease_of_a_dead_process_of_this_machine_is_taken_over() -> None:
 
 def test_lease_of_a_live_or_foreign_owner_is_not_taken_over() -> None:
     for holder in (f"{process_identity()}:live", "another-host:1:1.1:ns1.b:ff"):
-        script = Script().on_sql(_sql.THREAD_ROW_SQL, [{"status": "running", "lease_owner": holder, "expires_in": 5}])
+        script = Script().on_sql(threads_sql.THREAD_LEASE_ROW_SQL, [{"status": "running", "lease_owner": holder, "expires_in": 5}])
         driver = ScriptedDriver(script)
         res = _contended(_saver(), driver)
         assert res == {"ok": False, "checkpoint_id": None, "status": "running", "lease_owner": holder, "expires_in": 5}
@@ -228,14 +229,14 @@ def test_lease_of_a_live_or_foreign_owner_is_not_taken_over() -> None:
 
 def test_takeover_disabled_waits_for_expiry() -> None:
     holder = _dead_owner()
-    driver = ScriptedDriver(Script().on_sql(_sql.THREAD_ROW_SQL, [{"status": "running", "lease_owner": holder}]))
+    driver = ScriptedDriver(Script().on_sql(threads_sql.THREAD_LEASE_ROW_SQL, [{"status": "running", "lease_owner": holder}]))
     res = _contended(_saver(takeover_dead_owners=False), driver)
     assert res["ok"] is False and len(driver.statements) == 1
 
 
 def test_quarantined_thread_is_never_taken_over() -> None:
     holder = "gone"
-    driver = ScriptedDriver(Script(strict=True).on_sql(_sql.THREAD_ROW_SQL, [{"status": "quarantined", "lease_owner": holder}]))
+    driver = ScriptedDriver(Script(strict=True).on_sql(threads_sql.THREAD_LEASE_ROW_SQL, [{"status": "quarantined", "lease_owner": holder}]))
     res = _contended(_saver(), driver)
     assert res["ok"] is False and res["status"] == "quarantined" and len(driver.statements) == 1
 
@@ -256,7 +257,7 @@ def _release(loop: _Loop, exc: BaseException | None) -> tuple[dict[str, Any], li
     driver = ScriptedDriver()
     driver.run_flow(saver._release_flow(lease, loop, exc))
     assert lease.released
-    release = [p for sql, p in driver.statements if sql == _sql.RELEASE_SQL]
+    release = [p for sql, p in driver.statements if sql == threads_sql.LEASE_RELEASE_SQL]
     assert len(release) == 1
     return release[0], driver.statements
 

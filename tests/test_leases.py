@@ -24,9 +24,9 @@ from langgraph_durable import (
     GraphVersionMismatchError,
     LeaseLostError,
     ThreadBusyError,
-    _sql,
 )
 from langgraph_durable.recovery import RecoveryWorker, submit
+from langgraph_durable.sql import threads as _sql
 
 CHILD = str(Path(__file__).with_name("_child_recovery.py"))
 INPUT = {"done": []}
@@ -254,12 +254,12 @@ def test_takeover_waits_for_an_in_flight_fenced_write(db: str) -> None:
     params = {"thread_id": "inflight-1", "owner": "owner-b", "version": None, "ttl": 30.0, "checkpoint_id": None, "dead_owner": None, "claim_owner": None, "claim_token": None}
     with psycopg.connect(db) as writer, psycopg.connect(db, autocommit=True) as taker:
         # The fence of a write in flight: the row lock is held until the write commits.
-        assert writer.execute(_sql.FENCE_SQL, ("inflight-1", token, "owner-a")).fetchall()
+        assert writer.execute(_sql.LEASE_FENCE_SQL, ("inflight-1", token, "owner-a")).fetchall()
         taker.execute("SET lock_timeout = '300ms'")
         with pytest.raises(psycopg.errors.LockNotAvailable):
-            taker.execute(_sql.ACQUIRE_SQL, params)
+            taker.execute(_sql.LEASE_ACQUIRE_SQL, params)
         writer.commit()
-        row = taker.execute(_sql.ACQUIRE_SQL, params).fetchone()
+        row = taker.execute(_sql.LEASE_ACQUIRE_SQL, params).fetchone()
     assert row is not None and row[0] == token + 1
 
 

@@ -244,7 +244,7 @@ def test_concurrent_setup_through_pgbouncer_and_direct(admin_dsn: str, dsn: str)
             for w in workers:
                 w.join(120)
             assert errors == [] and not any(w.is_alive() for w in workers)
-        from langgraph_durable import _sql
+        from langgraph_durable.sql import schema as _sql
 
         with psycopg.connect(url) as conn:
             rows = conn.execute("SELECT v FROM durable_migrations ORDER BY v").fetchall()

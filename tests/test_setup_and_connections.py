@@ -33,8 +33,8 @@ from langgraph_durable import (
     ConfigurationError,
     DurablePostgresSaver,
     InvalidIdentifierError,
-    _sql,
 )
+from langgraph_durable.sql import schema as _sql
 
 SETUP_CHILD = Path(__file__).with_name("_child_foundation_setup.py")
 EMBEDDED_CHILD = Path(__file__).with_name("_child_foundation_embedded.py")

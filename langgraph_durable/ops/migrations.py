@@ -32,7 +32,7 @@ from langgraph_durable.sql.artifacts import (
     ARTIFACT_LOCK_SHARED_SQL,
     INSERT_ARTIFACT_REF_SQL,
 )
-from langgraph_durable.sql.threads_ops import LOCK_THREAD_LEASE_SQL, SET_THREAD_VERSION_SQL
+from langgraph_durable.sql.threads import LOCK_THREAD_LEASE_SQL, SET_THREAD_VERSION_SQL
 from langgraph_durable.sql.versions import (
     BACKUP_ENVELOPES_SQL,
     DELETE_CHECKPOINT_WRITES_SQL,

@@ -47,7 +47,7 @@ from langgraph_durable.errors import (
     NotQuarantinedError,
     ThreadBusyError,
 )
-from langgraph_durable.sql.quarantine_ops import (
+from langgraph_durable.sql.quarantine import (
     FORK_CHECKPOINT_SQL,
     POISON_HISTORY_SQL,
     POISON_LOCK_THREAD_SQL,

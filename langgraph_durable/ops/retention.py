@@ -80,7 +80,7 @@ from langgraph_durable.sql.retention import (
     TRIM_PARENTS_SQL,
     TRIM_WRITES_SQL,
 )
-from langgraph_durable.sql.threads_ops import DELETE_THREAD_ROWS_SQL
+from langgraph_durable.sql.threads import DELETE_THREAD_ROWS_SQL
 
 logger = logging.getLogger("langgraph_durable")
 

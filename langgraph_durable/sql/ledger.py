@@ -128,10 +128,13 @@ LEDGER_LEGACY_TOOL_KEY_SQL = """
 SELECT key FROM durable_ledger WHERE key = %s AND thread_id IS NOT DISTINCT FROM %s AND task_id = %s
 """
 
-LEDGER_PURGE_EXPIRED_SQL = """
-DELETE FROM durable_ledger WHERE expires_at IS NOT NULL AND expires_at <= now()
+# Expired key= entries, never a claim still in flight: one predicate for the ledger's
+# own purge and retention's count (dry run) and purge (sql/retention.py).
+EXPIRED_LEDGER_KEYS = """
+FROM durable_ledger WHERE expires_at IS NOT NULL AND expires_at <= now()
   AND NOT (status = 'started' AND claim_expires_at IS NOT NULL AND claim_expires_at > now())
 """
+LEDGER_PURGE_EXPIRED_SQL = "DELETE " + EXPIRED_LEDGER_KEYS
 
 
 

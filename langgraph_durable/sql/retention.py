@@ -2,18 +2,13 @@
 the thread tables' own statements."""
 
 from langgraph_durable._values import ISO_TS_RE
+from langgraph_durable.sql.ledger import EXPIRED_LEDGER_KEYS, LEDGER_PURGE_EXPIRED_SQL
 
 # Ledger keys given with key= outlive their thread and expire only by their TTL; the
 # retention job purges the expired ones too, never a claim still in flight. The same
-# rows counted (dry run) and deleted: one predicate, two statements.
-# (The ledger's own purge, idempotency.PURGE_EXPIRED_SQL, is the same DELETE; it moves
-# into sql/ with the ledger SQL and then one of the two goes.)
-_EXPIRED_LEDGER_KEYS = """
-FROM durable_ledger WHERE expires_at IS NOT NULL AND expires_at <= now()
-  AND NOT (status = 'started' AND claim_expires_at IS NOT NULL AND claim_expires_at > now())
-"""
-COUNT_EXPIRED_LEDGER_KEYS_SQL = "SELECT count(*) AS n " + _EXPIRED_LEDGER_KEYS
-PURGE_EXPIRED_LEDGER_KEYS_SQL = "DELETE " + _EXPIRED_LEDGER_KEYS + " RETURNING key"
+# rows counted (dry run) and deleted: the ledger's one predicate, two statements.
+COUNT_EXPIRED_LEDGER_KEYS_SQL = "SELECT count(*) AS n " + EXPIRED_LEDGER_KEYS
+PURGE_EXPIRED_LEDGER_KEYS_SQL = LEDGER_PURGE_EXPIRED_SQL + " RETURNING key"
 
 # A thread's envelopes, with where they are (for an error naming a damaged one): its
 # blobs and writes, and the blobs and writes kept by its migration backups not yet undone

@@ -404,3 +404,19 @@ STOCK_MIGRATION_VERSION_SQL = "SELECT v FROM checkpoint_migrations ORDER BY v DE
 STOCK_MIGRATION_RECORD_SQL = "INSERT INTO checkpoint_migrations (v) VALUES (%s)"
 DURABLE_MIGRATION_VERSION_SQL = "SELECT v FROM durable_migrations ORDER BY v DESC LIMIT 1"
 DURABLE_MIGRATION_RECORD_SQL = "INSERT INTO durable_migrations (v) VALUES (%s)"
+
+
+# --- setup behind a transaction pooler, and the DDL-free schema check (pooler.py) -------
+# The setup lock for one transaction (never waited for in the server; see pooler.py).
+TRY_SETUP_XACT_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(%s) AS ok"
+CURRENT_SCHEMA_SQL = "SELECT current_schema() AS s, current_user AS u"
+TABLE_EXISTS_SQL = "SELECT to_regclass(%s) IS NOT NULL AS ok"
+
+
+def migration_version_sql(table: sql.Identifier) -> sql.Composed:
+    """The newest migration recorded in ``table`` (checkpoint_migrations or ours)."""
+    return sql.SQL("SELECT max(v) AS v FROM {}").format(table)
+
+
+def record_migration_sql(table: sql.Identifier) -> sql.Composed:
+    return sql.SQL("INSERT INTO {} (v) VALUES (%s)").format(table)

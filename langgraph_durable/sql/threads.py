@@ -175,3 +175,18 @@ ATTEMPT_AT_HEAD_SQL = (
     "UPDATE durable_threads SET attempts = 1, attempts_checkpoint_id = %s "
     "WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s"
 )
+
+
+# --- operator modules (migrations, export): lock a thread outside a run ---------------
+# Outside a run (CLI, batch): lock the thread row so no run can take the lease (and
+# read the checkpoint) until this transaction commits; the lease columns say whether
+# a live run holds it now.
+LOCK_THREAD_LEASE_SQL = """
+SELECT lease_owner, EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS expires_in
+FROM durable_threads WHERE thread_id = %s FOR UPDATE
+"""
+
+
+# A migration (or its undo) moves the thread's recorded version with its checkpoint.
+SET_THREAD_VERSION_SQL = "UPDATE durable_threads SET graph_version = %s WHERE thread_id = %s"
+

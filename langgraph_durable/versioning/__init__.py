@@ -38,8 +38,8 @@ modules import some private helpers too: ``_target_node``, ``_TASKS``, ...).
 from __future__ import annotations
 
 # The rewrite's SQL, imported from here by saver.py until it takes it from sql/.
-from langgraph_durable.sql.threads_ops import LOCK_THREAD_LEASE_SQL as LOCK_THREAD_SQL
-from langgraph_durable.sql.threads_ops import SET_THREAD_VERSION_SQL as SET_THREAD_VERSION_SQL
+from langgraph_durable.sql.threads import LOCK_THREAD_LEASE_SQL as LOCK_THREAD_SQL
+from langgraph_durable.sql.threads import SET_THREAD_VERSION_SQL as SET_THREAD_VERSION_SQL
 from langgraph_durable.sql.versions import INSERT_LOG_SQL as INSERT_LOG_SQL
 from langgraph_durable.sql.versions import LOCK_CHECKPOINT_SQL as LOCK_CHECKPOINT_SQL
 from langgraph_durable.sql.versions import WRITE_PATHS_SQL as WRITE_PATHS_SQL
