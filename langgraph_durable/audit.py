@@ -280,7 +280,8 @@ def describe_release(result: Any, thread_id: str) -> AuditRecord:
         detail={
             "reason": result.reason,
             "attempts": result.attempts,
-            "last_error": result.last_error,
+            # Not last_error: an exception's text may quote state values, and audit rows
+            # outlive the thread (sql.schema.KEPT_AFTER_DELETE).
             "status": ["quarantined", "stopped"],
         },
     )
@@ -360,6 +361,15 @@ def describe_retain(result: Any, *args: Any, **kwargs: Any) -> AuditRecord | Non
 
 def describe_gc(result: Any, *args: Any, **kwargs: Any) -> AuditRecord | None:
     return None if result.dry_run else AuditRecord(detail=result.as_dict())
+
+
+def describe_export(result: Any, saver: Any, thread_id: str, dry_run: bool) -> AuditRecord | None:
+    if dry_run or not result.changed:
+        return None
+    return AuditRecord(
+        thread_id=result.thread_id,
+        detail={"blobs": result.blobs, "writes": result.writes, "channels": result.channels},
+    )
 
 
 def describe_restore(result: Any, saver: Any, items: Any) -> AuditRecord | None:

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, cast
 
+from langgraph_durable import audit as _audit
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable._view import SaverView
 from langgraph_durable.artifacts import REF_TYPE
@@ -93,6 +94,7 @@ class ExportReport:
         }
 
 
+@_audit.audited("export.stock", _audit.describe_export)
 def op_export_thread(saver: SaverView, thread_id: str, dry_run: bool) -> Op[ThreadExport]:
     """Inline every by-reference value of one thread, in one transaction."""
     tid = str(thread_id)

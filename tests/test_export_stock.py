@@ -166,6 +166,13 @@ def write_threads(saver: Any) -> dict[str, Any]:
     return {"exp-chat": chat_graph, "exp-parallel": parallel_graph, "exp-delta": delta_graph}
 
 
+def _export_audit(dsn: str) -> list[dict[str, object]]:
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+        return conn.execute(
+            "SELECT thread_id, detail FROM durable_audit WHERE action = 'export.stock'"
+        ).fetchall()
+
+
 def test_stock_saver_reads_exported_threads_as_the_durable_saver_did(
     dsn: str, stock: PostgresSaver
 ) -> None:
@@ -188,7 +195,10 @@ def test_stock_saver_reads_exported_threads_as_the_durable_saver_did(
 
         dry = export_stock(saver, thread_ids=tids, dry_run=True)
         assert {tid: raw(dsn, tid) for tid in tids} == rows  # nothing written
+        assert _export_audit(dsn) == []  # a dry run is not an operator action
         report = export_stock(saver, thread_ids=tids)
+        # One audit row per rewritten thread (issue 17: every operator action is audited).
+        assert sorted(r["thread_id"] for r in _export_audit(dsn)) == tids
 
     assert report.ok and report.as_dict()["totals"] == dry.as_dict()["totals"]
     totals = report.totals()
