@@ -49,7 +49,8 @@ from langgraph_durable._io import Flow, Sleep, Tx
 from langgraph_durable.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from langgraph_durable.saver import Lease, _DurableBase
+    from langgraph_durable.core.base import _DurableBase
+    from langgraph_durable.leases.model import Lease
 
 logger = logging.getLogger("langgraph_durable")
 
@@ -223,7 +224,7 @@ class Deferrals:
 
     # ------------------------------------------------------------------ lookups
     def _run_for(self, saver: _DurableBase, config: Any) -> _Run | None:
-        from langgraph_durable.saver import _RUN_LEASE
+        from langgraph_durable.leases.model import _RUN_LEASE
 
         configurable = config.get("configurable") or {}
         thread_id = str(configurable.get("thread_id"))

@@ -45,6 +45,7 @@ from langchain_core.runnables import (
 )
 
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
+from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import ConfigurationError, NoLedgerError, SerializationError
 from langgraph_durable.idempotency import (
     _PARENT,
@@ -61,7 +62,6 @@ from langgraph_durable.idempotency import (
     within,
 )
 from langgraph_durable.leases.owners import new_owner_id
-from langgraph_durable.saver import _DurableBase
 from langgraph_durable.sql.ledger import JOURNAL_RECORD_SQL, LEDGER_READ_SQL
 
 KEY_PREFIX = "llm:"

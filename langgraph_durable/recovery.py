@@ -51,6 +51,7 @@ from langchain_core.runnables import RunnableConfig
 
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import AsyncDriver, Batch, Flow, Hook, Op, Stmt, SyncDriver, Tx
+from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
     ConfigurationError,
     GraphVersionMismatchError,
@@ -59,7 +60,8 @@ from langgraph_durable.errors import (
     PoisonCheckpointError,
     ThreadBusyError,
 )
-from langgraph_durable.saver import _DurableBase, claim_handoff, process_identity
+from langgraph_durable.leases.model import claim_handoff
+from langgraph_durable.leases.owners import process_identity
 from langgraph_durable.sql.recovery import (
     JIT_OFF_SQL,
     RECOVERY_CLAIM_SQL,

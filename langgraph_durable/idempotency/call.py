@@ -15,6 +15,7 @@ from collections.abc import (
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
     ConfigurationError,
     InvalidIdempotencyKeyError,
@@ -36,9 +37,6 @@ from langgraph_durable.idempotency.keys import (
     _Site,
     _task_state,
     _TaskState,
-)
-from langgraph_durable.saver import (
-    _DurableBase,
 )
 
 logger = logging.getLogger("langgraph_durable.idempotency")

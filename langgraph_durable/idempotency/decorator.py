@@ -17,6 +17,7 @@ from typing import Any, overload
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 
+from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
     ConfigurationError,
 )
@@ -24,9 +25,6 @@ from langgraph_durable.idempotency.call import _failures, _prepare, _seconds, _S
 from langgraph_durable.idempotency.keys import CONN_PARAM, KEY_PARAM, F, OnUnknown
 from langgraph_durable.idempotency.protocol import _arun, _run
 from langgraph_durable.idempotency.tool import _wrap_tool
-from langgraph_durable.saver import (
-    _DurableBase,
-)
 
 logger = logging.getLogger("langgraph_durable.idempotency")
 

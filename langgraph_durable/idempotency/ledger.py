@@ -18,6 +18,7 @@ from langgraph_durable._io import (
     Stmt,
     op_memo,
 )
+from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
     CallInFlightError,
     ConfigurationError,
@@ -25,9 +26,6 @@ from langgraph_durable.errors import (
     SerializationError,
 )
 from langgraph_durable.idempotency.protocol import _op_one
-from langgraph_durable.saver import (
-    _DurableBase,
-)
 from langgraph_durable.sql.ledger import (
     LEDGER_FORGET_SQL,
     LEDGER_LIST_SQL,

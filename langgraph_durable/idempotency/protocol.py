@@ -35,6 +35,7 @@ from langgraph_durable._io import (
     aconnect,
     connect,
 )
+from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
     CallInFlightError,
     IdempotencyConflictError,
@@ -48,13 +49,9 @@ from langgraph_durable.errors import (
 from langgraph_durable.idempotency.call import _Call
 from langgraph_durable.idempotency.keys import _PARENT, _Parent
 from langgraph_durable.idempotency.renewer import _RENEWER
+from langgraph_durable.leases.model import _RUN_LEASE
 from langgraph_durable.pooler import session_schema
-from langgraph_durable.saver import (
-    _RUN_LEASE,
-    AsyncDurablePostgresSaver,
-    DurablePostgresSaver,
-    _DurableBase,
-)
+from langgraph_durable.saver import AsyncDurablePostgresSaver, DurablePostgresSaver
 from langgraph_durable.sql.ledger import (
     LEDGER_ABANDON_SQL,
     LEDGER_CHECKPOINT_STORED_SQL,

@@ -10,11 +10,9 @@ from typing import Any
 
 import psycopg
 
+from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.idempotency.call import _Call
 from langgraph_durable.pooler import session_schema
-from langgraph_durable.saver import (
-    _DurableBase,
-)
 from langgraph_durable.sql.ledger import (
     LEDGER_RENEW_SQL,
 )
