@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -523,6 +524,99 @@ def _state_at(saver: Any, thread_id: str, checkpoint_id: str) -> dict[str, Any]:
     }
 
 
+def _view(c: Console, fn: Callable[[Request], HTMLResponse]) -> Callable[[Request], Response]:
+    def endpoint(request: Request) -> Response:
+        return c.guard(request, lambda: fn(request))
+
+    return endpoint
+
+async def _login(c: Console, request: Request) -> Response:
+    if not c.allow_actions:
+        return c.error(request, 403, "read-only console",
+                       "this console was started without --allow-actions: nothing to sign in to")
+    nxt = request.query_params.get("next") or "/"
+    if not nxt.startswith("/") or nxt.startswith("//") or "\\" in nxt:  # no open redirect
+        nxt = "/"
+    if request.method == "GET":
+        return c.render(request, "login.html", next=nxt, failed=False)
+    form = await request.form()
+    if not c.sessions.check_token(str(form.get("token") or "")):
+        return c.render(request, "login.html", status=403, next=nxt, failed=True)
+    name = _short(form.get("name") or "operator", 60)
+    client = request.client.host if request.client else "?"
+    session = c.sessions.create(f"{name} ({client})")
+    resp = RedirectResponse(nxt, status_code=303)
+    resp.set_cookie(COOKIE, session.sid, httponly=True, samesite="strict", path="/")
+    return resp
+
+async def _logout(c: Console, request: Request) -> Response:
+    form = await request.form()
+    session = c.session(request)
+    if session is not None and csrf_ok(session, form):
+        c.sessions.drop(session.sid)
+    resp = RedirectResponse("/", status_code=303)
+    resp.delete_cookie(COOKIE, path="/")
+    return resp
+
+def _refuse(c: Console, request: Request, action: str) -> Response | None:
+    if action not in ACTIONS:
+        return c.error(request, 404, "no such action", action)
+    if not c.allow_actions:
+        return c.error(request, 403, "read-only console",
+                       "this console was started without --allow-actions")
+    return None
+
+def _confirm(c: Console, request: Request) -> Response:
+    action = request.path_params["action"]
+    refused = _refuse(c, request, action)
+    if refused is not None:
+        return refused
+    if c.session(request) is None:
+        nxt = str(request.url.path) + ("?" + request.url.query if request.url.query else "")
+        return RedirectResponse("/login?" + urlencode({"next": nxt}), status_code=303)
+    try:
+        plan = c.plan(action, request.query_params)
+    except _Refused as exc:
+        return c.error(request, 409, f"cannot {action}", str(exc))
+    except DurableError as exc:
+        return c.error(request, 404 if isinstance(exc, LookupError) else 400,
+                       type(exc).__name__, exc.message)
+    return c.render(request, "confirm.html", action=action, plan=plan)
+
+async def _act(c: Console, request: Request) -> Response:
+    action = request.path_params["action"]
+    refused = _refuse(c, request, action)
+    if refused is not None:
+        return refused
+    origin = request.headers.get("origin")
+    if origin and urlsplit(origin).netloc != request.headers.get("host"):
+        return c.error(request, 403, "cross-origin request", f"refused a POST from {origin}")
+    form = await request.form()
+    session = c.session(request)
+    if session is None:
+        return c.error(request, 403, "not signed in", "sign in with the console token first")
+    if not csrf_ok(session, form):
+        return c.error(request, 403, "CSRF check failed",
+                       "the form's token does not match this session: reload the page and retry")
+    if form.get("confirmed") != "yes":
+        return c.error(request, 400, "not confirmed", "actions are confirmed on their own page")
+
+    def run() -> tuple[str, str]:
+        return c.execute(action, form, session)
+
+    from starlette.concurrency import run_in_threadpool
+
+    try:
+        message, where = await run_in_threadpool(run)
+    except DurableError as exc:
+        return c.error(request, 409, type(exc).__name__, exc.message)
+    except (ValueError, KeyError) as exc:
+        return c.error(request, 400, f"cannot {action}", str(exc))
+    session.flash.append(message)
+    return RedirectResponse(where, status_code=303)
+
+
+
 def create_app(
     saver: Any,
     *,
@@ -545,97 +639,6 @@ def create_app(
         graph=graph, registry=registry,
     )
 
-    def view(fn: Callable[[Request], HTMLResponse]) -> Callable[[Request], Response]:
-        def endpoint(request: Request) -> Response:
-            return c.guard(request, lambda: fn(request))
-
-        return endpoint
-
-    async def login(request: Request) -> Response:
-        if not c.allow_actions:
-            return c.error(request, 403, "read-only console",
-                           "this console was started without --allow-actions: nothing to sign in to")
-        nxt = request.query_params.get("next") or "/"
-        if not nxt.startswith("/") or nxt.startswith("//") or "\\" in nxt:  # no open redirect
-            nxt = "/"
-        if request.method == "GET":
-            return c.render(request, "login.html", next=nxt, failed=False)
-        form = await request.form()
-        if not c.sessions.check_token(str(form.get("token") or "")):
-            return c.render(request, "login.html", status=403, next=nxt, failed=True)
-        name = _short(form.get("name") or "operator", 60)
-        client = request.client.host if request.client else "?"
-        session = c.sessions.create(f"{name} ({client})")
-        resp = RedirectResponse(nxt, status_code=303)
-        resp.set_cookie(COOKIE, session.sid, httponly=True, samesite="strict", path="/")
-        return resp
-
-    async def logout(request: Request) -> Response:
-        form = await request.form()
-        session = c.session(request)
-        if session is not None and csrf_ok(session, form):
-            c.sessions.drop(session.sid)
-        resp = RedirectResponse("/", status_code=303)
-        resp.delete_cookie(COOKIE, path="/")
-        return resp
-
-    def refuse(request: Request, action: str) -> Response | None:
-        if action not in ACTIONS:
-            return c.error(request, 404, "no such action", action)
-        if not c.allow_actions:
-            return c.error(request, 403, "read-only console",
-                           "this console was started without --allow-actions")
-        return None
-
-    def confirm(request: Request) -> Response:
-        action = request.path_params["action"]
-        refused = refuse(request, action)
-        if refused is not None:
-            return refused
-        if c.session(request) is None:
-            nxt = str(request.url.path) + ("?" + request.url.query if request.url.query else "")
-            return RedirectResponse("/login?" + urlencode({"next": nxt}), status_code=303)
-        try:
-            plan = c.plan(action, request.query_params)
-        except _Refused as exc:
-            return c.error(request, 409, f"cannot {action}", str(exc))
-        except DurableError as exc:
-            return c.error(request, 404 if isinstance(exc, LookupError) else 400,
-                           type(exc).__name__, exc.message)
-        return c.render(request, "confirm.html", action=action, plan=plan)
-
-    async def act(request: Request) -> Response:
-        action = request.path_params["action"]
-        refused = refuse(request, action)
-        if refused is not None:
-            return refused
-        origin = request.headers.get("origin")
-        if origin and urlsplit(origin).netloc != request.headers.get("host"):
-            return c.error(request, 403, "cross-origin request", f"refused a POST from {origin}")
-        form = await request.form()
-        session = c.session(request)
-        if session is None:
-            return c.error(request, 403, "not signed in", "sign in with the console token first")
-        if not csrf_ok(session, form):
-            return c.error(request, 403, "CSRF check failed",
-                           "the form's token does not match this session: reload the page and retry")
-        if form.get("confirmed") != "yes":
-            return c.error(request, 400, "not confirmed", "actions are confirmed on their own page")
-
-        def run() -> tuple[str, str]:
-            return c.execute(action, form, session)
-
-        from starlette.concurrency import run_in_threadpool
-
-        try:
-            message, where = await run_in_threadpool(run)
-        except DurableError as exc:
-            return c.error(request, 409, type(exc).__name__, exc.message)
-        except (ValueError, KeyError) as exc:
-            return c.error(request, 400, f"cannot {action}", str(exc))
-        session.flash.append(message)
-        return RedirectResponse(where, status_code=303)
-
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         c.sampler.sample()
@@ -649,18 +652,18 @@ def create_app(
 
     static = str(files("langgraph_durable.console") / "static")
     routes = [
-        Route("/", view(c.overview)),
-        Route("/threads", view(c.threads)),
-        Route("/thread", view(c.thread)),
-        Route("/quarantine", view(c.quarantine)),
-        Route("/ledger", view(c.ledger)),
-        Route("/versions", view(c.versions)),
-        Route("/storage", view(c.storage)),
-        Route("/audit", view(c.audit_view)),
-        Route("/login", login, methods=["GET", "POST"]),
-        Route("/logout", logout, methods=["POST"]),
-        Route("/confirm/{action}", confirm),
-        Route("/act/{action}", act, methods=["POST"]),
+        Route("/", _view(c, c.overview)),
+        Route("/threads", _view(c, c.threads)),
+        Route("/thread", _view(c, c.thread)),
+        Route("/quarantine", _view(c, c.quarantine)),
+        Route("/ledger", _view(c, c.ledger)),
+        Route("/versions", _view(c, c.versions)),
+        Route("/storage", _view(c, c.storage)),
+        Route("/audit", _view(c, c.audit_view)),
+        Route("/login", partial(_login, c), methods=["GET", "POST"]),
+        Route("/logout", partial(_logout, c), methods=["POST"]),
+        Route("/confirm/{action}", partial(_confirm, c)),
+        Route("/act/{action}", partial(_act, c), methods=["POST"]),
         Mount("/static", StaticFiles(directory=static), name="static"),
     ]
     middleware = []
