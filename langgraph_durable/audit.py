@@ -38,7 +38,10 @@ import socket
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from langgraph_durable._view import SaverView
 
 __all__ = [
     "AuditRecord",
@@ -234,7 +237,7 @@ def _op_list(
 
 
 def list_audit(
-    saver: Any,
+    saver: SaverView,
     *,
     thread_id: str | None = None,
     action: str | None = None,
@@ -246,7 +249,7 @@ def list_audit(
 
 
 async def alist_audit(
-    saver: Any,
+    saver: SaverView,
     *,
     thread_id: str | None = None,
     action: str | None = None,
@@ -287,7 +290,7 @@ def describe_release(result: Any, thread_id: str) -> AuditRecord:
     )
 
 
-def describe_rewind(result: Any, saver: Any, thread_id: str, to: str) -> AuditRecord:
+def describe_rewind(result: Any, saver: SaverView, thread_id: str, to: str) -> AuditRecord:
     return AuditRecord(
         thread_id=thread_id,
         before_id=result.rewound_from,
@@ -363,7 +366,7 @@ def describe_gc(result: Any, *args: Any, **kwargs: Any) -> AuditRecord | None:
     return None if result.dry_run else AuditRecord(detail=result.as_dict())
 
 
-def describe_export(result: Any, saver: Any, thread_id: str, dry_run: bool) -> AuditRecord | None:
+def describe_export(result: Any, saver: SaverView, thread_id: str, dry_run: bool) -> AuditRecord | None:
     if dry_run or not result.changed:
         return None
     return AuditRecord(
@@ -372,7 +375,7 @@ def describe_export(result: Any, saver: Any, thread_id: str, dry_run: bool) -> A
     )
 
 
-def describe_restore(result: Any, saver: Any, items: Any) -> AuditRecord | None:
+def describe_restore(result: Any, saver: SaverView, items: Any) -> AuditRecord | None:
     if not result.thread_ids:
         return None
     ids = result.thread_ids

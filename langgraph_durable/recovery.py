@@ -51,6 +51,7 @@ from langchain_core.runnables import RunnableConfig
 
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import AsyncDriver, Batch, Flow, Hook, Op, Stmt, SyncDriver, Tx
+from langgraph_durable._view import SaverView
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
     ConfigurationError,
@@ -280,7 +281,7 @@ def _op_status_counts() -> Op[dict[str, int]]:
     return counts
 
 
-def status_counts(saver: Any) -> dict[str, int]:
+def status_counts(saver: SaverView) -> dict[str, int]:
     """Threads by lifecycle: running (live lease), recoverable (a worker would resume
     it: crashed, handed back or queued), waiting (on an interrupt), quarantined, done,
     error (the last run raised; retried with backoff when workers retry errors) and
@@ -288,7 +289,7 @@ def status_counts(saver: Any) -> dict[str, int]:
     return cast("dict[str, int]", saver.run_op(_op_status_counts))
 
 
-async def astatus_counts(saver: Any) -> dict[str, int]:
+async def astatus_counts(saver: SaverView) -> dict[str, int]:
     return cast("dict[str, int]", await saver.arun_op(_op_status_counts))
 
 

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
+    from langgraph_durable.saver import DurablePostgresSaver
+
 __all__ = ["create_app"]
 
 
-def create_app(saver: Any, **options: Any) -> Starlette:
+def create_app(saver: DurablePostgresSaver, **options: Any) -> Starlette:
     """See ``langgraph_durable.console._app.create_app``."""
     from langgraph_durable.console._app import create_app as _create
 

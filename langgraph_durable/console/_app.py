@@ -22,7 +22,10 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from langgraph_durable.saver import DurablePostgresSaver
 from urllib.parse import quote, urlencode, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -103,7 +106,7 @@ class Sampler:
     seconds (and when the overview is opened), for the overview's charts. Kept in
     memory: the charts cover the time since the console started."""
 
-    def __init__(self, saver: Any, interval: float, keep: int = 720) -> None:
+    def __init__(self, saver: DurablePostgresSaver, interval: float, keep: int = 720) -> None:
         self.saver = saver
         self.interval = interval
         self.samples: deque[dict[str, Any]] = deque(maxlen=keep)
@@ -119,6 +122,7 @@ class Sampler:
                 with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
                     cur.execute(q.SAMPLE_SQL)
                     row = cur.fetchone()
+                    assert row is not None  # one aggregate row, always
                     ins, wins, total = row["checkpoints_inserted"], row["writes_inserted"], row["total_bytes"]
             except Exception:  # a sample is best effort; the page reports errors itself
                 logger.debug("console sample failed", exc_info=True)
@@ -161,7 +165,7 @@ class Console:
 
     def __init__(
         self,
-        saver: Any,
+        saver: DurablePostgresSaver,
         *,
         allow_actions: bool,
         token: str | None,
@@ -497,7 +501,7 @@ def _hours(value: str | None) -> float | None:
         return None
 
 
-def _state_at(saver: Any, thread_id: str, checkpoint_id: str) -> dict[str, Any]:
+def _state_at(saver: DurablePostgresSaver, thread_id: str, checkpoint_id: str) -> dict[str, Any]:
     """The channel values of one checkpoint (decoded through the saver)."""
     saved = saver.get_tuple(
         {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
@@ -618,7 +622,7 @@ async def _act(c: Console, request: Request) -> Response:
 
 
 def create_app(
-    saver: Any,
+    saver: DurablePostgresSaver,
     *,
     allow_actions: bool = False,
     token: str | None = None,
