@@ -350,30 +350,7 @@ class Console:
         with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.VERSIONS_SQL)
             rows = cur.fetchall()
-        groups: dict[Any, dict[str, Any]] = {}
-        for row in rows:
-            g = groups.setdefault(
-                row["graph_version"],
-                {"graph_version": row["graph_version"], "threads": 0, "by_status": {},
-                 "last_activity": None, "newest_thread": None},
-            )
-            if row["newest_thread"] is not None and (
-                g["newest_thread"] is None or row["newest_thread"] > g["newest_thread"]
-            ):
-                g["newest_thread"] = row["newest_thread"]
-            g["threads"] += row["threads"]
-            g["by_status"][row["status"]] = row["threads"]
-            if row["last_activity"] is not None and (
-                g["last_activity"] is None or row["last_activity"] > g["last_activity"]
-            ):
-                g["last_activity"] = row["last_activity"]
-        for g in groups.values():
-            g["unfinished"] = g["threads"] - g["by_status"].get("done", 0)
-        return sorted(
-            groups.values(),
-            key=lambda g: (g["last_activity"] is not None, g["last_activity"] or 0),
-            reverse=True,
-        )
+        return versioning.group_version_rows(rows)
 
     def storage(self, request: Request) -> HTMLResponse:
         p = request.query_params

@@ -8,7 +8,7 @@ versioning.py (``flow_migrate``); this module drives it over many threads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -272,18 +272,26 @@ def version_summary(saver: SaverView) -> list[dict[str, Any]]:
         rows = yield Batch([Stmt(SUMMARY_SQL, None, fetch=True, prepare=False)])
         return [dict(r) for r in rows[0]]
 
+    return group_version_rows(saver.run_op(op))
+
+
+def group_version_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of (graph_version, status, threads, last_activity[, newest_thread]) grouped
+    per version: count, count per status, unfinished, last activity (and the newest
+    thread's start when the rows carry it), most recent version first."""
     groups: dict[str | None, dict[str, Any]] = {}
-    for row in saver.run_op(op):
+    for row in rows:
         g = groups.setdefault(
             row["graph_version"],
             {"graph_version": row["graph_version"], "threads": 0, "by_status": {}, "last_activity": None},
         )
         g["threads"] += row["threads"]
         g["by_status"][row["status"]] = row["threads"]
-        if row["last_activity"] is not None and (
-            g["last_activity"] is None or row["last_activity"] > g["last_activity"]
-        ):
-            g["last_activity"] = row["last_activity"]
+        for key in ("last_activity", "newest_thread"):
+            if key in row:
+                g.setdefault(key, None)
+                if row[key] is not None and (g[key] is None or row[key] > g[key]):
+                    g[key] = row[key]
     for g in groups.values():
         g["unfinished"] = g["threads"] - g["by_status"].get("done", 0)
     return sorted(
