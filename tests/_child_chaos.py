@@ -226,6 +226,14 @@ def _run(dsn: str, saver: Any, spec: dict[str, Any]) -> Any:
         # (ThreadBusyError.owner and `threads status` show it): issue 11 item 12. The
         # key the package used before the hand-off moved to a ContextVar.
         config["configurable"]["__durable_claim"] = (spec["thread_id"], spec["claim"])
+    if spec.get("gate"):
+        # A slow start made exact (tests/test_seams_chaos_regressions.py): the child is
+        # up but plans and runs only once the test creates this file.
+        deadline = time.monotonic() + 60
+        while not os.path.exists(spec["gate"]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"gate {spec['gate']} never opened")
+            time.sleep(0.01)
     snap = graph.get_state(config)
     inp = plan(dict(snap.values), snap.created_at is not None, spec["turn"])
     if inp == "noop":

@@ -1,0 +1,105 @@
+"""Shrunk findings of tests/test_model_chaos.py's long profile, as directed tests.
+
+Each drives the state machine's own rules (``ChaosMachine``) in a fixed order, with
+the timing that made the finding made exact (a child gated before it plans), and
+checks the machine's invariants after every step as hypothesis would.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import _child_chaos as cc
+import psycopg
+import pytest
+import test_model_chaos as tmc
+
+pytestmark = [pytest.mark.chaos]
+
+
+def _machine(dsn: str) -> tmc.ChaosMachine:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for ddl in cc.TABLES_DDL:
+            conn.execute(ddl)
+    tmc.ChaosMachine.DSN = dsn
+    machine = tmc.ChaosMachine()
+    machine.setup()
+    machine.model_holds()
+    return machine
+
+
+def _effects(dsn: str, tid: str) -> dict[tuple[int, str], int]:
+    rows = tmc.q(dsn, "SELECT turn, node, count(*) AS n FROM chaos_effects WHERE thread_id = %s GROUP BY 1, 2", (tid,))
+    return {(r["turn"], r["node"]): int(r["n"]) for r in rows}
+
+
+def _parent_index(machine: tmc.ChaosMachine) -> int:
+    """The index terminate_backends maps to the parent's own backends (chaos_parent)."""
+    return len(machine.children)
+
+
+def test_run_in_flight_recreates_a_thread_retain_deleted(dsn: str, tmp_path: Path) -> None:
+    """The long run's "effect recorded twice: turn 0, node n3, count 2, forks 0" after
+    run_in_child (no kill) ... terminate_backends chaos_parent ... run_in_child (no kill),
+    with a retain in between. Not a saver defect: the second child was spawned while
+    the first still ran (so it was asked for turn 0 too) and started slowly; retain
+    deleted the thread once the first run had finished it (done, no lease: allowed);
+    the second child then found no thread, planned turn 0 as new input and ran it on
+    a new thread under the same id, as any checkpointer does. The model still counted
+    that new thread's effects against the deleted one's. Now a deleted thread's effects
+    are judged up to its deletion only (Thread.effects_upto)."""
+    machine = _machine(dsn)
+    try:
+        tid = machine.active()[0]
+        machine.run_in_child((0, False, None))  # A: turn 0, no kill
+        (first,) = machine.children.values()
+        gate = tmp_path / "gate"
+        spawn = machine.spawn
+        machine.spawn = functools.partial(spawn, gate=str(gate))  # type: ignore[method-assign]
+        machine.run_in_child((0, False, None))  # B: A not reaped yet, so turn 0 as well
+        machine.spawn = spawn  # type: ignore[method-assign]
+        assert {c.tid for c in machine.children.values()} == {tid} and len(machine.children) == 2
+        machine.model_holds()
+        machine.terminate_backends(_parent_index(machine), 0, 0.0)
+        machine.model_holds()
+        first.proc.join(tmc.CHILD_WAIT)
+        machine.tick(0.0)  # reaps A: turn 0 finished
+        machine.model_holds()
+        assert 0 in machine.threads[tid].frozen, "the first run did not finish turn 0"
+        machine.retain(0)  # the thread is done and B holds no lease: deleted
+        assert machine.threads[tid].deleted, "retain did not delete the finished thread"
+        machine.model_holds()
+        gate.touch()
+        machine.wait_all(0)  # B plans on an empty thread: turn 0 again, as a new thread
+        machine.model_holds()  # raised "effect recorded twice" before the model fix
+        # The scenario happened (the test is not vacuous): turn 0 ran once per thread.
+        assert _effects(dsn, tid) == {(0, n): 2 for n in cc.NODES}
+        outcomes = tmc.q(dsn, "SELECT event, message FROM chaos_outcomes WHERE thread_id = %s", (tid,))
+        assert [o["event"] for o in outcomes] == ["done", "done"], outcomes
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.1, 0.2, 0.3, 0.4])
+def test_parent_backends_terminated_between_two_runs(dsn: str, delay: float) -> None:
+    """The reported sequence without the retain: a run to completion in a child, the
+    parent's own backends terminated (its saver's pool, the connection the model reads
+    the store with), the same thread run again in a child. Every effect once."""
+    machine = _machine(dsn)
+    try:
+        tid = machine.active()[0]
+        for _ in range(2):
+            machine.run_in_child((0, False, None))
+            machine.model_holds()
+            machine.terminate_backends(_parent_index(machine), 0, delay)
+            machine.model_holds()
+            machine.wait_all(0)
+            machine.model_holds()
+            machine.tick(0.45)  # the termination lands on an idle pool too
+            machine.model_holds()
+        effects = _effects(dsn, tid)
+        assert effects and set(effects.values()) == {1}, effects
+        assert {t for t, _ in effects} == {0, 1}, effects
+    finally:
+        machine.teardown()
