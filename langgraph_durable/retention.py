@@ -39,8 +39,9 @@ Why it is safe against concurrent writers:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -52,7 +53,7 @@ from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
 from langgraph_durable import _sql
 from langgraph_durable._completion import HEADS_SQL, effective_status
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx, op_memo
-from langgraph_durable._values import ISO_TS_RE
+from langgraph_durable._values import ISO_TS_RE, canceled_error
 from langgraph_durable.artifacts import REF_TYPE
 from langgraph_durable.errors import CheckpointLoadError, ConfigurationError
 
@@ -453,6 +454,19 @@ def _one(rows: list[Any]) -> dict[str, Any]:
     return dict(rows[0]) if rows else {}
 
 
+@contextlib.contextmanager
+def _canceled_as_typed(operation: str) -> Iterator[None]:
+    """A statement the database canceled (statement_timeout, lock_timeout: 57014,
+    55P03) as ``StatementCanceledError``, like the saver's own operations."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        err = canceled_error(exc, operation, None, None)
+        if err is None:
+            raise
+        raise err from exc
+
+
 def _flow_gc(
     saver: Any, grace: float, batch_size: int, dry_run: bool, progress: Progress | None
 ) -> Flow[GcReport]:
@@ -552,9 +566,10 @@ def gc(
     total)`` is called after each page of ``batch_size`` artifacts."""
     if batch_size < 1:
         raise ConfigurationError("batch_size must be >= 1", batch_size=batch_size)
-    return saver.run_flow(
-        _flow_gc(saver, _seconds(grace, "grace"), batch_size, dry_run, progress)
-    )
+    with _canceled_as_typed("gc"):
+        return saver.run_flow(
+            _flow_gc(saver, _seconds(grace, "grace"), batch_size, dry_run, progress)
+        )
 
 
 async def agc(
@@ -567,9 +582,10 @@ async def agc(
 ) -> GcReport:
     if batch_size < 1:
         raise ConfigurationError("batch_size must be >= 1", batch_size=batch_size)
-    return await saver.arun_flow(
-        _flow_gc(saver, _seconds(grace, "grace"), batch_size, dry_run, progress)
-    )
+    with _canceled_as_typed("gc"):
+        return await saver.arun_flow(
+            _flow_gc(saver, _seconds(grace, "grace"), batch_size, dry_run, progress)
+        )
 
 
 # --------------------------------------------------------------------------- retention
@@ -966,9 +982,10 @@ def retain(
     trimmed by ``keep_last`` are not archived."""
     args = _retain_args(older_than_days, keep_last, statuses, batch_size)
     store = _store(archive)
-    return saver.run_flow(
-        _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, False)
-    )
+    with _canceled_as_typed("retain"):
+        return saver.run_flow(
+            _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, False)
+        )
 
 
 async def aretain(
@@ -984,9 +1001,10 @@ async def aretain(
 ) -> RetentionReport:
     args = _retain_args(older_than_days, keep_last, statuses, batch_size)
     store = _store(archive)
-    return await saver.arun_flow(
-        _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, True)
-    )
+    with _canceled_as_typed("retain"):
+        return await saver.arun_flow(
+            _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, True)
+        )
 
 
 def _store(archive: str | None) -> Any:

@@ -561,6 +561,13 @@ def _canceled_as_typed(operation: str, config: RunnableConfig | None) -> Iterato
         raise err from exc
 
 
+def _threads_config(thread_ids: Any) -> RunnableConfig:
+    """What a typed error of a maintenance op on ``thread_ids`` names: the thread when
+    there is one, else none (a list, or runs whose threads are not known yet)."""
+    ids = [thread_ids] if isinstance(thread_ids, str) else list(thread_ids or [])
+    return {"configurable": {"thread_id": str(ids[0]) if len(ids) == 1 else None}}
+
+
 def _root(channel: str) -> str:
     """How an error names a channel's value: the graph input, or the state."""
     return "input" if channel == _START else f"state[{channel!r}]"
@@ -2521,16 +2528,19 @@ class _DurableBase(BasePostgresSaver):
         )
 
     def delete_thread(self, thread_id: str) -> None:
-        self._run_op(lambda: self._op_delete_thread(thread_id))
+        with _canceled_as_typed("delete_thread", _threads_config(thread_id)):
+            self._run_op(lambda: self._op_delete_thread(thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        self._run_flow(self._flow_delete_for_runs(run_ids))
+        with _canceled_as_typed("delete_for_runs", _threads_config(())):
+            self._run_flow(self._flow_delete_for_runs(run_ids))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         self._run_op(lambda: self._op_copy_thread(source_thread_id, target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        self._run_flow(self._flow_prune(thread_ids, strategy))
+        with _canceled_as_typed("prune", _threads_config(thread_ids)):
+            self._run_flow(self._flow_prune(thread_ids, strategy))
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
@@ -2616,16 +2626,19 @@ class _DurableBase(BasePostgresSaver):
         )
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await self._arun_op(lambda: self._op_delete_thread(thread_id))
+        with _canceled_as_typed("delete_thread", _threads_config(thread_id)):
+            await self._arun_op(lambda: self._op_delete_thread(thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await self._arun_flow(self._flow_delete_for_runs(run_ids))
+        with _canceled_as_typed("delete_for_runs", _threads_config(())):
+            await self._arun_flow(self._flow_delete_for_runs(run_ids))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         await self._arun_op(lambda: self._op_copy_thread(source_thread_id, target_thread_id))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await self._arun_flow(self._flow_prune(thread_ids, strategy))
+        with _canceled_as_typed("prune", _threads_config(thread_ids)):
+            await self._arun_flow(self._flow_prune(thread_ids, strategy))
 
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]

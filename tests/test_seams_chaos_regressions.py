@@ -8,7 +8,9 @@ checks the machine's invariants after every step as hypothesis would.
 from __future__ import annotations
 
 import functools
+import uuid
 from pathlib import Path
+from typing import Any
 
 import _child_chaos as cc
 import psycopg
@@ -103,3 +105,113 @@ def test_parent_backends_terminated_between_two_runs(dsn: str, delay: float) -> 
         assert {t for t, _ in effects} == {0, 1}, effects
     finally:
         machine.teardown()
+
+
+# --------------------------------------------------------------------------- statement_timeout
+# Issue 11 item 14: a statement the database cancels (statement_timeout, SQLSTATE 57014)
+# reached the caller of the maintenance operations as a raw psycopg QueryCanceled. The
+# canceled statement waits on a table lock another session holds, so it is canceled by
+# the timeout every time (no race with how fast the statement is).
+
+_LOCKED = (
+    "checkpoints, checkpoint_blobs, checkpoint_writes, durable_threads, durable_artifacts, "
+    "durable_artifact_refs, durable_ledger, durable_migration_log, durable_quarantine"
+)
+
+
+def _canceled_thread(dsn: str) -> tuple[str, str]:
+    """A finished thread (a run with an artifact) the canceled operations would delete."""
+    from langgraph_durable import DurablePostgresSaver
+
+    tid, run_id = "cancel-" + uuid.uuid4().hex[:8], str(uuid.uuid4())
+    with DurablePostgresSaver.from_conn_string(dsn, **cc.saver_options()) as saver:
+        graph = cc.build(dsn).compile(checkpointer=saver.bind(graph_version="v1"))
+        graph.invoke({"turn": 0}, {"configurable": {"thread_id": tid, "run_id": run_id}})
+    return tid, run_id
+
+
+def _rows(dsn: str, tid: str) -> dict[str, int]:
+    return {
+        table: int(tmc.q(dsn, f'SELECT count(*) AS n FROM "{table}" WHERE thread_id = %s', (tid,))[0]["n"])
+        for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "durable_threads", "durable_ledger")
+    }
+
+
+def _check_canceled(exc: BaseException, operation: str, thread_id: str | None) -> None:
+    from langgraph_durable import DurableError, StatementCanceledError
+
+    assert isinstance(exc, StatementCanceledError) and isinstance(exc, DurableError), repr(exc)
+    assert exc.operation == operation and exc.thread_id == thread_id, (exc.operation, exc.thread_id)
+    assert exc.sqlstate == "57014", exc.sqlstate
+    assert isinstance(exc.__cause__, psycopg.errors.QueryCanceled), repr(exc.__cause__)
+
+
+_SYNC_OPS = ["delete_for_runs", "prune", "prune_delete", "delete_thread", "retain", "gc"]
+
+
+@pytest.mark.parametrize("op", _SYNC_OPS)
+def test_statement_timeout_of_a_maintenance_op_is_typed(dsn: str, op: str) -> None:
+    from langgraph_durable import DurablePostgresSaver, gc, retain
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for ddl in cc.TABLES_DDL:
+            conn.execute(ddl)
+    tid, run_id = _canceled_thread(dsn)
+    before = _rows(dsn, tid)
+    slow = psycopg.conninfo.make_conninfo(dsn, options="-c statement_timeout=100 -c lock_timeout=0")
+    with DurablePostgresSaver.from_conn_string(slow, **cc.saver_options()) as saver:
+        calls: dict[str, tuple[Any, str | None]] = {
+            "delete_for_runs": (lambda: saver.delete_for_runs([run_id]), None),
+            "prune": (lambda: saver.prune([tid]), tid),
+            "prune_delete": (lambda: saver.prune([tid], strategy="delete"), tid),
+            "delete_thread": (lambda: saver.delete_thread(tid), tid),
+            "retain": (lambda: retain(saver, older_than_days=0), None),
+            "gc": (lambda: gc(saver, grace=0), None),
+        }
+        fn, named = calls[op]
+        with psycopg.connect(dsn) as locker:
+            locker.execute(f"LOCK TABLE {_LOCKED} IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(Exception) as info:
+                fn()
+            locker.rollback()
+    _check_canceled(info.value, "prune" if op == "prune_delete" else op, named)
+    assert _rows(dsn, tid) == before, "a canceled operation changed the thread"
+
+
+@pytest.mark.parametrize("op", _SYNC_OPS)
+def test_statement_timeout_of_an_async_maintenance_op_is_typed(dsn: str, op: str) -> None:
+    import asyncio
+
+    from langgraph_durable import AsyncDurablePostgresSaver, agc, aretain
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for ddl in cc.TABLES_DDL:
+            conn.execute(ddl)
+    tid, run_id = _canceled_thread(dsn)
+    before = _rows(dsn, tid)
+    slow = psycopg.conninfo.make_conninfo(dsn, options="-c statement_timeout=100 -c lock_timeout=0")
+
+    async def go() -> BaseException:
+        async with AsyncDurablePostgresSaver.from_conn_string(slow, **cc.saver_options()) as saver:
+            calls: dict[str, Any] = {
+                "delete_for_runs": lambda: saver.adelete_for_runs([run_id]),
+                "prune": lambda: saver.aprune([tid]),
+                "prune_delete": lambda: saver.aprune([tid], strategy="delete"),
+                "delete_thread": lambda: saver.adelete_thread(tid),
+                "retain": lambda: aretain(saver, older_than_days=0),
+                "gc": lambda: agc(saver, grace=0),
+            }
+            with psycopg.connect(dsn) as locker:
+                locker.execute(f"LOCK TABLE {_LOCKED} IN ACCESS EXCLUSIVE MODE")
+                try:
+                    await calls[op]()
+                except Exception as exc:
+                    return exc
+                finally:
+                    locker.rollback()
+            raise AssertionError(f"{op} was not canceled")
+
+    exc = asyncio.run(go())
+    named = tid if op in ("prune", "prune_delete", "delete_thread") else None
+    _check_canceled(exc, "prune" if op == "prune_delete" else op, named)
+    assert _rows(dsn, tid) == before, "a canceled operation changed the thread"
