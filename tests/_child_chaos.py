@@ -17,9 +17,12 @@ child writes none): the event and, for an error, its type and whether it is a
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import operator
 import os
+import signal
+import tempfile
 import time
 import traceback
 from typing import Annotated, Any, TypedDict
@@ -179,8 +182,19 @@ def _outcome(
         )
 
 
+def stack_file(child_id: str) -> str:
+    """Where a child dumps its threads' stacks on SIGUSR1 (the parent's hang report)."""
+    return os.path.join(tempfile.gettempdir(), f"lgd_chaos_stack_{child_id}.txt")
+
+
+_STACKS: list[Any] = []  # the open dump file, kept for the process's life
+
+
 def child_main(spec: dict[str, Any]) -> None:
     """Entry point of every child (run in a process forked by the forkserver)."""
+    dump = open(stack_file(spec["child_id"]), "w")  # open for the process's life
+    _STACKS.append(dump)
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     if spec.get("skew"):
         real = time.time_ns
 

@@ -366,9 +366,11 @@ class ChaosMachine(RuleBasedStateMachine):
             STATS["sigkill"] += 1
         child.proc.join(CHILD_WAIT)
         if child.proc.is_alive():
+            facts = self.hang_evidence(child)
             os.kill(child.proc.pid, signal.SIGKILL)
             child.proc.join(5)
-            self.violation("NEW", f"child {child.mode} still running after {CHILD_WAIT} s (hang)", thread=child.tid)
+            self.violation("NEW", f"child {child.mode} still running after {CHILD_WAIT} s (hang)", thread=child.tid,
+                           **facts)
         self.wait_backends_gone(child.cid)
         del self.children[child.cid]
         rows = q(self.dsn, "SELECT * FROM chaos_outcomes WHERE child_id = %s", (child.cid,))
@@ -538,6 +540,25 @@ class ChaosMachine(RuleBasedStateMachine):
                 out[name] = repr(exc)
         out["children"] = repr([(c.cid, c.mode, c.tid, c.proc.pid) for c in self.children.values()])
         return out
+
+    def hang_evidence(self, child: Child) -> dict[str, Any]:
+        """A hung child's stacks (faulthandler, SIGUSR1) and what its backends wait on."""
+        facts: dict[str, Any] = {"child": f"{child.cid} pid={child.proc.pid}"}
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.proc.pid, signal.SIGUSR1)
+        time.sleep(0.5)
+        with contextlib.suppress(OSError):
+            with open(cc.stack_file(child.cid)) as f:
+                facts["stack"] = f.read()[-8000:]
+        facts["backends"] = json.dumps(q(
+            self.dsn,
+            "SELECT pid, state, wait_event_type, wait_event, xact_start, left(query, 300) AS query "
+            "FROM pg_stat_activity WHERE application_name = %s",
+            (f"chaos_{child.cid}",),
+        ), default=str)
+        if child.tid:
+            facts.update(self.evidence(child.tid))
+        return facts
 
     def rows_left(self, tid: str) -> dict[str, int]:
         out = {}
