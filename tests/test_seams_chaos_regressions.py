@@ -215,3 +215,33 @@ def test_statement_timeout_of_an_async_maintenance_op_is_typed(dsn: str, op: str
     named = tid if op in ("prune", "prune_delete", "delete_thread") else None
     _check_canceled(exc, "prune" if op == "prune_delete" else op, named)
     assert _rows(dsn, tid) == before, "a canceled operation changed the thread"
+
+
+def test_retain_keeps_a_migrated_thread_whose_next_node_has_not_run(dsn: str) -> None:
+    """Found by the long run ("retain deleted a thread that is not done", issue 11 item
+    4): update_state on a new thread (no run, so no durable_threads row: retention
+    judges it from its head, whose next node is n1), then migrate_threads, then retain.
+    The update's checkpoint records no updated_channels; the migration wrote an empty
+    list and bumped the note's version, so the completion check saw nothing pending
+    and retain deleted the thread. Once a run finished it, retain deletes it."""
+    from langgraph_durable import DurablePostgresSaver, migrate_threads, retain
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for ddl in cc.TABLES_DDL:
+            conn.execute(ddl)
+    tid = "migrated-pending-" + uuid.uuid4().hex[:8]
+    config: Any = {"configurable": {"thread_id": tid}}
+    with DurablePostgresSaver.from_conn_string(dsn, **cc.saver_options()) as saver:
+        v1 = cc.build(dsn).compile(checkpointer=saver.bind(graph_version="v1", migrations=cc.registry()))
+        v1.update_state(config, {"note": "c"})
+        report = migrate_threads(saver, "v1", "v2", thread_ids=[tid], registry=cc.registry())
+        assert report.migrated == [tid], report.as_dict()
+        v2 = cc.build(dsn).compile(checkpointer=saver.bind(graph_version="v2", migrations=cc.registry()))
+        assert v2.get_state(config).next == ("n1",)
+        assert tmc.q(dsn, "SELECT 1 FROM durable_threads WHERE thread_id = %s", (tid,)) == []
+        kept = retain(saver, older_than_days=0)
+        assert tid not in kept.deleted_thread_ids, kept.as_dict()
+        assert v2.get_state(config).values.get("note") == "c+m"
+        v2.invoke(None, config)  # runs n1..n4: the thread is finished
+        assert v2.get_state(config).next == ()
+        assert tid in retain(saver, older_than_days=0).deleted_thread_ids
