@@ -245,3 +245,35 @@ def test_retain_keeps_a_migrated_thread_whose_next_node_has_not_run(dsn: str) ->
         v2.invoke(None, config)  # runs n1..n4: the thread is finished
         assert v2.get_state(config).next == ()
         assert tid in retain(saver, older_than_days=0).deleted_thread_ids
+
+
+def test_run_child_of_a_thread_whose_head_is_damaged_quarantines_it(dsn: str) -> None:
+    """The long run's "a run of a thread that does not load left it unquarantined"
+    (item 13) after damage_row hit the head's envelope: the child's planning read
+    (graph.get_state) raised CheckpointLoadError, rightly, and the child ended there,
+    never starting the run whose start quarantines. Now it runs anyway."""
+    machine = _machine(dsn)
+    try:
+        tid = machine.active()[0]
+        machine.run_in_child((0, False, None))
+        machine.wait_all(0)
+        machine.model_holds()
+        # damage_row's damage, aimed at the head's envelope (damage_row takes any row).
+        rows = tmc.q(
+            dsn,
+            "UPDATE checkpoint_blobs SET blob = '\\xc1c1c1'::bytea WHERE thread_id = %s AND type = 'durable+ref' "
+            "AND version = (SELECT max(version) FROM checkpoint_blobs WHERE thread_id = %s AND type = 'durable+ref') "
+            "RETURNING channel",
+            (tid, tid),
+        )
+        assert rows, "no envelope to damage"
+        machine.threads[tid].damaged = True
+        machine.model_holds()
+        machine.run_in_child((0, False, None))
+        machine.wait_all(0)  # raised the item 13 violation before the child ran the thread
+        machine.model_holds()
+        assert machine.db_status(tid) == "quarantined"
+        out = tmc.q(dsn, "SELECT error_type FROM chaos_outcomes WHERE thread_id = %s ORDER BY at", (tid,))
+        assert out[-1]["error_type"] == "langgraph_durable.errors.PoisonCheckpointError", out
+    finally:
+        machine.teardown()
