@@ -224,6 +224,7 @@ class Child:
     note: str | None = None
     skew: bool = False
     note_writes: int = 0
+    epoch: int | None = None  # its thread's epoch when it was spawned (run_returned)
 
 
 class ChaosMachine(RuleBasedStateMachine):
@@ -235,6 +236,7 @@ class ChaosMachine(RuleBasedStateMachine):
         self.threads: dict[str, Thread] = {}
         self.children: dict[str, Child] = {}
         self.inproc: tuple[str, threading.Thread, list[BaseException], list[dict[str, Any]]] | None = None
+        self.inproc_epoch: int | None = None  # its thread's epoch when the in-process run started
         self._stack: Any = None
         parent_dsn = psycopg.conninfo.make_conninfo(self.dsn, application_name=PARENT_APP)
         self._cm = DurablePostgresSaver.from_conn_string(parent_dsn, pool_size=4, **cc.saver_options())
@@ -338,6 +340,8 @@ class ChaosMachine(RuleBasedStateMachine):
         STATS[f"child:{mode}"] += 1
         child = Child(cid, mode, tid, proc, None if kill_after is None else time.monotonic() + kill_after,
                       note=extra.get("note"), skew=bool(extra.get("skew")))
+        if tid in self.threads:
+            child.epoch = self.threads[tid].epoch
         self.children[cid] = child
         if kill_after is not None:
             # Kill at that moment whatever the rules do meanwhile (reap() only notices).
@@ -393,7 +397,7 @@ class ChaosMachine(RuleBasedStateMachine):
             except Exception:
                 pass  # reported by observe
         if child.mode == "run" and t is not None and not t.deleted and out is not None and out["event"] == "done":
-            self.run_returned(t, json.loads(out["message"] or "null"))
+            self.run_returned(t, json.loads(out["message"] or "null"), child.epoch)
         if child.mode == "update" and t is not None and out is not None and out["event"] == "done":
             if t.note_writes == child.note_writes:
                 self.set_note(t, child.note)
@@ -405,10 +409,16 @@ class ChaosMachine(RuleBasedStateMachine):
                 self.violation("NEW", "retain deleted a thread whose run was live", thread=t.tid, outcome=out)
         self.observe_all()
 
-    def run_returned(self, t: Thread, final: dict[str, Any] | None) -> None:
+    def run_returned(self, t: Thread, final: dict[str, Any] | None, epoch: int | None = None) -> None:
         """A run returned this final state: its steps are committed, the model expects
         the head to hold them from now on (a later head that does not: a lost step)."""
         if not final or not final.get("log"):
+            return
+        if epoch is not None and epoch != t.epoch:
+            # The thread was rolled back or forked since the run started (delete_for_runs
+            # of this very run once it had ended but before it was reaped, found by the
+            # long run as "committed step lost"): what it returned is no longer what the
+            # store must hold. observe() learns the head as it is.
             return
         log = list(final["log"])
         if log[: len(t.min_log)] == t.min_log:
@@ -450,7 +460,12 @@ class ChaosMachine(RuleBasedStateMachine):
                                    where=getattr(exc, "__notes__", [""])[-1])
             t = self.threads.get(tid)
             if t is not None and not t.deleted and results:
-                self.run_returned(t, results[0])
+                self.run_returned(t, results[0], self.inproc_epoch)
+            if t is not None and t.retained_live:
+                t.retained_live = False
+                if errs:
+                    self.violation("NEW", "retain deleted a thread whose run was live", thread=tid,
+                                   outcome=repr(errs))
             self.observe_all()
 
     def observe_all(self) -> None:
@@ -662,6 +677,7 @@ class ChaosMachine(RuleBasedStateMachine):
         th.start()
         STATS["inproc_runs"] += 1
         self.inproc = (tid, th, errs, results)
+        self.inproc_epoch = t.epoch
 
     def tick(self, dt: float) -> None:
         self.trace.append("tick")
@@ -725,13 +741,29 @@ class ChaosMachine(RuleBasedStateMachine):
         tid = self.pick(i, [t for t in self.active() if self.threads[t].runs])
         t = self.threads[tid]
         run = self.pick(j, t.runs)
+        # Every thread holding a checkpoint of the run: copy_thread copies metadata, so
+        # copies hold the run's id too, and delete_for_runs deletes "all checkpoints and
+        # writes associated with the given run IDs" (LangGraph's spec, and its
+        # conformance tests: copy_thread preserves metadata). The model reset only the
+        # thread it picked; the long run reported the copies' rolled-back steps as lost
+        # ("committed step lost", "thread vanished").
+        holding = [r["thread_id"] for r in q(
+            self.dsn, "SELECT DISTINCT thread_id FROM checkpoints WHERE metadata ->> 'run_id' = %s", (run,))]
         _, err = self.call("delete_for_runs", self.saver.delete_for_runs, [run])
         if err is None:
-            # A rollback on purpose: what the run committed may go, and its steps rerun.
-            t.epoch += 1
-            t.min_log = []
-            t.migrated = None
-            t.frozen.clear()
+            for x in {tid, *holding}:
+                u = self.threads.get(x)
+                if u is None or u.deleted:
+                    continue
+                # A rollback on purpose: what the run committed may go, and its steps rerun.
+                u.epoch += 1
+                u.min_log = []
+                u.migrated = None
+                u.frozen.clear()
+                if not q(self.dsn, "SELECT 1 FROM checkpoints WHERE thread_id = %s LIMIT 1", (x,)):
+                    # Nothing left (deleted whole): the next run starts the thread afresh,
+                    # at turn 0 (a log must start there).
+                    u.turn = 0
 
     def copy_thread(self, i: int, j: int, existing: bool) -> None:
         self.trace.append("copy_thread")
@@ -793,10 +825,14 @@ class ChaosMachine(RuleBasedStateMachine):
             if t is None or t.deleted:
                 continue
             head, status = before.get(tid, (None, None))
-            if t.kind == "waiting" or head is None or not finished(head):
+            live = self.live(tid)
+            # A live run may finish between the snapshot above and retain's own check
+            # (found by the long run: an in-process run's last node): its thread is judged
+            # when the run ends (retained_live), not by the snapshot.
+            if t.kind == "waiting" or (not live and (head is None or not finished(head))):
                 self.violation("4", "retain deleted a thread that is not done", thread=tid, kind=t.kind,
                                head=head, status=status)
-            if self.live(tid) and status != "done":
+            if live and status != "done":
                 t.retained_live = True  # judged when the run ends (a run may finish meanwhile)
             self.mark_deleted(tid)
 

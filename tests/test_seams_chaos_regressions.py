@@ -8,6 +8,7 @@ checks the machine's invariants after every step as hypothesis would.
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -275,5 +276,91 @@ def test_run_child_of_a_thread_whose_head_is_damaged_quarantines_it(dsn: str) ->
         assert machine.db_status(tid) == "quarantined"
         out = tmc.q(dsn, "SELECT error_type FROM chaos_outcomes WHERE thread_id = %s ORDER BY at", (tid,))
         assert out[-1]["error_type"] == "langgraph_durable.errors.PoisonCheckpointError", out
+    finally:
+        machine.teardown()
+
+
+def _index(machine: tmc.ChaosMachine, tid: str, kind: str | None = "run") -> int:
+    return machine.active(kind).index(tid)
+
+
+def test_delete_for_runs_rolls_back_the_copies_of_the_run_too(dsn: str) -> None:
+    """The long run's "committed step lost" / "thread vanished" on a thread created by
+    copy_thread, after delete_for_runs on its source. Not a saver defect: copy_thread
+    copies metadata, run_id included (LangGraph's conformance test_copy_thread_preserves_
+    metadata), and delete_for_runs deletes every checkpoint of the run, the copy's too;
+    the model rolled back only the source. A copy left with nothing starts at turn 0."""
+    machine = _machine(dsn)
+    try:
+        src = machine.active()[0]
+        for _ in range(2):  # turns 0 and 1
+            machine.run_in_child((0, False, None))
+            machine.wait_all(0)
+            machine.model_holds()
+        assert len(machine.threads[src].runs) == 2
+        machine.copy_thread(0, 0, False)
+        machine.model_holds()
+        (dst,) = [x for x in machine.active() if x != src]
+        assert machine.threads[dst].min_log == machine.threads[src].min_log != []
+        machine.delete_for_runs(_index(machine, src, None), 1)  # turn 1's run
+        machine.model_holds()  # "committed step lost" on the copy before the model fix
+        machine.delete_for_runs(_index(machine, src, None), 0)  # turn 0's run: nothing left
+        machine.model_holds()
+        assert tmc.q(dsn, "SELECT 1 FROM checkpoints WHERE thread_id = ANY(%s)", ([src, dst],)) == []
+        machine.run_in_child((_index(machine, dst), False, None))
+        machine.wait_all(0)
+        machine.model_holds()  # "log starts at turn 1" before the model fix
+        assert machine.threads[dst].min_log[:1] == [cc.entry(0, "n1")]
+    finally:
+        machine.teardown()
+
+
+def test_run_that_ended_before_delete_for_runs_of_it_is_not_reasserted(dsn: str) -> None:
+    """The long run's "committed step lost" on a source thread: an in-process run
+    ended (lease released), delete_for_runs of its run id rolled it back, and only then
+    did the machine reap the run and take its returned state as committed."""
+    machine = _machine(dsn)
+    try:
+        tid = machine.active()[0]
+        machine.run_in_process(0, 0)
+        assert machine.inproc is not None
+        machine.inproc[1].join(tmc.CHILD_WAIT)  # ended, not reaped
+        assert machine.inproc[3], "the in-process run returned nothing"
+        machine.delete_for_runs(0, 0)
+        assert machine.threads[tid].epoch == 1, "delete_for_runs was refused"
+        machine.tick(0.0)  # reaps the run
+        machine.model_holds()  # raised "committed step lost" before the model fix
+    finally:
+        machine.teardown()
+
+
+def test_retain_of_a_live_run_finishing_meanwhile_is_judged_when_it_ends(dsn: str) -> None:
+    """The long run's "retain deleted a thread that is not done" for a thread whose
+    in-process run was in its last node when retain took its snapshot and had finished
+    (status 'done', lease released) when retain judged it: allowed."""
+    machine = _machine(dsn)
+    try:
+        tid = machine.active()[0]
+        machine.run_in_process(0, 0)
+        assert machine.inproc is not None
+        run = machine.inproc[1]
+        deadline = time.monotonic() + 60
+        while not tmc.q(dsn, "SELECT 1 FROM chaos_node_runs WHERE thread_id = %s AND node = 'n4'", (tid,)):
+            assert time.monotonic() < deadline and run.is_alive(), "the run never reached n4"
+            time.sleep(0.005)
+        try_head = machine.try_head
+
+        def snapshot_then_finish(x: str) -> Any:
+            got = try_head(x)
+            run.join(tmc.CHILD_WAIT)  # the run ends between the snapshot and retain
+            return got
+
+        machine.try_head = snapshot_then_finish  # type: ignore[method-assign]
+        machine.retain(0)  # raised the item 4 violation before the model fix
+        machine.try_head = try_head  # type: ignore[method-assign]
+        assert machine.threads[tid].deleted, "retain kept the finished thread"
+        machine.model_holds()
+        machine.tick(0.0)
+        machine.model_holds()
     finally:
         machine.teardown()
