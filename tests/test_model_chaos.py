@@ -760,6 +760,9 @@ class ChaosMachine(RuleBasedStateMachine):
                 u.min_log = []
                 u.migrated = None
                 u.frozen.clear()
+                # A note written into one of the run's checkpoints (a migration rewrites
+                # the head in place, keeping its run_id) goes with it: relearn it.
+                u.note_known = False
                 if not q(self.dsn, "SELECT 1 FROM checkpoints WHERE thread_id = %s LIMIT 1", (x,)):
                     # Nothing left (deleted whole): the next run starts the thread afresh,
                     # at turn 0 (a log must start there).

@@ -364,3 +364,28 @@ def test_retain_of_a_live_run_finishing_meanwhile_is_judged_when_it_ends(dsn: st
         machine.model_holds()
     finally:
         machine.teardown()
+
+
+def test_delete_for_runs_of_a_migrated_head_takes_the_migrated_note_with_it(dsn: str) -> None:
+    """The long run's "accepted update_state overwritten (note)" (item 3) after migrate
+    then delete_for_runs: the migration rewrote the head in place (the note became '+m')
+    and the head, a checkpoint of the deleted run, went with the run. A rollback on
+    purpose, not a lost update: the model relearns the note."""
+    machine = _machine(dsn)
+    try:
+        tid = machine.active()[0]
+        machine.update_state_in_process(0, 0, "a")  # a checkpoint of no run: it stays
+        machine.model_holds()
+        machine.run_in_child((0, False, None))
+        machine.wait_all(0)
+        machine.model_holds()
+        machine.migrate(0, 0)
+        assert machine.threads[tid].version == "v2" and machine.threads[tid].note == "a+m"
+        machine.model_holds()
+        epoch = machine.threads[tid].epoch
+        machine.delete_for_runs(0, 0)
+        assert machine.threads[tid].epoch == epoch + 1, "delete_for_runs was refused"
+        machine.model_holds()  # raised the item 3 violation before the model fix
+        assert machine.head(tid) is not None and machine.threads[tid].note == "a"
+    finally:
+        machine.teardown()
