@@ -1023,8 +1023,12 @@ class ChaosMachine(RuleBasedStateMachine):
         self.finish_child(forged, kill=True)
         self.finish_child(holder, kill=False)
         if ran and holder_alive:
+            # holder_alive is the process, not its lease: the evidence (both outcomes, the
+            # node runs' pids and times, the lease row) tells whether the runs overlapped.
             self.violation("12", "a forged __durable_claim ran nodes beside the live lease holder",
-                           thread=tid, owner=owner, forged_node_runs=ran)
+                           thread=tid, owner=owner, forged_node_runs=ran,
+                           holder=f"{holder.cid} pid={holder.proc.pid}", forged=f"{forged.cid} pid={forged.proc.pid}",
+                           **self.evidence(tid))
 
     def lost_commit_ack(self, n: int, transactional: bool) -> None:
         """A run on a fresh thread through a proxy that loses the reply of its n-th
