@@ -785,6 +785,7 @@ class ChaosMachine(RuleBasedStateMachine):
                     self.violation("14", "copy_thread into an existing thread merged histories silently",
                                    src=src, dst=dst, src_head=before_src, dst_head=after)
                 d = self.threads[dst]
+                d.damaged = d.damaged or self.threads[src].damaged
                 d.min_log, d.snapshot, d.frozen = [], {}, {}
                 d.note_known, d.epoch, d.migrated = False, d.epoch + 1, None
             return
@@ -794,8 +795,10 @@ class ChaosMachine(RuleBasedStateMachine):
         s = self.threads[src]
         _, err = self.call("copy_thread", self.saver.copy_thread, src, dst)
         if err is None:
+            # A damaged row is copied with the rest (found by the long run: "thread
+            # unloadable and not quarantined" on the copy of a damaged thread).
             self.threads[dst] = Thread(dst, kind=s.kind, turn=s.turn, note_known=False, epoch=s.epoch + 1,
-                                       version=s.version)
+                                       version=s.version, damaged=s.damaged)
 
     def prune(self, i: int, j: int) -> None:
         self.trace.append("prune")

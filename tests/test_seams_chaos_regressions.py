@@ -389,3 +389,41 @@ def test_delete_for_runs_of_a_migrated_head_takes_the_migrated_note_with_it(dsn:
         assert machine.head(tid) is not None and machine.threads[tid].note == "a"
     finally:
         machine.teardown()
+
+
+def _damage_head(dsn: str, tid: str) -> None:
+    """damage_row's damage, aimed at the head's envelope (damage_row takes any row)."""
+    rows = tmc.q(
+        dsn,
+        "UPDATE checkpoint_blobs SET blob = '\\xc1c1c1'::bytea WHERE thread_id = %s AND type = 'durable+ref' "
+        "AND version = (SELECT max(version) FROM checkpoint_blobs WHERE thread_id = %s AND type = 'durable+ref') "
+        "RETURNING channel",
+        (tid, tid),
+    )
+    assert rows, "no envelope to damage"
+
+
+def test_copy_of_a_damaged_thread_is_damaged_too(dsn: str) -> None:
+    """The long run's "thread unloadable and not quarantined" on a copy: copy_thread
+    copies the damaged envelope row with the rest, so the copy does not load either
+    (CheckpointLoadError, typed: right); the model took the copy for a sound thread."""
+    machine = _machine(dsn)
+    try:
+        src = machine.active()[0]
+        machine.run_in_child((0, False, None))
+        machine.wait_all(0)
+        machine.model_holds()
+        _damage_head(dsn, src)
+        machine.threads[src].damaged = True
+        machine.model_holds()
+        machine.copy_thread(0, 0, False)
+        (dst,) = [x for x in machine.active() if x != src]
+        machine.model_holds()  # raised the item 2/NEW violation before the model fix
+        with pytest.raises(tmc.CheckpointLoadError):
+            machine.head(dst)
+        machine.run_in_child((machine.active("run").index(dst), False, None))
+        machine.wait_all(0)  # a run of the copy quarantines it
+        machine.model_holds()
+        assert machine.db_status(dst) == "quarantined"
+    finally:
+        machine.teardown()
