@@ -376,6 +376,8 @@ class ChaosMachine(RuleBasedStateMachine):
             self.violation("NEW", f"child {child.mode} still running after {CHILD_WAIT} s (hang)", thread=child.tid,
                            **facts)
         self.wait_backends_gone(child.cid)
+        with contextlib.suppress(OSError):
+            os.unlink(cc.stack_file(child.cid))
         del self.children[child.cid]
         rows = q(self.dsn, "SELECT * FROM chaos_outcomes WHERE child_id = %s", (child.cid,))
         out = rows[0] if rows else None
