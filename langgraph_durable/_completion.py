@@ -85,17 +85,54 @@ def has_next_tasks(head: Mapping[str, Any]) -> bool:
     seen = head.get("versions_seen") or {}
     if not isinstance(versions, Mapping) or not isinstance(seen, Mapping):
         return True
-    updated = head.get("updated_channels")
-    if not isinstance(updated, list):
-        top = _newest(versions.values())
-        updated = [c for c, v in versions.items() if top is not None and str(v) == str(top)]
     known = {c for s in seen.values() if isinstance(s, Mapping) for c in s}
     holding = set(head.get("inline_channels") or ()) | set(head.get("blob_channels") or ())
+    updated = head.get("updated_channels")
+    if not isinstance(updated, list) or not updated:
+        # Not recorded (update_state's checkpoints, older LangGraph), or empty, which
+        # LangGraph reads the same way (it then checks every node). An empty list is
+        # also what a migration wrote for a head that had none, and the migration bumps
+        # the versions of the channels it changed, so "the channels at the newest
+        # version" then names those instead of the pending trigger: retain deleted a
+        # thread whose next node had not run (found by the chaos test's long run).
+        # LangGraph's own rule decides too: a trigger holding a version a node it
+        # triggers has not seen.
+        if _unseen_trigger(versions, seen, holding, known):
+            return True
+        top = _newest(versions.values())
+        updated = [c for c, v in versions.items() if top is not None and str(v) == str(top)]
     return any(
         (c in _TRIGGER_NAMES or c.startswith(_TRIGGER_PREFIXES) or c in known) and c in holding
         for c in updated
         if isinstance(c, str)
     )
+
+
+def _unseen_trigger(
+    versions: Mapping[str, Any], seen: Mapping[str, Any], holding: set[str], known: set[str]
+) -> bool:
+    """Whether a trigger channel holds a version one of the nodes it triggers has not
+    seen (LangGraph's test when a checkpoint records no ``updated_channels``). The
+    nodes a channel triggers are known from their ``versions_seen`` and, for
+    ``branch:to:<node>`` and ``__start__``, from the name; a trigger none is known for
+    counts as work left."""
+    for c, version in versions.items():
+        if not isinstance(c, str) or c not in holding:
+            continue
+        if not (c in _TRIGGER_NAMES or c.startswith(_TRIGGER_PREFIXES) or c in known):
+            continue
+        nodes = {n for n, s in seen.items() if isinstance(s, Mapping) and c in s}
+        if c.startswith("branch:to:"):
+            nodes.add(c[len("branch:to:") :])
+        if c == "__start__":
+            nodes.add("__start__")
+        if c == "__pregel_tasks" or not nodes:
+            return True
+        for n in nodes:
+            got = seen.get(n)
+            if not isinstance(got, Mapping) or got.get(c) is None or str(got[c]) != str(version):
+                return True
+    return False
 
 
 def inferred_status(head: Mapping[str, Any] | None) -> str:

@@ -17,9 +17,12 @@ child writes none): the event and, for an error, its type and whether it is a
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import operator
 import os
+import signal
+import tempfile
 import time
 import traceback
 from typing import Annotated, Any, TypedDict
@@ -28,7 +31,13 @@ import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
-from langgraph_durable import DurableError, DurablePostgresSaver, MigrationRegistry, idempotent
+from langgraph_durable import (
+    CheckpointLoadError,
+    DurableError,
+    DurablePostgresSaver,
+    MigrationRegistry,
+    idempotent,
+)
 from langgraph_durable.saver import _DurableBase
 
 NODES = ["n1", "n2", "n3", "n4"]
@@ -179,8 +188,19 @@ def _outcome(
         )
 
 
+def stack_file(child_id: str) -> str:
+    """Where a child dumps its threads' stacks on SIGUSR1 (the parent's hang report)."""
+    return os.path.join(tempfile.gettempdir(), f"lgd_chaos_stack_{child_id}.txt")
+
+
+_STACKS: list[Any] = []  # the open dump file, kept for the process's life
+
+
 def child_main(spec: dict[str, Any]) -> None:
     """Entry point of every child (run in a process forked by the forkserver)."""
+    dump = open(stack_file(spec["child_id"]), "w")  # open for the process's life
+    _STACKS.append(dump)
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     if spec.get("skew"):
         real = time.time_ns
 
@@ -226,7 +246,24 @@ def _run(dsn: str, saver: Any, spec: dict[str, Any]) -> Any:
         # (ThreadBusyError.owner and `threads status` show it): issue 11 item 12. The
         # key the package used before the hand-off moved to a ContextVar.
         config["configurable"]["__durable_claim"] = (spec["thread_id"], spec["claim"])
-    snap = graph.get_state(config)
+    if spec.get("gate"):
+        # A slow start made exact (tests/test_seams_chaos_regressions.py): the child is
+        # up but plans and runs only once the test creates this file.
+        deadline = time.monotonic() + 60
+        while not os.path.exists(spec["gate"]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"gate {spec['gate']} never opened")
+            time.sleep(0.01)
+    try:
+        snap = graph.get_state(config)
+    except CheckpointLoadError:
+        # The plan's own read fails on a damaged head. A user would run the thread
+        # anyway (a resume): the run start must quarantine it (issue 11 item 13). The
+        # model expected that of every run child of a damaged thread, and the child
+        # never started one (found by the long run; not a saver fault: get_state is a
+        # read, and raising the typed error is right for it).
+        graph.invoke(None, config)
+        return None
     inp = plan(dict(snap.values), snap.created_at is not None, spec["turn"])
     if inp == "noop":
         return None

@@ -83,6 +83,7 @@ from langgraph_durable import (
     retain,
     undo_migration,
 )
+from langgraph_durable.sql.schema import KEPT_AFTER_DELETE
 
 pytestmark = [pytest.mark.chaos, pytest.mark.hypothesis]
 
@@ -131,7 +132,8 @@ def thread_tables(dsn: str) -> list[str]:
         "SELECT table_name FROM information_schema.columns WHERE column_name = 'thread_id' "
         "AND table_schema = 'public' AND table_name NOT LIKE 'chaos\\_%%' ORDER BY 1",
     )
-    return [r["table_name"] for r in rows]
+    # The audit trail outlives the thread by design (ids only: sql.schema.KEPT_AFTER_DELETE).
+    return [r["table_name"] for r in rows if r["table_name"] not in KEPT_AFTER_DELETE]
 
 
 def well_formed(values: dict[str, Any]) -> str | None:
@@ -209,6 +211,9 @@ class Thread:
     damaged: bool = False  # a row was damaged on purpose: load errors are expected
     retained_live: bool = False  # deleted by retain while a run was live
     note_writes: int = 0  # accepted note changes (orders cross-process updates)
+    # The last chaos_effects id when the thread was deleted: later rows belong to a new
+    # thread under the same id (see mark_deleted), not to this one.
+    effects_upto: int | None = None
 
 
 @dataclass
@@ -221,6 +226,7 @@ class Child:
     note: str | None = None
     skew: bool = False
     note_writes: int = 0
+    epoch: int | None = None  # its thread's epoch when it was spawned (run_returned)
 
 
 class ChaosMachine(RuleBasedStateMachine):
@@ -232,6 +238,7 @@ class ChaosMachine(RuleBasedStateMachine):
         self.threads: dict[str, Thread] = {}
         self.children: dict[str, Child] = {}
         self.inproc: tuple[str, threading.Thread, list[BaseException], list[dict[str, Any]]] | None = None
+        self.inproc_epoch: int | None = None  # its thread's epoch when the in-process run started
         self._stack: Any = None
         parent_dsn = psycopg.conninfo.make_conninfo(self.dsn, application_name=PARENT_APP)
         self._cm = DurablePostgresSaver.from_conn_string(parent_dsn, pool_size=4, **cc.saver_options())
@@ -246,7 +253,7 @@ class ChaosMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ helpers
     def violation(self, item: str, what: str, **facts: Any) -> None:
-        rec = {"item": item, "what": what, "step": self.steps, "trace": " | ".join(self.trace), **{k: (v if isinstance(v, str) else repr(v))[:3000] for k, v in facts.items()}}
+        rec = {"item": item, "what": what, "step": self.steps, "trace": " | ".join(self.trace), **{k: (v if isinstance(v, str) else repr(v))[:8000] for k, v in facts.items()}}
         STATS[f"violation:{item}"] += 1
         if COLLECT:
             VIOLATIONS.append(rec)
@@ -330,9 +337,13 @@ class ChaosMachine(RuleBasedStateMachine):
         spec = {"dsn": self.dsn, "child_id": cid, "mode": mode, "thread_id": tid, **extra}
         proc = forkserver().Process(target=cc.child_main, args=(spec,), daemon=True)
         proc.start()
+        if self.trace:
+            self.trace[-1] += f" [{cid[:4]} pid={proc.pid}]"
         STATS[f"child:{mode}"] += 1
         child = Child(cid, mode, tid, proc, None if kill_after is None else time.monotonic() + kill_after,
                       note=extra.get("note"), skew=bool(extra.get("skew")))
+        if tid in self.threads:
+            child.epoch = self.threads[tid].epoch
         self.children[cid] = child
         if kill_after is not None:
             # Kill at that moment whatever the rules do meanwhile (reap() only notices).
@@ -361,10 +372,14 @@ class ChaosMachine(RuleBasedStateMachine):
             STATS["sigkill"] += 1
         child.proc.join(CHILD_WAIT)
         if child.proc.is_alive():
+            facts = self.hang_evidence(child)
             os.kill(child.proc.pid, signal.SIGKILL)
             child.proc.join(5)
-            self.violation("NEW", f"child {child.mode} still running after {CHILD_WAIT} s (hang)", thread=child.tid)
+            self.violation("NEW", f"child {child.mode} still running after {CHILD_WAIT} s (hang)", thread=child.tid,
+                           **facts)
         self.wait_backends_gone(child.cid)
+        with contextlib.suppress(OSError):
+            os.unlink(cc.stack_file(child.cid))
         del self.children[child.cid]
         rows = q(self.dsn, "SELECT * FROM chaos_outcomes WHERE child_id = %s", (child.cid,))
         out = rows[0] if rows else None
@@ -386,7 +401,7 @@ class ChaosMachine(RuleBasedStateMachine):
             except Exception:
                 pass  # reported by observe
         if child.mode == "run" and t is not None and not t.deleted and out is not None and out["event"] == "done":
-            self.run_returned(t, json.loads(out["message"] or "null"))
+            self.run_returned(t, json.loads(out["message"] or "null"), child.epoch)
         if child.mode == "update" and t is not None and out is not None and out["event"] == "done":
             if t.note_writes == child.note_writes:
                 self.set_note(t, child.note)
@@ -398,10 +413,16 @@ class ChaosMachine(RuleBasedStateMachine):
                 self.violation("NEW", "retain deleted a thread whose run was live", thread=t.tid, outcome=out)
         self.observe_all()
 
-    def run_returned(self, t: Thread, final: dict[str, Any] | None) -> None:
+    def run_returned(self, t: Thread, final: dict[str, Any] | None, epoch: int | None = None) -> None:
         """A run returned this final state: its steps are committed, the model expects
         the head to hold them from now on (a later head that does not: a lost step)."""
         if not final or not final.get("log"):
+            return
+        if epoch is not None and epoch != t.epoch:
+            # The thread was rolled back or forked since the run started (delete_for_runs
+            # of this very run once it had ended but before it was reaped, found by the
+            # long run as "committed step lost"): what it returned is no longer what the
+            # store must hold. observe() learns the head as it is.
             return
         log = list(final["log"])
         if log[: len(t.min_log)] == t.min_log:
@@ -443,7 +464,12 @@ class ChaosMachine(RuleBasedStateMachine):
                                    where=getattr(exc, "__notes__", [""])[-1])
             t = self.threads.get(tid)
             if t is not None and not t.deleted and results:
-                self.run_returned(t, results[0])
+                self.run_returned(t, results[0], self.inproc_epoch)
+            if t is not None and t.retained_live:
+                t.retained_live = False
+                if errs:
+                    self.violation("NEW", "retain deleted a thread whose run was live", thread=tid,
+                                   outcome=repr(errs))
             self.observe_all()
 
     def observe_all(self) -> None:
@@ -512,6 +538,47 @@ class ChaosMachine(RuleBasedStateMachine):
             if t.turn <= turn:
                 t.turn = turn
 
+    def evidence(self, tid: str) -> dict[str, Any]:
+        """What a violation on ``tid`` is judged from: who ran and recorded what, when."""
+        out: dict[str, Any] = {}
+        for name, sql in [
+            ("effects", "SELECT turn, node, pid, at FROM chaos_effects WHERE thread_id = %s ORDER BY id"),
+            ("node_runs", "SELECT turn, node, pid, at FROM chaos_node_runs WHERE thread_id = %s ORDER BY id"),
+            ("outcomes", "SELECT child_id, event, error_type, left(message, 300) AS m, at FROM chaos_outcomes "
+                         "WHERE thread_id = %s ORDER BY at"),
+            ("ledger", "SELECT key, task_id, status, owner, created_at, completed_at FROM durable_ledger "
+                       "WHERE thread_id = %s ORDER BY created_at"),
+            ("checkpoints", "SELECT checkpoint_id, parent_checkpoint_id, metadata->>'source' AS source, "
+                            "metadata->>'step' AS step, metadata->>'run_id' AS run_id FROM checkpoints "
+                            "WHERE thread_id = %s AND checkpoint_ns = '' ORDER BY checkpoint_id"),
+            ("lease", "SELECT * FROM durable_threads WHERE thread_id = %s"),
+        ]:
+            try:
+                out[name] = json.dumps(q(self.dsn, sql, (tid,)), default=str)
+            except psycopg.Error as exc:
+                out[name] = repr(exc)
+        out["children"] = repr([(c.cid, c.mode, c.tid, c.proc.pid) for c in self.children.values()])
+        return out
+
+    def hang_evidence(self, child: Child) -> dict[str, Any]:
+        """A hung child's stacks (faulthandler, SIGUSR1) and what its backends wait on."""
+        facts: dict[str, Any] = {"child": f"{child.cid} pid={child.proc.pid}"}
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.proc.pid, signal.SIGUSR1)
+        time.sleep(0.5)
+        with contextlib.suppress(OSError):
+            with open(cc.stack_file(child.cid)) as f:
+                facts["stack"] = f.read()[-8000:]
+        facts["backends"] = json.dumps(q(
+            self.dsn,
+            "SELECT pid, state, wait_event_type, wait_event, xact_start, left(query, 300) AS query "
+            "FROM pg_stat_activity WHERE application_name = %s",
+            (f"chaos_{child.cid}",),
+        ), default=str)
+        if child.tid:
+            facts.update(self.evidence(child.tid))
+        return facts
+
     def rows_left(self, tid: str) -> dict[str, int]:
         out = {}
         for table in thread_tables(self.dsn):
@@ -523,6 +590,14 @@ class ChaosMachine(RuleBasedStateMachine):
     def mark_deleted(self, tid: str) -> None:
         t = self.threads[tid]
         t.deleted = True
+        # Its effects are judged up to here. A run already on its way to this thread (a
+        # child spawned before the delete, still starting: no lease, so delete_thread and
+        # retain rightly went ahead) then finds no thread, plans turn 0 (or the turn it
+        # was given) as new input and runs it on a new thread under the same id, as any
+        # checkpointer does: a new thread's effects, not this one's repeated. The long
+        # run counted them against the deleted thread ("effect recorded twice ... forks
+        # 0" after retain; tests/test_seams_chaos_regressions.py).
+        t.effects_upto = int(q(self.dsn, "SELECT coalesce(max(id), 0) AS n FROM chaos_effects")[0]["n"])
         if not self.live(tid):
             left = self.rows_left(tid)
             if left:
@@ -606,6 +681,7 @@ class ChaosMachine(RuleBasedStateMachine):
         th.start()
         STATS["inproc_runs"] += 1
         self.inproc = (tid, th, errs, results)
+        self.inproc_epoch = t.epoch
 
     def tick(self, dt: float) -> None:
         self.trace.append("tick")
@@ -669,13 +745,32 @@ class ChaosMachine(RuleBasedStateMachine):
         tid = self.pick(i, [t for t in self.active() if self.threads[t].runs])
         t = self.threads[tid]
         run = self.pick(j, t.runs)
+        # Every thread holding a checkpoint of the run: copy_thread copies metadata, so
+        # copies hold the run's id too, and delete_for_runs deletes "all checkpoints and
+        # writes associated with the given run IDs" (LangGraph's spec, and its
+        # conformance tests: copy_thread preserves metadata). The model reset only the
+        # thread it picked; the long run reported the copies' rolled-back steps as lost
+        # ("committed step lost", "thread vanished").
+        holding = [r["thread_id"] for r in q(
+            self.dsn, "SELECT DISTINCT thread_id FROM checkpoints WHERE metadata ->> 'run_id' = %s", (run,))]
         _, err = self.call("delete_for_runs", self.saver.delete_for_runs, [run])
         if err is None:
-            # A rollback on purpose: what the run committed may go, and its steps rerun.
-            t.epoch += 1
-            t.min_log = []
-            t.migrated = None
-            t.frozen.clear()
+            for x in {tid, *holding}:
+                u = self.threads.get(x)
+                if u is None or u.deleted:
+                    continue
+                # A rollback on purpose: what the run committed may go, and its steps rerun.
+                u.epoch += 1
+                u.min_log = []
+                u.migrated = None
+                u.frozen.clear()
+                # A note written into one of the run's checkpoints (a migration rewrites
+                # the head in place, keeping its run_id) goes with it: relearn it.
+                u.note_known = False
+                if not q(self.dsn, "SELECT 1 FROM checkpoints WHERE thread_id = %s LIMIT 1", (x,)):
+                    # Nothing left (deleted whole): the next run starts the thread afresh,
+                    # at turn 0 (a log must start there).
+                    u.turn = 0
 
     def copy_thread(self, i: int, j: int, existing: bool) -> None:
         self.trace.append("copy_thread")
@@ -694,6 +789,7 @@ class ChaosMachine(RuleBasedStateMachine):
                     self.violation("14", "copy_thread into an existing thread merged histories silently",
                                    src=src, dst=dst, src_head=before_src, dst_head=after)
                 d = self.threads[dst]
+                d.damaged = d.damaged or self.threads[src].damaged
                 d.min_log, d.snapshot, d.frozen = [], {}, {}
                 d.note_known, d.epoch, d.migrated = False, d.epoch + 1, None
             return
@@ -703,8 +799,10 @@ class ChaosMachine(RuleBasedStateMachine):
         s = self.threads[src]
         _, err = self.call("copy_thread", self.saver.copy_thread, src, dst)
         if err is None:
+            # A damaged row is copied with the rest (found by the long run: "thread
+            # unloadable and not quarantined" on the copy of a damaged thread).
             self.threads[dst] = Thread(dst, kind=s.kind, turn=s.turn, note_known=False, epoch=s.epoch + 1,
-                                       version=s.version)
+                                       version=s.version, damaged=s.damaged)
 
     def prune(self, i: int, j: int) -> None:
         self.trace.append("prune")
@@ -737,10 +835,14 @@ class ChaosMachine(RuleBasedStateMachine):
             if t is None or t.deleted:
                 continue
             head, status = before.get(tid, (None, None))
-            if t.kind == "waiting" or head is None or not finished(head):
+            live = self.live(tid)
+            # A live run may finish between the snapshot above and retain's own check
+            # (found by the long run: an in-process run's last node): its thread is judged
+            # when the run ends (retained_live), not by the snapshot.
+            if t.kind == "waiting" or (not live and (head is None or not finished(head))):
                 self.violation("4", "retain deleted a thread that is not done", thread=tid, kind=t.kind,
                                head=head, status=status)
-            if self.live(tid) and status != "done":
+            if live and status != "done":
                 t.retained_live = True  # judged when the run ends (a run may finish meanwhile)
             self.mark_deleted(tid)
 
@@ -928,8 +1030,12 @@ class ChaosMachine(RuleBasedStateMachine):
         self.finish_child(forged, kill=True)
         self.finish_child(holder, kill=False)
         if ran and holder_alive:
+            # holder_alive is the process, not its lease: the evidence (both outcomes, the
+            # node runs' pids and times, the lease row) tells whether the runs overlapped.
             self.violation("12", "a forged __durable_claim ran nodes beside the live lease holder",
-                           thread=tid, owner=owner, forged_node_runs=ran)
+                           thread=tid, owner=owner, forged_node_runs=ran,
+                           holder=f"{holder.cid} pid={holder.proc.pid}", forged=f"{forged.cid} pid={forged.proc.pid}",
+                           **self.evidence(tid))
 
     def lost_commit_ack(self, n: int, transactional: bool) -> None:
         """A run on a fresh thread through a proxy that loses the reply of its n-th
@@ -1085,15 +1191,16 @@ class ChaosMachine(RuleBasedStateMachine):
         self.observe_all()
         rows = q(
             self.dsn,
-            "SELECT thread_id, turn, node, count(*) AS n FROM chaos_effects WHERE thread_id = ANY(%s) "
-            "GROUP BY 1, 2, 3",
-            (list(self.threads),),
+            "SELECT e.thread_id, e.turn, e.node, count(*) AS n FROM chaos_effects e "
+            "JOIN unnest(%s::text[], %s::bigint[]) AS w(thread_id, upto) ON w.thread_id = e.thread_id "
+            "WHERE w.upto IS NULL OR e.id <= w.upto GROUP BY 1, 2, 3",
+            (list(self.threads), [t.effects_upto for t in self.threads.values()]),
         )
         for r in rows:
             t = self.threads[r["thread_id"]]
             if r["n"] > 1 + t.epoch:
                 self.violation("7/8/NEW", "effect recorded twice", thread=t.tid, turn=r["turn"],
-                               node=r["node"], count=r["n"], forks=t.epoch)
+                               node=r["node"], count=r["n"], forks=t.epoch, **self.evidence(t.tid))
         for t in self.threads.values():
             if t.deleted:
                 continue

@@ -31,7 +31,7 @@ from langgraph_durable.artifacts import (
 )
 from langgraph_durable.config import SaverOptions
 from langgraph_durable.core.admin import AdminOps
-from langgraph_durable.core.load import LoadOps, _canceled_as_typed
+from langgraph_durable.core.load import LoadOps, _canceled_as_typed, _threads_config
 from langgraph_durable.core.rewrite import VersionGate
 from langgraph_durable.core.setup import SetupOps
 from langgraph_durable.core.write import WriteOps
@@ -258,16 +258,19 @@ class _DurableBase(
         )
 
     def delete_thread(self, thread_id: str) -> None:
-        self._run_op(lambda: self._op_delete_thread(thread_id))
+        with _canceled_as_typed("delete_thread", _threads_config(thread_id)):
+            self._run_op(lambda: self._op_delete_thread(thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        self._run_flow(self._flow_delete_for_runs(run_ids))
+        with _canceled_as_typed("delete_for_runs", _threads_config(())):
+            self._run_flow(self._flow_delete_for_runs(run_ids))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         self._run_op(lambda: self._op_copy_thread(source_thread_id, target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        self._run_flow(self._flow_prune(thread_ids, strategy))
+        with _canceled_as_typed("prune", _threads_config(thread_ids)):
+            self._run_flow(self._flow_prune(thread_ids, strategy))
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
@@ -349,16 +352,19 @@ class _DurableBase(
         )
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await self._arun_op(lambda: self._op_delete_thread(thread_id))
+        with _canceled_as_typed("delete_thread", _threads_config(thread_id)):
+            await self._arun_op(lambda: self._op_delete_thread(thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await self._arun_flow(self._flow_delete_for_runs(run_ids))
+        with _canceled_as_typed("delete_for_runs", _threads_config(())):
+            await self._arun_flow(self._flow_delete_for_runs(run_ids))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         await self._arun_op(lambda: self._op_copy_thread(source_thread_id, target_thread_id))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await self._arun_flow(self._flow_prune(thread_ids, strategy))
+        with _canceled_as_typed("prune", _threads_config(thread_ids)):
+            await self._arun_flow(self._flow_prune(thread_ids, strategy))
 
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]

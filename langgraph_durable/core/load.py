@@ -76,6 +76,13 @@ def _canceled_as_typed(operation: str, config: RunnableConfig | None) -> Iterato
         raise err from exc
 
 
+def _threads_config(thread_ids: Any) -> RunnableConfig:
+    """What a typed error of a maintenance op on ``thread_ids`` names: the thread when
+    there is one, else none (a list, or runs whose threads are not known yet)."""
+    ids = [thread_ids] if isinstance(thread_ids, str) else list(thread_ids or [])
+    return {"configurable": {"thread_id": str(ids[0]) if len(ids) == 1 else None}}
+
+
 class _ResolvingSerde:
     """Serde facade for the stock delta helper: resolves artifact envelopes."""
 

@@ -54,6 +54,7 @@ from langgraph_durable._completion import HEADS_SQL, effective_status
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx, op_memo
 from langgraph_durable._refs import artifact_lock, op_recompute_locked
 from langgraph_durable._view import SaverView
+from langgraph_durable.core.load import _canceled_as_typed
 from langgraph_durable.errors import CheckpointLoadError, ConfigurationError
 from langgraph_durable.sql.checkpoints import DELETE_THREADS_EXTRA_SQL
 from langgraph_durable.sql.retention import (
@@ -283,9 +284,10 @@ def gc(
     total)`` is called after each page of ``batch_size`` artifacts."""
     if batch_size < 1:
         raise ConfigurationError("batch_size must be >= 1", batch_size=batch_size)
-    return saver.run_flow(
-        _flow_gc(saver, _seconds(grace, "grace"), batch_size, dry_run, progress)
-    )
+    with _canceled_as_typed("gc", None):
+        return saver.run_flow(
+            _flow_gc(saver, _seconds(grace, "grace"), batch_size, dry_run, progress)
+        )
 
 
 async def agc(
@@ -298,9 +300,10 @@ async def agc(
 ) -> GcReport:
     if batch_size < 1:
         raise ConfigurationError("batch_size must be >= 1", batch_size=batch_size)
-    return await saver.arun_flow(
-        _flow_gc(saver, _seconds(grace, "grace"), batch_size, dry_run, progress)
-    )
+    with _canceled_as_typed("gc", None):
+        return await saver.arun_flow(
+            _flow_gc(saver, _seconds(grace, "grace"), batch_size, dry_run, progress)
+        )
 
 
 # --------------------------------------------------------------------------- retention
@@ -746,9 +749,10 @@ def retain(
     trimmed by ``keep_last`` are not archived."""
     args = _retain_args(older_than_days, keep_last, statuses, batch_size)
     store = _store(archive)
-    return saver.run_flow(
-        _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, False)
-    )
+    with _canceled_as_typed("retain", None):
+        return saver.run_flow(
+            _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, False)
+        )
 
 
 async def aretain(
@@ -764,9 +768,10 @@ async def aretain(
 ) -> RetentionReport:
     args = _retain_args(older_than_days, keep_last, statuses, batch_size)
     store = _store(archive)
-    return await saver.arun_flow(
-        _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, True)
-    )
+    with _canceled_as_typed("retain", None):
+        return await saver.arun_flow(
+            _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, True)
+        )
 
 
 def _store(archive: str | None) -> Any:
