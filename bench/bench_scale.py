@@ -35,6 +35,7 @@ from psycopg.rows import dict_row
 
 from langgraph_durable import DurablePostgresSaver, recovery
 from langgraph_durable.sql import inspection as qi
+from langgraph_durable.sql import recovery as recovery_sql
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
@@ -114,7 +115,7 @@ def build(dsn: str, n: int) -> float:
                        1, now() - make_interval(secs => g), now() - make_interval(secs => g)
                 FROM durable_threads t, {series} WHERE t.thread_id = 'template'"""
         )
-        fold = getattr(recovery, "STATUS_FOLD_SQL", None)
+        fold = getattr(recovery_sql, "STATUS_FOLD_SQL", None)
         if fold:  # the bulk insert left a +1 row per thread; status_counts folds them
             conn.execute(fold)
         conn.execute("VACUUM ANALYZE")
@@ -134,9 +135,9 @@ def queries() -> dict[str, tuple[Any, Any, bool]]:
     first_page = qi.THREAD_LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": None}
     later_page = qi.THREAD_LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": "t00005000"}
     return {
-        "claim (backlog)": (recovery.CLAIM_SQL, _claim_params(list(recovery.RECOVERABLE), True), True),
-        "claim (idle)": (recovery.CLAIM_SQL, _claim_params(["queued"], False), True),
-        "status counts": (recovery.STATUS_COUNTS_SQL, None, False),
+        "claim (backlog)": (recovery_sql.RECOVERY_CLAIM_SQL, _claim_params(list(recovery.RECOVERABLE), True), True),
+        "claim (idle)": (recovery_sql.RECOVERY_CLAIM_SQL, _claim_params(["queued"], False), True),
+        "status counts": (recovery_sql.STATUS_COUNTS_SQL, None, False),
         "threads counts": (qi.THREAD_STATE_COUNTS_SQL, None, False),
         "untracked scan": (qi.UNTRACKED_COUNT_SQL, None, False),
         "threads list p1": (*first_page, False),
@@ -149,7 +150,7 @@ def _run(conn: psycopg.Connection[Any], sql: Any, params: Any, tx: bool, explain
     stmt = psycopg.sql.Composed([psycopg.sql.SQL(prefix), sql]) if isinstance(sql, psycopg.sql.Composable) else prefix + sql
     start = time.perf_counter()
     with conn.transaction(force_rollback=True) if tx else _nothing():
-        jit_off = getattr(recovery, "JIT_OFF_SQL", None)  # absent before issue 14
+        jit_off = getattr(recovery_sql, "JIT_OFF_SQL", None)  # absent before issue 14
         if tx and jit_off:
             conn.execute(jit_off)
         # prepare=False, as the saver sends the claim: a generic plan of it is far worse.
