@@ -1026,12 +1026,20 @@ class ChaosMachine(RuleBasedStateMachine):
         forged = self.spawn("run", tid, None, turn=t.turn, version=t.version, run_id=self.new_run(t), claim=owner)
         forged.proc.join(CHILD_WAIT)
         holder_alive = holder.proc.is_alive()
-        ran = q(self.dsn, "SELECT count(*) AS n FROM chaos_node_runs WHERE pid = %s", (forged.proc.pid,))[0]["n"]
         self.finish_child(forged, kill=True)
         self.finish_child(holder, kill=False)
+        # Forged node runs that started before the holder's last node run: the two runs
+        # overlapped, so the forged key took over a live lease. A forged run that starts
+        # after the holder's run ended (its process still reporting: the long run's one
+        # item-12 report) is just a new run of the thread, which a checkpointer allows.
+        ran = q(
+            self.dsn,
+            "SELECT count(*) AS n FROM chaos_node_runs f WHERE f.pid = %s AND f.at < "
+            "(SELECT max(h.at) FROM chaos_node_runs h WHERE h.pid = %s AND h.thread_id = %s)",
+            (forged.proc.pid, holder.proc.pid, tid),
+        )[0]["n"]
         if ran and holder_alive:
-            # holder_alive is the process, not its lease: the evidence (both outcomes, the
-            # node runs' pids and times, the lease row) tells whether the runs overlapped.
+            # The evidence (both outcomes, the node runs' pids and times, the lease row).
             self.violation("12", "a forged __durable_claim ran nodes beside the live lease holder",
                            thread=tid, owner=owner, forged_node_runs=ran,
                            holder=f"{holder.cid} pid={holder.proc.pid}", forged=f"{forged.cid} pid={forged.proc.pid}",
