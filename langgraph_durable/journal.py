@@ -47,20 +47,16 @@ from langchain_core.runnables import (
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import ConfigurationError, NoLedgerError, SerializationError
-from langgraph_durable.idempotency import (
+from langgraph_durable.idempotency.keys import (
     _PARENT,
-    ASYNC,
-    SYNC,
-    Mode,
     _canonical,
     _current_site,
     _digest,
     _dumps,
-    _op_one,
     _Parent,
     _Site,
-    within,
 )
+from langgraph_durable.idempotency.protocol import ASYNC, SYNC, Mode, _op_one, within
 from langgraph_durable.leases.owners import new_owner_id
 from langgraph_durable.sql.ledger import JOURNAL_RECORD_SQL, LEDGER_READ_SQL
 
