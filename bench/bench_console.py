@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scale
 
 from langgraph_durable import DurablePostgresSaver
-from langgraph_durable.console import _queries as q
+from langgraph_durable.sql import console as q
 
 VIEWS = [
     ("overview", "/"),

@@ -40,6 +40,8 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from langgraph_durable.sql.audit import AUDIT_INSERT_SQL, AUDIT_LIST_SQL
+
 if TYPE_CHECKING:
     from langgraph_durable._view import SaverView
 
@@ -54,24 +56,6 @@ __all__ = [
 ]
 
 ENV_ACTOR = "LANGGRAPH_DURABLE_ACTOR"
-
-# The table: sql.schema.MIGRATIONS (its last entries, issue 17).
-INSERT_SQL = """
-INSERT INTO durable_audit (event_id, actor, via, action, thread_id, before_id, after_id, detail)
-VALUES (%(event_id)s, %(actor)s, %(via)s, %(action)s, %(thread_id)s, %(before_id)s,
-        %(after_id)s, %(detail)s::jsonb)
-ON CONFLICT (event_id) DO NOTHING
-"""
-
-LIST_SQL = """
-SELECT id, event_id, at, actor, via, action, thread_id, before_id, after_id, detail
-FROM durable_audit
-WHERE (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s)
-  AND (%(action)s::text IS NULL OR action = %(action)s)
-  AND (%(before)s::bigint IS NULL OR id < %(before)s)
-ORDER BY id DESC
-LIMIT %(limit)s
-"""
 
 _ACTOR: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
     "langgraph_durable_audit_actor", default=None
@@ -189,7 +173,7 @@ def audited(
             else:
                 record = describe(result, *args, **kwargs)
             if record is not None:
-                yield Batch([Stmt(INSERT_SQL, _params(action, record, event_id))])
+                yield Batch([Stmt(AUDIT_INSERT_SQL, _params(action, record, event_id))])
             return result
 
         return wrapper
@@ -223,7 +207,7 @@ def audited_flow(
 def _op_insert(params: dict[str, Any]) -> Generator[Any, Any, None]:
     from langgraph_durable._io import Batch, Stmt
 
-    yield Batch([Stmt(INSERT_SQL, params)])
+    yield Batch([Stmt(AUDIT_INSERT_SQL, params)])
 
 
 def _op_list(
@@ -232,7 +216,7 @@ def _op_list(
     from langgraph_durable._io import Batch, Stmt
 
     params = {"thread_id": thread_id, "action": action, "before": before, "limit": int(limit)}
-    rows = yield Batch([Stmt(LIST_SQL, params, fetch=True, prepare=False)])
+    rows = yield Batch([Stmt(AUDIT_LIST_SQL, params, fetch=True, prepare=False)])
     return [dict(r) for r in rows[0]]
 
 

@@ -36,7 +36,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from langgraph_durable import audit, poison
-from langgraph_durable.console import _queries as q
 from langgraph_durable.console import _svg
 from langgraph_durable.console._security import COOKIE, Session, Sessions, csrf_ok
 from langgraph_durable.errors import DurableError
@@ -44,6 +43,7 @@ from langgraph_durable.idempotency import Ledger
 from langgraph_durable.ops import inspection as lgi
 from langgraph_durable.ops import migrations as versioning
 from langgraph_durable.ops import retention
+from langgraph_durable.sql import console as q
 
 logger = logging.getLogger("langgraph_durable.console")
 
