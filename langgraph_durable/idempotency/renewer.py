@@ -12,11 +12,10 @@ import psycopg
 
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.idempotency.call import _Call
-from langgraph_durable.pooler import session_schema
+from langgraph_durable.leases.renewer import side_connection
 from langgraph_durable.sql.ledger import (
     LEDGER_RENEW_SQL,
 )
-from langgraph_durable.sql.schema import set_search_path
 
 logger = logging.getLogger("langgraph_durable.idempotency")
 
@@ -85,10 +84,7 @@ class _ClaimRenewer:
         entry = self.conns.get(id(ledger))
         if entry is not None and entry[0]() is ledger and not entry[1].closed:
             return entry[1]
-        conn = ledger._renew_connect()
-        conn.autocommit = True
-        if schema := session_schema(ledger):
-            conn.execute(set_search_path(schema))
+        conn = side_connection(ledger)
         self.conns[id(ledger)] = (weakref.ref(ledger), conn)
         return conn
 

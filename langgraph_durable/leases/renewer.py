@@ -33,6 +33,16 @@ class RenewerHost(Protocol):
     def _renew_connect(self) -> Connection[Any]: ...
 
 
+def side_connection(saver: Any) -> Connection[Any]:
+    """A renewer's own autocommit connection (never the pool's: a busy pool or a blocked
+    event loop must not starve renewal), with the saver's search_path."""
+    conn: Connection[Any] = saver._renew_connect()
+    conn.autocommit = True
+    if schema := session_schema(saver):
+        conn.execute(set_search_path(schema))
+    return conn
+
+
 class _Renewer(threading.Thread):
     """Renews this process's leases every ttl/3 on a dedicated connection, so a busy
     pool or a blocked event loop cannot starve renewal. A lease the database no longer
@@ -91,10 +101,7 @@ class _Renewer(threading.Thread):
     def _renew(self, leases: list[Lease]) -> None:
         started = time.monotonic()
         if self._conn is None or self._conn.closed:
-            self._conn = self.saver._renew_connect()
-            self._conn.autocommit = True
-            if schema := session_schema(self.saver):
-                self._conn.execute(set_search_path(schema))
+            self._conn = side_connection(self.saver)
         rows = self._conn.execute(
             LEASE_RENEW_SQL,
             (
