@@ -555,19 +555,24 @@ class RestoreReport:
         return asdict(self)
 
 
+def _files(url: str) -> tuple[Store, list[str]]:
+    """The store and file names ``url`` names: one archive file, or every file under a
+    directory (or fsspec URL)."""
+    if url.endswith(SUFFIX):
+        parent, _, name = url.rpartition("/")
+        return Store(parent or "."), [name]
+    store = Store(url)
+    return store, store.names()
+
+
 def _load(url: str, thread_ids: Sequence[str] | None) -> tuple[list[tuple[str, ThreadDump]], list[str]]:
     """Read and verify the files to restore: a single file, or the newest archive of
     each thread under a directory. (url, dump) pairs, and the older files skipped."""
-    if url.endswith(SUFFIX):
-        parent, _, name = url.rpartition("/")
-        store, names = Store(parent or "."), [name]
-    else:
-        store = Store(url)
-        names = store.names()
-        if thread_ids is not None:
-            # Only the files named after the requested threads are read.
-            prefixes = tuple(file_name(t, None).rsplit("--", 1)[0] + "--" for t in thread_ids)
-            names = [n for n in names if n.startswith(prefixes)]
+    store, names = _files(url)
+    if not url.endswith(SUFFIX) and thread_ids is not None:
+        # Only the files named after the requested threads are read.
+        prefixes = tuple(file_name(t, None).rsplit("--", 1)[0] + "--" for t in thread_ids)
+        names = [n for n in names if n.startswith(prefixes)]
     newest: dict[str, tuple[tuple[str, str], str, ThreadDump]] = {}
     superseded: list[str] = []
     for name in names:
@@ -730,12 +735,7 @@ async def arestore(saver: SaverView, url: str, thread_ids: Sequence[str] | None 
 
 def verify(url: str) -> list[dict[str, Any]]:
     """Verify every archive file under ``url`` (or one file); their manifests."""
-    if url.endswith(SUFFIX):
-        parent, _, name = url.rpartition("/")
-        store, names = Store(parent or "."), [name]
-    else:
-        store = Store(url)
-        names = store.names()
+    store, names = _files(url)
     out = []
     for name in names:
         manifest, _ = decode(store.read(name), store.url_of(name))
