@@ -29,25 +29,21 @@ QUARANTINE_ROW_SQL = "SELECT * FROM durable_quarantine WHERE thread_id = %s"
 
 # --- the quarantine operator APIs (ops/poison.py: list, show, release, rewind) ----------
 # head_checkpoint_id: the thread's newest root checkpoint (ids are time-ordered uuid6).
-QUARANTINE_LIST_SQL = """
+_QUARANTINE_ROW = """
 SELECT q.thread_id, q.checkpoint_id, q.attempts, q.last_error, q.graph_version, q.reason,
        q.quarantined_at,
        (SELECT c.checkpoint_id FROM checkpoints c
         WHERE c.thread_id = q.thread_id AND c.checkpoint_ns = ''
         ORDER BY c.checkpoint_id DESC LIMIT 1) AS head_checkpoint_id
-FROM durable_quarantine q JOIN durable_threads t ON t.thread_id = q.thread_id
+"""
+
+QUARANTINE_LIST_SQL = _QUARANTINE_ROW + """FROM durable_quarantine q JOIN durable_threads t ON t.thread_id = q.thread_id
 WHERE t.status = 'quarantined'
 ORDER BY q.quarantined_at DESC, q.thread_id
 LIMIT %s
 """
 
-QUARANTINE_ENTRY_SQL = """
-SELECT q.thread_id, q.checkpoint_id, q.attempts, q.last_error, q.graph_version, q.reason,
-       q.quarantined_at,
-       (SELECT c.checkpoint_id FROM checkpoints c
-        WHERE c.thread_id = q.thread_id AND c.checkpoint_ns = ''
-        ORDER BY c.checkpoint_id DESC LIMIT 1) AS head_checkpoint_id
-FROM durable_quarantine q WHERE q.thread_id = %s
+QUARANTINE_ENTRY_SQL = _QUARANTINE_ROW + """FROM durable_quarantine q WHERE q.thread_id = %s
 """
 
 POISON_THREAD_ROW_SQL = """
