@@ -251,6 +251,7 @@ class ArtifactCodec:
         self.cache = ArtifactCache(self.config.cache_bytes)
         self._local = threading.local()
         self._cipher_names: dict[int, tuple[Any, str]] = {}
+        self._last_serde: tuple[Any, bool] | None = None
 
     # -- compression (zstd contexts are not thread-safe: one per thread) --------------
     def compress(self, content: bytes) -> bytes:
@@ -302,12 +303,38 @@ class ArtifactCodec:
         return self.decompress(data), b""
 
     # -- encoding ---------------------------------------------------------------------
+    def _encrypts(self, serde: Any) -> bool:
+        """Whether ``serde`` is an ``EncryptedSerializer``, remembered for the last serde
+        asked about: isinstance against it goes through typing's Protocol check (a few
+        microseconds, twice per write otherwise). A tuple swap, safe across threads."""
+        last = self._last_serde
+        if last is not None and last[0] is serde:
+            return last[1]
+        encrypts = isinstance(serde, EncryptedSerializer)
+        self._last_serde = (serde, encrypts)
+        return encrypts
+
     def encode(self, serde: Any, value: Any) -> Encoded:
         threshold = self.config.threshold
         try:
             if threshold is None:
                 tag, data = serde.dumps_typed(value)
                 return Encoded(tag, data)
+            if (
+                type(value) is not list
+                and type(value) is not dict
+                and not isinstance(value, _DeltaSnapshot)
+                and not self._encrypts(serde)
+            ):
+                # The common case (issue 14: nearly every channel value and pending
+                # write): a value container() keeps whole, no cipher. Serialized once;
+                # an encoder only when it is large enough to offload.
+                tag, data = serde.dumps_typed(value)
+                if len(data) < threshold:
+                    return Encoded(tag, data)
+                enc = _Encoder(self, serde, threshold)
+                item = enc.offload(tag, data)
+                return Encoded(REF_TYPE, ormsgpack.packb([_SINGLE, [item]]), enc.artifacts)
             enc = _Encoder(self, serde, threshold)
             if isinstance(value, _DeltaSnapshot):
                 split = enc.container(value.value, 0)

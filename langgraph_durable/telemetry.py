@@ -105,8 +105,9 @@ def _get_tracer() -> Any:
             return None
         from langgraph_durable._version import __version__
 
-        _provider_set = True
+        # The tracer first: a wrapper that sees _provider_set reads _tracer without a lock.
         _tracer = _trace.get_tracer(PREFIX, __version__)
+        _provider_set = True
     return _tracer
 
 
@@ -222,40 +223,54 @@ def checkpoint_bytes(cp_json: Any, blob_rows: list[Any]) -> None:
 def _timed(fn: Any, name: str, metric: str | None, attrs_of: Callable[..., dict[str, Any]]) -> Any:
     """A span around a sync or async function, its duration into ``metric``. Without a
     TracerProvider the attributes are not even computed: a put pays a clock read and a
-    histogram observation."""
+    histogram observation, inline (issue 14: put, put_writes and get run 20+ times per
+    invoke, on LangGraph's critical path: no context manager or handler frame on the
+    common path)."""
     full = f"{PREFIX}.{name}"
+    key = metric or ""
 
-    def start(args: Any, kwargs: Any) -> Any:
-        tracer = _get_tracer() if HAS_OTEL else None
-        if tracer is None:
-            return _NULL
+    def span_of(tracer: Any, args: Any, kwargs: Any) -> Any:
         return tracer.start_as_current_span(full, attributes=_attrs(_safely(attrs_of, *args, **kwargs) or {}))
 
-    def done(t0: float) -> None:
-        if metric is not None and HAS_PROMETHEUS:
-            _safely(observe, metric, time.perf_counter() - t0)
+    def done(seconds: float) -> None:
+        hist = _metrics.get(key)
+        if hist is None:  # first observation: create the metric (under the lock)
+            _safely(observe, metric, seconds)
+            return
+        try:
+            hist.observe(seconds)
+        except Exception:
+            logger.debug("telemetry: could not observe %s", metric, exc_info=True)
 
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def awrapper(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
+            tracer = (_tracer if _provider_set else _get_tracer()) if HAS_OTEL else None
             try:
-                with start(args, kwargs):
+                if tracer is None:
+                    return await fn(*args, **kwargs)
+                with span_of(tracer, args, kwargs):
                     return await fn(*args, **kwargs)
             finally:
-                done(t0)
+                if metric is not None and HAS_PROMETHEUS:
+                    done(time.perf_counter() - t0)
 
         return awrapper
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
+        tracer = (_tracer if _provider_set else _get_tracer()) if HAS_OTEL else None
         try:
-            with start(args, kwargs):
+            if tracer is None:
+                return fn(*args, **kwargs)
+            with span_of(tracer, args, kwargs):
                 return fn(*args, **kwargs)
         finally:
-            done(t0)
+            if metric is not None and HAS_PROMETHEUS:
+                done(time.perf_counter() - t0)
 
     return wrapper
 

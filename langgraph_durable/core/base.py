@@ -227,7 +227,8 @@ class _DurableBase(
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         self._check_unrecognised_put(config, metadata)
-        if self._granularity is not None and (
+        # .runs: runs with something to defer (empty: nothing to ask, the usual case).
+        if self._granularity is not None and self._granularity.runs and (
             flow := self._granularity.put_flow(self, config, checkpoint, metadata, new_versions)
         ) is not None:
             return cast(RunnableConfig, self._run_flow(flow))
@@ -247,7 +248,7 @@ class _DurableBase(
         task_id: str,
         task_path: str = "",
     ) -> None:
-        if self._granularity is not None and (
+        if self._granularity is not None and self._granularity.runs and (
             flow := self._granularity.writes_flow(self, config, writes, task_id, task_path)
         ) is not None:
             self._run_flow(flow)
@@ -321,7 +322,8 @@ class _DurableBase(
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         self._check_unrecognised_put(config, metadata)
-        if self._granularity is not None and (
+        # .runs: runs with something to defer (empty: nothing to ask, the usual case).
+        if self._granularity is not None and self._granularity.runs and (
             flow := self._granularity.put_flow(self, config, checkpoint, metadata, new_versions)
         ) is not None:
             return cast(RunnableConfig, await self._arun_flow(flow))
@@ -341,7 +343,7 @@ class _DurableBase(
         task_id: str,
         task_path: str = "",
     ) -> None:
-        if self._granularity is not None and (
+        if self._granularity is not None and self._granularity.runs and (
             flow := self._granularity.writes_flow(self, config, writes, task_id, task_path)
         ) is not None:
             await self._arun_flow(flow)

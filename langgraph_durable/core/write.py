@@ -269,7 +269,10 @@ class WriteOps(WriteView):
                 copy["channel_values"][k] = True
             elif not self._inline(v):
                 blob_values[k] = copy["channel_values"].pop(k)
-            self._check_texts(v, where, _root(k))
+            if (isinstance(v, str) and not v.isascii()) or (k == _START and isinstance(v, dict)):
+                # Only these can fail _check_texts (tested here: called per channel
+                # per put, on LangGraph's critical path).
+                self._check_texts(v, where, _root(k))
         artifacts: dict[bytes, bytes] = {}
         blob_rows: list[tuple[Any, ...]] = []
         for k, ver in new_versions.items():
@@ -358,7 +361,8 @@ class WriteOps(WriteView):
         rows: list[tuple[Any, ...]] = []
         for idx, (channel, value) in enumerate(writes):
             root = "input" if channel == _START else f"writes[{channel!r}]"
-            self._check_texts(value, where, root)
+            if (isinstance(value, str) and not value.isascii()) or (channel == _START and isinstance(value, dict)):
+                self._check_texts(value, where, root)  # only these can fail it (see _put_values)
             enc = self._encode(value, where, root)
             artifacts.update(enc.artifacts)
             rows.append(
