@@ -35,11 +35,11 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench_hotpath import DEFAULT_DSN, build, connect, drop_db, make_db  # noqa: E402
-from langgraph.checkpoint.postgres import PostgresSaver  # noqa: E402
+from bench_hotpath import DEFAULT_DSN, build, connect, drop_db, make_db
+from langgraph.checkpoint.postgres import PostgresSaver
 
-from langgraph_durable import DurablePostgresSaver  # noqa: E402
-from langgraph_durable import lifecycle as _lifecycle  # noqa: E402
+from langgraph_durable import DurablePostgresSaver
+from langgraph_durable import lifecycle as _lifecycle
 
 _TIMES: dict[str, defaultdict[str, list[float]]] = {}
 _CURRENT: list[str] = [""]
