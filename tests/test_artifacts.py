@@ -120,6 +120,33 @@ def test_small_values_are_stored_like_the_stock_saver() -> None:
         assert not enc.artifacts
 
 
+def test_one_codec_alternating_plain_and_encrypting_serdes() -> None:
+    """The codec remembers whether the last serde it saw encrypts (issue 14: the
+    EncryptedSerializer isinstance check is a Protocol check). A saver and its
+    with_allowlist/bind clones share one codec with different serdes: each value must
+    still be encoded the way its own serde asks, small or offloaded."""
+    codec = ArtifactCodec(ArtifactConfig(threshold=64))
+    plain = JsonPlusSerializer()
+    secret = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
+    for _ in range(2):
+        for serde in (plain, secret, plain, secret):
+            small = codec.encode(serde, "hello")
+            assert small.type == serde.dumps_typed("hello")[0] and not small.artifacts
+            assert serde.loads_typed((small.type, small.data)) == "hello"
+            if serde is secret:
+                assert "+" in small.type and b"hello" not in small.data  # encrypted
+            else:
+                assert small.data == plain.dumps_typed("hello")[1]
+            large = codec.encode(serde, "x" * 500)
+            assert large.type == REF_TYPE and len(large.artifacts) == 1
+            (content,) = large.artifacts.values()
+            key = next(iter(large.artifacts))
+            # Plain and encrypting digests live in separate namespaces (_space).
+            other = codec.encode(plain if serde is secret else secret, "x" * 500)
+            assert key not in other.artifacts
+            assert b"x" * 100 in content
+
+
 def test_threshold_none_and_zero() -> None:
     value = [big(i) for i in range(3)]
     enc, back = _round_trip(value, threshold=None)
