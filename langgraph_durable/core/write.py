@@ -181,6 +181,16 @@ class WriteOps(WriteView):
             session.finish(committed)
 
     def _inline(self, value: Any) -> bool:
+        # Exact types first (one type() per channel per put, issue 14); subclasses
+        # (an IntEnum, a str enum) take the isinstance path below, as before.
+        kind = type(value)
+        if kind is str:
+            threshold = self.codec.config.threshold
+            return "\x00" not in value and (threshold is None or len(value) < max(threshold, 1))
+        if kind is int:
+            return abs(value) < 2**63
+        if kind is bool or value is None:
+            return True
         if isinstance(value, float):
             # Only floats JSONB gives back as the same float: nan/inf become null, -0.0
             # becomes 0, and from 1e16 on orjson writes an exponent that numeric prints
