@@ -106,13 +106,20 @@ def build(dsn: str, n: int) -> float:
                        w.channel, w.type, w.blob
                 FROM checkpoint_writes w, {series} WHERE w.thread_id = 'template'"""
         )
+        # has_root (issue 14, status counts): as the template's run left it (its release
+        # found its root checkpoint), as the saver's release leaves every copied thread.
+        has_root = conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = 'durable_threads'::regclass "
+            "AND attname = 'has_root' AND NOT attisdropped"
+        ).fetchone()
+        root_col, root_val = (", has_root", ", t.has_root") if has_root else ("", "")
         conn.execute(
             f"""INSERT INTO durable_threads (thread_id, status, graph_version, lease_owner, lease_token,
-                                             lease_expires_at, attempts, updated_at, created_at)
+                                             lease_expires_at, attempts, updated_at, created_at{root_col})
                 SELECT {tid}, {_STATUS}, t.graph_version,
                        CASE WHEN g % 100 = 98 THEN 'bench-worker' END, 1,
                        CASE WHEN g % 100 = 98 THEN now() + interval '1 hour' END,
-                       1, now() - make_interval(secs => g), now() - make_interval(secs => g)
+                       1, now() - make_interval(secs => g), now() - make_interval(secs => g){root_val}
                 FROM durable_threads t, {series} WHERE t.thread_id = 'template'"""
         )
         fold = getattr(recovery_sql, "STATUS_FOLD_SQL", None)

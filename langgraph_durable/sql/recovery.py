@@ -78,22 +78,25 @@ WHERE t.status <> 'quarantined'
 RETURNING thread_id
 """
 
-# Threads by lifecycle, bounded by the live work, not by history (issue 14): done,
-# waiting and quarantined threads (nearly all, in time) are read from the trigger-kept
-# durable_thread_counts; only the threads the ready index holds (running, stopped,
-# queued, error: the backlog and the live runs) are looked at one by one. Same kinds as
-# before: a live lease is 'running' whatever the status, 'orphaned' has no checkpoint.
+# Threads by lifecycle, bounded by what they count, not by history or the backlog
+# (issue 14): done, waiting and quarantined threads (nearly all, in time) are read from
+# the trigger-kept durable_thread_counts; live leases by durable_threads_leased_idx (a
+# range over the live ones only); orphans (running, stopped or queued, no live lease, no
+# root checkpoint) by durable_threads_unrooted_idx: only rows whose has_root is not TRUE
+# are probed in checkpoints. TRUE is only ever kept while a root checkpoint exists (see
+# the migration), so skipping those rows changes no count. Same kinds as before: a live
+# lease is 'running' whatever the status, 'orphaned' has no checkpoint.
 STATUS_COUNTS_SQL = """
 WITH totals AS (
     SELECT status, sum(n)::bigint AS n FROM durable_thread_counts GROUP BY status HAVING sum(n) <> 0
 ), live AS (
     SELECT t.status, count(*)::bigint AS n FROM durable_threads t
-    WHERE t.status IN ('running', 'stopped', 'queued', 'error')
-      AND t.lease_expires_at > now() AND t.lease_owner IS NOT NULL
+    WHERE t.lease_owner IS NOT NULL AND t.lease_expires_at > now()
+      AND t.status IN ('running', 'stopped', 'queued', 'error')
     GROUP BY t.status
 ), orphans AS (
     SELECT count(*)::bigint AS n FROM durable_threads t
-    WHERE t.status IN ('running', 'stopped', 'queued')
+    WHERE t.status IN ('running', 'stopped', 'queued') AND t.has_root IS NOT TRUE
       AND NOT (t.lease_owner IS NOT NULL AND t.lease_expires_at > now())
       AND NOT EXISTS (SELECT 1 FROM checkpoints c
                       WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '')
