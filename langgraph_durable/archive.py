@@ -79,8 +79,8 @@ from langgraph_durable.errors import (
 )
 from langgraph_durable.sql.archive import (
     ARTIFACT_ROWS_SQL,
-    TABLE_COLUMNS_SQL,
     RESTORED_ROOT_CHECK_SQL,
+    TABLE_COLUMNS_SQL,
     checked_delete_sql,
     insert_rows_sql,
     thread_exists_sql,
