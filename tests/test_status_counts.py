@@ -421,17 +421,29 @@ def test_concurrent_deletes_of_disjoint_roots_clear_the_flag(store: DurablePostg
     _exact(store, dsn)
 
 
-def test_repeatable_read_delete_clears_without_checking(store: DurablePostgresSaver, dsn: str) -> None:
+def test_repeatable_read_delete_proves_the_remaining_root(store: DurablePostgresSaver, dsn: str) -> None:
+    """The stock prune runs in REPEATABLE READ: its trigger locks a remaining root
+    instead of re-reading, and writes the thread row only when none is left, so a prune
+    next to a live run that keeps updating that row does not fail (a serialization
+    failure with an unconditional write: found by test_retention's concurrent GC test)."""
     tid = f"rr-{uuid.uuid4().hex[:6]}"
     with psycopg.connect(dsn, autocommit=True) as conn:
         c1 = _put_cp(conn, tid)
-        _put_cp(conn, tid)
+        c2 = _put_cp(conn, tid)
         _release(conn, tid, "stopped")
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(dsn) as conn, psycopg.connect(dsn, autocommit=True) as run:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        conn.execute("SELECT 1")  # the snapshot is taken
+        run.execute("UPDATE durable_threads SET lease_expires_at = now() WHERE thread_id = %s", (tid,))
         conn.execute("DELETE FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s", (tid, c1))
         conn.commit()
-    assert _flag(dsn, tid) is False  # unknown: probed, and still counted recoverable
+    assert _flag(dsn, tid) is True
+    _exact(store, dsn)
+    with psycopg.connect(dsn) as conn:  # the last root: cleared
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        conn.execute("DELETE FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s", (tid, c2))
+        conn.commit()
+    assert _flag(dsn, tid) is False
     _exact(store, dsn)
 
 
@@ -479,10 +491,9 @@ def test_counts_exact_through_the_saver_s_own_paths(store: DurablePostgresSaver,
     # The durable delete_thread: the row goes too.
     store.delete_thread(p + "del")
     _exact(store, dsn)
-    # prune keep_latest: the root stays; prune reads one REPEATABLE READ snapshot, in
-    # which a remaining root cannot be proven, so the flag goes unknown (probed).
+    # prune keep_latest: the root stays, so does the flag (not probed).
     store.prune([p + "prune"], strategy="keep_latest")
-    assert _flag(dsn, p + "prune") is False
+    assert _flag(dsn, p + "prune") is True
     _exact(store, dsn)
     # delete_for_runs of every run of a thread: deleted whole.
     with psycopg.connect(dsn) as conn:

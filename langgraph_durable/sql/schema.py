@@ -393,8 +393,11 @@ MIGRATIONS: list[str] = [
     #   then checks for a remaining root in a NEW statement, whose snapshot (READ
     #   COMMITTED) sees every delete that held those locks before: two transactions
     #   deleting disjoint roots of one thread cannot both see the other's as remaining.
-    #   Under REPEATABLE READ / SERIALIZABLE the snapshot is the transaction's, so no
-    #   check: FALSE (unknown) for every thread that lost a root.
+    #   Under REPEATABLE READ / SERIALIZABLE (the stock prune) the snapshot is the
+    #   transaction's, so a remaining root is proven by locking it (FOR KEY SHARE: a
+    #   delete of it waits for this commit, then runs this trigger itself; one deleted
+    #   meanwhile is a serialization failure); the row is written only when none is
+    #   left, so pruning a thread a live run keeps updating does not conflict with it.
     # - writes the row whenever it clears, so a LEASE_RELEASE_SQL that read checkpoints
     #   before the delete committed sees the row changed (xmin) and writes NULL.
     # SECURITY DEFINER: a role granted only the stock tables may delete checkpoints.
@@ -407,7 +410,11 @@ MIGRATIONS: list[str] = [
                 RETURN;
             END IF;
             IF current_setting('transaction_isolation') <> 'read committed' THEN
-                UPDATE durable_threads SET has_root = false WHERE thread_id = ANY(p_threads);
+                UPDATE durable_threads t SET has_root = false
+                WHERE t.thread_id = ANY(p_threads)
+                  AND NOT EXISTS (SELECT 1 FROM checkpoints c
+                                  WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = ''
+                                  LIMIT 1 FOR KEY SHARE);
                 RETURN;
             END IF;
             PERFORM 1 FROM durable_threads WHERE thread_id = ANY(p_threads)
