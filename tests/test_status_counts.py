@@ -394,6 +394,30 @@ def test_release_racing_a_delete_never_sets_a_stale_true(store: DurablePostgresS
     assert _exact(store, dsn)["orphaned"] >= 1
 
 
+def test_a_run_starting_during_a_delete_releases_after_it(store: DurablePostgresSaver, dsn: str) -> None:
+    """A delete leaves a row with no lease and no TRUE flag unwritten (only locked): a
+    run starting meanwhile waits for that lock, so its release reads after the delete."""
+    import threading
+
+    tid = f"acq-{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _put_cp(conn, tid)
+        conn.execute("INSERT INTO durable_threads (thread_id, status) VALUES (%s, 'stopped')", (tid,))
+    lease: dict[str, Any] = {}
+    with psycopg.connect(dsn) as deleter, psycopg.connect(dsn, autocommit=True) as run:
+        deleter.execute("DELETE FROM checkpoints WHERE thread_id = %s", (tid,))
+        t = threading.Thread(target=lambda: lease.update(_lease(run, tid)))
+        t.start()
+        _wait_blocked(dsn, run.info.backend_pid)
+        deleter.commit()
+        t.join(10)
+        assert not t.is_alive()
+        run.execute(LEASE_RELEASE_SQL, _release_params(lease, "stopped"))
+    assert _flag(dsn, tid) is False
+    assert _full_scan_kind(dsn, tid) == "orphaned"
+    _exact(store, dsn)
+
+
 def test_concurrent_deletes_of_disjoint_roots_clear_the_flag(store: DurablePostgresSaver, dsn: str) -> None:
     """Each delete alone leaves the other's root: the second one's check must see the
     first one committed (it waits for the row lock the first took)."""

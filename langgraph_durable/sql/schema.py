@@ -399,7 +399,11 @@ MIGRATIONS: list[str] = [
     #   meanwhile is a serialization failure); the row is written only when none is
     #   left, so pruning a thread a live run keeps updating does not conflict with it.
     # - writes the row whenever it clears, so a LEASE_RELEASE_SQL that read checkpoints
-    #   before the delete committed sees the row changed (xmin) and writes NULL.
+    #   before the delete committed sees the row changed (xmin) and writes NULL. READ
+    #   COMMITTED skips rows already not TRUE and without a lease: the row is locked and
+    #   read as of now, so no release can be in flight on it (a release needs the lease
+    #   in the current row; a new acquisition waits for this lock, so its release reads
+    #   after this commit). Under REPEATABLE READ the row read is old: always written.
     # SECURITY DEFINER: a role granted only the stock tables may delete checkpoints.
     # Harmless if durable_threads was dropped (uninstall) and the triggers left behind.
     """DO $$ BEGIN
@@ -420,7 +424,7 @@ MIGRATIONS: list[str] = [
             PERFORM 1 FROM durable_threads WHERE thread_id = ANY(p_threads)
             ORDER BY thread_id FOR NO KEY UPDATE;
             UPDATE durable_threads t SET has_root = false
-            WHERE t.thread_id = ANY(p_threads)
+            WHERE t.thread_id = ANY(p_threads) AND (t.has_root OR t.lease_owner IS NOT NULL)
               AND NOT EXISTS (SELECT 1 FROM checkpoints c
                               WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '');
         END $f$;
