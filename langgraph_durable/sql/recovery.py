@@ -97,11 +97,19 @@ RETURNING thread_id
 STATUS_COUNTS_SQL = """
 WITH totals AS (
     SELECT status, sum(n)::bigint AS n FROM durable_thread_counts GROUP BY status HAVING sum(n) <> 0
-), live AS (
-    SELECT t.status, count(*)::bigint AS n FROM durable_threads t
+), leased AS (
+    -- One pass, one aggregate: no sort or hash of the live leases by status.
+    SELECT count(*) FILTER (WHERE t.status = 'running') AS running,
+           count(*) FILTER (WHERE t.status = 'stopped') AS stopped,
+           count(*) FILTER (WHERE t.status = 'queued') AS queued,
+           count(*) FILTER (WHERE t.status = 'error') AS error
+    FROM durable_threads t
     WHERE t.lease_owner IS NOT NULL AND t.lease_expires_at > now()
       AND t.status IN ('running', 'stopped', 'queued', 'error')
-    GROUP BY t.status
+), live AS (
+    SELECT v.status, v.n FROM leased l
+    CROSS JOIN LATERAL (VALUES ('running', l.running), ('stopped', l.stopped),
+                               ('queued', l.queued), ('error', l.error)) AS v (status, n)
 ), orphans AS (
     SELECT count(*)::bigint AS n FROM durable_threads t
     WHERE t.status IN ('running', 'stopped', 'queued') AND t.has_root IS NOT TRUE
