@@ -79,6 +79,7 @@ from langgraph_durable.errors import (
 )
 from langgraph_durable.sql.archive import (
     ARTIFACT_ROWS_SQL,
+    RESTORED_ROOT_CHECK_SQL,
     TABLE_COLUMNS_SQL,
     checked_delete_sql,
     insert_rows_sql,
@@ -683,6 +684,8 @@ def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[Res
         stmts, plan = _insert_stmts(dump, current)
         try:
             out = yield Batch(stmts)
+            # has_root came from the archive: kept only if the root checkpoint came too.
+            yield Batch([Stmt(RESTORED_ROOT_CHECK_SQL, (dump.thread_id,))])
         except psycopg.errors.UniqueViolation as exc:
             raise ArchiveConflictError(
                 f"thread {dump.thread_id!r} conflicts with rows in the database ({exc}); "

@@ -282,11 +282,21 @@ DURABLE_FUNCTIONS = (
     "durable_thread_counts_row()",
     "durable_thread_counts_truncate()",
     "durable_put_guard(text, bigint, text, boolean, text, text)",
+    "durable_unroot(text[])",
+    "durable_root_deleted()",
+    "durable_root_moved()",
+    "durable_root_truncated()",
 )
 DURABLE_INDEXES = ("durable_checkpoints_run_idx",)  # on the stock checkpoints table
+# On the stock checkpoints table too (they keep durable_threads.has_root honest): dropped
+# before DURABLE_FUNCTIONS, which they use.
+DURABLE_TRIGGERS = ("durable_root_del", "durable_root_upd", "durable_root_trunc")
 
 __all__ = [
+    "DURABLE_FUNCTIONS",
+    "DURABLE_INDEXES",
     "DURABLE_TABLES",
+    "DURABLE_TRIGGERS",
     "compare_snapshots",
     "snapshot_thread",
     "ExportReport",

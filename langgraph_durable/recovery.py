@@ -72,6 +72,7 @@ from langgraph_durable.sql.recovery import (
     STATUS_COUNTS_SQL,
     STATUS_FOLD_ROWS,
     STATUS_FOLD_SQL,
+    STATUS_PLAN_SQL,
     STATUS_ROWS_SQL,
 )
 from langgraph_durable.versioning import VERSION_KEY, MigrationRegistry, graph_fingerprint
@@ -256,7 +257,7 @@ def _op_finish(claim: Claim) -> Op[dict[str, Any] | None]:
 def _op_status_counts() -> Op[dict[str, int]]:
     rows = yield Batch(
         [
-            Stmt(JIT_OFF_SQL),
+            Stmt(STATUS_PLAN_SQL),
             Stmt(STATUS_ROWS_SQL, (STATUS_FOLD_ROWS + 1,), fetch=True, name="rows"),
             Stmt(STATUS_COUNTS_SQL, fetch=True, name="counts"),
         ]

@@ -303,7 +303,12 @@ def test_uninstall_as_documented_keeps_every_thread(admin_dsn: str) -> None:
     stock saver, set up again, reads the thread exactly as the durable saver did."""
     from conftest import drop_database, make_database
 
-    from langgraph_durable.export import DURABLE_FUNCTIONS, DURABLE_INDEXES, DURABLE_TABLES
+    from langgraph_durable.export import (
+        DURABLE_FUNCTIONS,
+        DURABLE_INDEXES,
+        DURABLE_TABLES,
+        DURABLE_TRIGGERS,
+    )
 
     url = make_database(admin_dsn, "uninstall")
     try:
@@ -317,6 +322,8 @@ def test_uninstall_as_documented_keeps_every_thread(admin_dsn: str) -> None:
             tuples = snapshot_thread(saver, "exp-uninstall")
             assert export_stock(saver).ok
         with psycopg.connect(url, autocommit=True) as conn:
+            for trigger in DURABLE_TRIGGERS:
+                conn.execute(f"DROP TRIGGER {trigger} ON checkpoints")
             conn.execute(f"DROP TABLE {', '.join(DURABLE_TABLES)}")
             conn.execute(f"DROP FUNCTION {', '.join(DURABLE_FUNCTIONS)}")
             conn.execute(f"DROP INDEX {', '.join(DURABLE_INDEXES)}")

@@ -33,6 +33,29 @@ def thread_rows_sql(table: str, order: list[str]) -> sql.Composed:
     )
 
 
+# Columns that are a cache of other rows, not the thread's state: left out of the
+# fingerprint. durable_threads.has_root (status_counts, issue 14) is cleared by a
+# trigger when checkpoints are deleted, so retention's checked delete would otherwise
+# see the thread row change under it (checkpoints are deleted before the thread row).
+DERIVED_COLUMNS = {"durable_threads": ("has_root",)}
+
+# After a restore's inserts (same transaction): an archived has_root = TRUE stays only
+# if the thread's root checkpoint was restored with it (a dump is one snapshot, so it
+# is, unless the file was edited); TRUE must never outlive a root checkpoint.
+RESTORED_ROOT_CHECK_SQL = """
+UPDATE durable_threads t SET has_root = NULL
+WHERE t.thread_id = %s AND t.has_root
+  AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '')
+"""
+
+
+def _row_json(table: str, alias: str) -> sql.Composable:
+    row = sql.SQL("to_jsonb({})").format(sql.Identifier(alias))
+    for col in DERIVED_COLUMNS.get(table, ()):
+        row = sql.SQL("({} - {})").format(row, sql.Literal(col))
+    return row
+
+
 def thread_fingerprint_sql(tables: Sequence[str]) -> sql.Composed:
     """Per thread of ``%(ids)s``, an md5 over every row of every table (order-free); the
     ``durable_threads`` rows of ``%(created)s`` are left out."""
@@ -45,9 +68,9 @@ def thread_fingerprint_sql(tables: Sequence[str]) -> sql.Composed:
         )
         parts.append(
             sql.SQL(
-                "SELECT thread_id, md5({name} || to_jsonb(t)::text) AS h FROM {tbl} t "
+                "SELECT thread_id, md5({name} || {row}::text) AS h FROM {tbl} t "
                 "WHERE thread_id = ANY(%(ids)s){extra}"
-            ).format(name=sql.Literal(t), tbl=sql.Identifier(t), extra=extra)
+            ).format(name=sql.Literal(t), row=_row_json(t, "t"), tbl=sql.Identifier(t), extra=extra)
         )
     return sql.SQL(
         "SELECT thread_id, md5(string_agg(h, '' ORDER BY h COLLATE \"C\")) AS fp "
@@ -59,7 +82,7 @@ def checked_delete_sql(table: str, size: str) -> sql.Composed:
     """Delete the rows of ``%(ids)s`` from ``table``, returning each one's hash (as
     ``thread_fingerprint_sql`` computes it) and ``size`` (an SQL expression over the
     table's columns, from the package's own list)."""
-    h = sql.SQL("md5({name} || to_jsonb(d)::text)").format(name=sql.Literal(table))
+    h = sql.SQL("md5({name} || {row}::text)").format(name=sql.Literal(table), row=_row_json(table, "d"))
     if table == "durable_threads":
         h = sql.SQL("CASE WHEN d.thread_id = ANY(%(created)s) THEN NULL ELSE {} END").format(h)
     return sql.SQL(

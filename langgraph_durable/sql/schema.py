@@ -373,6 +373,115 @@ MIGRATIONS: list[str] = [
         detail JSONB NOT NULL DEFAULT '{}'::jsonb
     )""",
     "CREATE INDEX IF NOT EXISTS durable_audit_thread_idx ON durable_audit (thread_id, id)",
+    # Issue 14 (status counts bounded by what they return): whether the thread has a root
+    # checkpoint, so recovery.status_counts probes checkpoints only for the threads that
+    # may be orphaned, not for the whole backlog. A cache with one rule: TRUE only while
+    # a root checkpoint exists. NULL (rows from before this migration, rows inserted by
+    # any path) and FALSE mean "not known to have one": status_counts probes them, so a
+    # stale FALSE (a checkpoint written since, e.g. by a run killed before its release)
+    # costs one probe and is never a wrong count. Set by LEASE_RELEASE_SQL (probed in the
+    # statement, never from what the run believes it wrote); made FALSE by the triggers
+    # below whenever root checkpoints go, whoever deletes them (stock saver, retention,
+    # hand-written SQL). Puts never touch it.
+    "ALTER TABLE durable_threads ADD COLUMN IF NOT EXISTS has_root BOOLEAN",
+    # The triggers keeping has_root = TRUE honest, on the stock checkpoints table:
+    # statement-level on DELETE (one pass per statement over its deleted rows, not a
+    # call per row), TRUNCATE, and a row trigger on an UPDATE that moves a root
+    # checkpoint to another thread or namespace (no package statement does; the stock
+    # upsert's SET names neither column, so puts never fire it). durable_unroot:
+    # - locks the thread rows first (in thread order: no deadlock between two deletes),
+    #   then checks for a remaining root in a NEW statement, whose snapshot (READ
+    #   COMMITTED) sees every delete that held those locks before: two transactions
+    #   deleting disjoint roots of one thread cannot both see the other's as remaining.
+    #   Under REPEATABLE READ / SERIALIZABLE (the stock prune) the snapshot is the
+    #   transaction's, so a remaining root is proven by locking it (FOR KEY SHARE: a
+    #   delete of it waits for this commit, then runs this trigger itself; one deleted
+    #   meanwhile is a serialization failure); the row is written only when none is
+    #   left, so pruning a thread a live run keeps updating does not conflict with it.
+    # - writes the row whenever it clears, so a LEASE_RELEASE_SQL that read checkpoints
+    #   before the delete committed sees the row changed (xmin) and writes NULL. READ
+    #   COMMITTED skips rows already not TRUE and without a lease: the row is locked and
+    #   read as of now, so no release can be in flight on it (a release needs the lease
+    #   in the current row; a new acquisition waits for this lock, so its release reads
+    #   after this commit). Under REPEATABLE READ the row read is old: always written.
+    # SECURITY DEFINER: a role granted only the stock tables may delete checkpoints.
+    # Harmless if durable_threads was dropped (uninstall) and the triggers left behind.
+    """DO $$ BEGIN
+        CREATE OR REPLACE FUNCTION durable_unroot(p_threads text[]) RETURNS void
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $f$
+        BEGIN
+            IF p_threads IS NULL OR to_regclass('durable_threads') IS NULL THEN
+                RETURN;
+            END IF;
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                UPDATE durable_threads t SET has_root = false
+                WHERE t.thread_id = ANY(p_threads)
+                  AND NOT EXISTS (SELECT 1 FROM checkpoints c
+                                  WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = ''
+                                  LIMIT 1 FOR KEY SHARE);
+                RETURN;
+            END IF;
+            PERFORM 1 FROM durable_threads WHERE thread_id = ANY(p_threads)
+            ORDER BY thread_id FOR NO KEY UPDATE;
+            UPDATE durable_threads t SET has_root = false
+            WHERE t.thread_id = ANY(p_threads) AND (t.has_root OR t.lease_owner IS NOT NULL)
+              AND NOT EXISTS (SELECT 1 FROM checkpoints c
+                              WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '');
+        END $f$;
+        CREATE OR REPLACE FUNCTION durable_root_deleted() RETURNS trigger
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $f$
+        BEGIN
+            PERFORM durable_unroot((SELECT array_agg(DISTINCT g.thread_id ORDER BY g.thread_id)
+                                    FROM durable_root_gone g WHERE g.checkpoint_ns = ''));
+            RETURN NULL;
+        END $f$;
+        CREATE OR REPLACE FUNCTION durable_root_moved() RETURNS trigger
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $f$
+        BEGIN
+            PERFORM durable_unroot(ARRAY[OLD.thread_id]);
+            RETURN NULL;
+        END $f$;
+        CREATE OR REPLACE FUNCTION durable_root_truncated() RETURNS trigger
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $f$
+        BEGIN
+            IF to_regclass('durable_threads') IS NOT NULL THEN
+                UPDATE durable_threads SET has_root = false WHERE has_root;
+            END IF;
+            RETURN NULL;
+        END $f$;
+        DROP TRIGGER IF EXISTS durable_root_del ON checkpoints;
+        DROP TRIGGER IF EXISTS durable_root_upd ON checkpoints;
+        DROP TRIGGER IF EXISTS durable_root_trunc ON checkpoints;
+        CREATE TRIGGER durable_root_del AFTER DELETE ON checkpoints
+            REFERENCING OLD TABLE AS durable_root_gone
+            FOR EACH STATEMENT EXECUTE FUNCTION durable_root_deleted();
+        CREATE TRIGGER durable_root_upd AFTER UPDATE OF thread_id, checkpoint_ns ON checkpoints
+            FOR EACH ROW WHEN (OLD.checkpoint_ns = ''
+                               AND (OLD.thread_id, OLD.checkpoint_ns) IS DISTINCT FROM
+                                   (NEW.thread_id, NEW.checkpoint_ns))
+            EXECUTE FUNCTION durable_root_moved();
+        CREATE TRIGGER durable_root_trunc AFTER TRUNCATE ON checkpoints
+            FOR EACH STATEMENT EXECUTE FUNCTION durable_root_truncated();
+        REVOKE EXECUTE ON FUNCTION durable_unroot(text[]) FROM PUBLIC;
+    END $$""",
+    # Backfill, after the triggers exist (a delete from now on clears what it sets): only
+    # the rows status_counts would probe (running, stopped, queued: the ready index walks
+    # them), not the whole table; the rest get the flag at their next release. Safe next
+    # to live deletes: a row a delete's trigger changed meanwhile is re-read (READ
+    # COMMITTED) and no longer NULL, so it is skipped, never set TRUE from the old read.
+    """UPDATE durable_threads t
+    SET has_root = EXISTS (SELECT 1 FROM checkpoints c
+                           WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '')
+    WHERE t.status IN ('running', 'stopped', 'queued') AND t.has_root IS NULL""",
+    # The rows status_counts must look at one by one: those not known to have a root.
+    # Stays as small as the orphans plus runs in flight on new threads.
+    """CREATE INDEX IF NOT EXISTS durable_threads_unrooted_idx ON durable_threads (thread_id)
+        WHERE status IN ('running', 'stopped', 'queued') AND has_root IS NOT TRUE""",
+    # Live leases (status_counts, inspect.thread_status_counts): only rows holding an
+    # owner, by expiry, the status alongside: the count of live leases is a range scan
+    # over the live ones, not a walk of the backlog's expired or never-taken rows.
+    """CREATE INDEX IF NOT EXISTS durable_threads_leased_idx ON durable_threads (lease_expires_at)
+        INCLUDE (status) WHERE lease_owner IS NOT NULL""",
 ]
 
 # THE list of this package's tables keyed by thread (beside the stock checkpoints,

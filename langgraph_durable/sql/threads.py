@@ -121,18 +121,27 @@ WHERE t.thread_id = l.thread_id AND t.lease_token = l.token AND t.lease_owner = 
 RETURNING t.thread_id
 """
 
+# has_root (recovery.status_counts' cache, see the migration): whether a root checkpoint
+# exists, probed here (one primary-key probe) rather than taken from what the run wrote,
+# which a concurrent delete may have removed since. If the row changed after this
+# statement's snapshot (a delete's trigger cleared the flag and committed while this
+# waited for the row lock; t.xmin is then the newer version's), the probe read the
+# checkpoints before that delete: NULL (unknown, probed by status_counts) instead.
 LEASE_RELEASE_SQL = """
-UPDATE durable_threads SET
+UPDATE durable_threads t SET
     status = %(status)s,
     lease_owner = NULL,
     lease_expires_at = NULL,
     attempts = CASE WHEN %(reset)s THEN 0
-                    WHEN %(undo)s THEN GREATEST(attempts - 1, 0)
-                    ELSE attempts END,
-    attempts_checkpoint_id = COALESCE(%(checkpoint_id)s, attempts_checkpoint_id),
-    last_error = CASE WHEN %(reset)s THEN NULL ELSE COALESCE(%(error)s, last_error) END,
+                    WHEN %(undo)s THEN GREATEST(t.attempts - 1, 0)
+                    ELSE t.attempts END,
+    attempts_checkpoint_id = COALESCE(%(checkpoint_id)s, t.attempts_checkpoint_id),
+    last_error = CASE WHEN %(reset)s THEN NULL ELSE COALESCE(%(error)s, t.last_error) END,
+    has_root = CASE WHEN t.xmin = (SELECT s.xmin FROM durable_threads s WHERE s.thread_id = %(thread_id)s)
+                    THEN EXISTS (SELECT 1 FROM checkpoints c
+                                 WHERE c.thread_id = %(thread_id)s AND c.checkpoint_ns = '') END,
     updated_at = now()
-WHERE thread_id = %(thread_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
+WHERE t.thread_id = %(thread_id)s AND t.lease_token = %(token)s AND t.lease_owner = %(owner)s
 """
 
 
