@@ -282,6 +282,7 @@ DURABLE_FUNCTIONS = (
     "durable_thread_counts_row()",
     "durable_thread_counts_truncate()",
     "durable_put_guard(text, bigint, text, boolean, text, text)",
+    "durable_guard_fail(text, text, bigint, text, text)",
 )
 DURABLE_INDEXES = ("durable_checkpoints_run_idx",)  # on the stock checkpoints table
 

@@ -162,7 +162,8 @@ def test_put_under_a_lost_lease_raises_lease_lost(lease: Lease) -> None:
         driver.run_op(_put(saver))
     assert lease.lost
     sql, params = driver.statements[-1]
-    assert (THREAD, 7, "me:1") == tuple(params[-6:-3])  # the put carries the run's fence
+    # The put carries the run's fence: the lease check's thread, token, owner (guard_params).
+    assert (THREAD, 7, "me:1") == tuple(params[-18:-15])
     with pytest.raises(LeaseLostError):
         ScriptedDriver().run_op(_put(saver))  # lost: refused before any statement
 
@@ -175,7 +176,8 @@ def test_put_into_a_thread_leased_elsewhere_raises_busy() -> None:
         driver.run_op(_put(saver))
     assert "other:9" in str(info.value)
     sql, params = driver.statements[-1]
-    assert params[-6:-3] == (THREAD, None, None)  # no lease of ours: the foreign-lease check
+    # No lease of ours: no lease check (owner, token None), the foreign-lease check on.
+    assert tuple(params[-19:-12]) == (None, THREAD, None, None, THREAD, None, True)
 
 
 def test_put_with_a_held_lease_commits_and_returns_its_config(lease: Lease) -> None:

@@ -20,7 +20,7 @@ from langgraph_durable.errors import (
     ThreadBusyError,
 )
 from langgraph_durable.leases.model import _RUN_LEASE, Lease
-from langgraph_durable.sql.checkpoints import ORDER_SKEW_STATE
+from langgraph_durable.sql.checkpoints import ORDER_SKEW_STATE, guard_params
 from langgraph_durable.sql.threads import (
     FENCE_BUSY_STATE,
     FENCE_LOST_STATE,
@@ -64,8 +64,8 @@ class FenceOps(FenceView):
     def _guard(
         self, thread_id: str, config: RunnableConfig, checkpoint_ns: str | None, checkpoint_id: str | None
     ) -> tuple[tuple[Any, ...], Lease | None]:
-        """durable_put_guard's parameters for a put/put_writes (the fence folded into the
-        write's own statement, see GUARDED_UPSERT_CHECKPOINT_SQL) and the lease it
+        """The guard's parameters for a put/put_writes (the fence folded into the write's
+        own statement, see sql.checkpoints._GUARD and guard_params) and the lease it
         checks: the run's lease (same rule as ``_fence``), else the foreign-lease check
         when leases are on, else none. ``checkpoint_id``: the order check (puts)."""
         lease = _RUN_LEASE.get()
@@ -77,8 +77,8 @@ class FenceOps(FenceView):
         if lease is not None:
             if lease.lost:
                 raise LeaseLostError(thread_id, lease.token)
-            return (thread_id, lease.token, lease.owner, False, checkpoint_ns, checkpoint_id), lease
-        return (thread_id, None, None, self.leases_enabled, checkpoint_ns, checkpoint_id), None
+            return guard_params(thread_id, lease.token, lease.owner, False, checkpoint_ns, checkpoint_id), lease
+        return guard_params(thread_id, None, None, self.leases_enabled, checkpoint_ns, checkpoint_id), None
 
     @_telemetry.instrument("fence_error")
     def _fence_error(self, thread_id: str, lease: Lease | None, exc: BaseException) -> DurableError | None:
@@ -97,7 +97,7 @@ class FenceOps(FenceView):
     def _order_error(
         thread_id: str, checkpoint_ns: str, checkpoint_id: str, exc: BaseException
     ) -> DurableError | None:
-        """ClockSkewError for a put refused by durable_checkpoint_order (else None). The
+        """ClockSkewError for a put refused by the order check (LGD03, else None). The
         id clock is moved past the head first, so the caller's retry is ordered."""
         if getattr(exc, "sqlstate", None) != ORDER_SKEW_STATE:
             return None
