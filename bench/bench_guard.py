@@ -5,7 +5,8 @@ transaction per call, what the saver sends), taking turns call by call.
 Variants (each its own thread, checkpoints chained, a live lease row per thread):
 
 * ``floor``        stock UPSERT_CHECKPOINTS_SQL
-* ``guard``        the package's GUARDED_UPSERT_CHECKPOINT_SQL (durable_put_guard)
+* ``guard``        the previous release's guard (``WHERE durable_put_guard(...)``, plpgsql)
+* ``new``          the package's GUARDED_UPSERT_CHECKPOINT_SQL (inline guard, sql.checkpoints._GUARD)
 * ``noop``         ``WHERE f()`` with a plpgsql f() returning true: the call alone
 * ``share``        plpgsql: FOR SHARE row lock + token/owner check, no order check
 * ``order``        plpgsql: the order check alone
@@ -39,6 +40,11 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from langgraph_durable import DurablePostgresSaver
+from langgraph_durable.sql.checkpoints import (
+    GUARDED_UPSERT_CHECKPOINT_SQL,
+    GUARDED_UPSERT_WRITE_SQL,
+)
+from langgraph_durable.sql.checkpoints import guard_params as package_guard_params
 
 FUNCS = {
     "noop": """CREATE OR REPLACE FUNCTION bg_noop(p_thread text, p_token bigint, p_owner text,
@@ -154,7 +160,7 @@ _SQL_SHARE_EXISTS = ("CASE WHEN NOT EXISTS (SELECT 1 FROM durable_threads WHERE 
 
 
 def variants() -> list[str]:
-    return ["floor", "guard", "noop", "share", "keyshare", "order", "exists", "share+exists", "adv", "adv+order", "adv+exists", "sql-adv",
+    return ["floor", "guard", "new", "noop", "share", "keyshare", "order", "exists", "share+exists", "adv", "adv+order", "adv+exists", "sql-adv",
             "sql-share", "sql-share+exists"]
 
 
@@ -163,6 +169,8 @@ def cp_sql(v: str) -> str:
         return UPSERT_CHECKPOINTS_SQL
     if v == "guard":
         return _CP_INSERT.format(where="durable_put_guard(%s, %s::bigint, %s, false, %s, %s)")
+    if v == "new":
+        return GUARDED_UPSERT_CHECKPOINT_SQL["lease"]
     if v == "sql-adv":
         return _CP_INSERT.format(where=_SQL_ADV)
     if v == "sql-share":
@@ -177,6 +185,8 @@ def w_sql(v: str) -> str:
         return UPSERT_CHECKPOINT_WRITES_SQL
     if v == "guard":
         return _W_INSERT.format(where="durable_put_guard(%s, %s::bigint, %s, false, %s, %s)")
+    if v == "new":
+        return GUARDED_UPSERT_WRITE_SQL["lease"]
     if v == "sql-adv":
         return _W_INSERT.format(where=_SQL_ADV)
     if v == "sql-share":
@@ -189,6 +199,8 @@ def w_sql(v: str) -> str:
 def guard_params(v: str, thread: str, ns: str | None, cid: str | None) -> tuple[Any, ...]:
     if v == "floor":
         return ()
+    if v == "new":
+        return package_guard_params("lease", thread, 1, "bench-owner", ns, cid)
     if v == "sql-adv":
         return (thread, thread, 1, "bench-owner", thread)
     if v == "sql-share":

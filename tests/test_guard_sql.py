@@ -17,6 +17,7 @@ from langgraph_durable.sql.checkpoints import (
     GUARDED_UPSERT_CHECKPOINT_SQL,
     GUARDED_UPSERT_WRITE_SQL,
     ORDER_SKEW_STATE,
+    GuardMode,
     guard_params,
 )
 from langgraph_durable.sql.threads import FENCE_BUSY_STATE, FENCE_LOST_STATE, LEASE_ACQUIRE_SQL
@@ -27,12 +28,14 @@ def _put(
     token: int | None = None, owner: str | None = None, foreign: bool = False,
 ) -> None:
     row = (thread, ns, cid, None, Jsonb({"id": cid}), Jsonb({}))
-    conn.execute(GUARDED_UPSERT_CHECKPOINT_SQL, (*row, *guard_params(thread, token, owner, foreign, ns, cid)))
+    mode: GuardMode = "lease" if owner is not None else "foreign" if foreign else "none"
+    params = guard_params(mode, thread, token, owner, ns, cid)
+    conn.execute(GUARDED_UPSERT_CHECKPOINT_SQL[mode], (*row, *params))
 
 
 def _write(conn: psycopg.Connection[Any], thread: str, cid: str, *, token: int, owner: str) -> None:
     row = (thread, "", cid, "task", "", 0, "ch", "msgpack", b"\x01")
-    conn.execute(GUARDED_UPSERT_WRITE_SQL, (*row, *guard_params(thread, token, owner, False, None, None)))
+    conn.execute(GUARDED_UPSERT_WRITE_SQL["lease"], (*row, *guard_params("lease", thread, token, owner, None, None)))
 
 
 def _lease(conn: psycopg.Connection[Any], thread: str, owner: str, *, ttl: float = 60.0) -> int:
@@ -61,10 +64,10 @@ def test_inline_order_rule_is_durable_put_guards(dsn: str) -> None:
         _put(conn, "g-order", "a", ns="child")  # another namespace has its own head
         cases = [("e", ""), ("d", ""), ("b", ""), ("c", ""), ("a", ""), ("b", "child"), ("a", "x")]
         for cid, ns in cases:
-            old = _sqlstate(lambda: conn.execute(
+            old = _sqlstate(lambda cid=cid, ns=ns: conn.execute(
                 "SELECT durable_put_guard('g-order', NULL, NULL, false, %s, %s)", (ns, cid)))
             with conn.transaction(force_rollback=True):
-                new = _sqlstate(lambda: _put(conn, "g-order", cid, ns=ns))
+                new = _sqlstate(lambda cid=cid, ns=ns: _put(conn, "g-order", cid, ns=ns))
             assert new == old, (cid, ns)
         assert _sqlstate(lambda: _put(conn, "g-order", "c")) == ORDER_SKEW_STATE
         with pytest.raises(psycopg.Error) as info:
