@@ -286,6 +286,7 @@ DURABLE_FUNCTIONS = (
     "durable_root_deleted()",
     "durable_root_moved()",
     "durable_root_truncated()",
+    "durable_guard_fail(text, text, bigint, text, text)",
 )
 DURABLE_INDEXES = ("durable_checkpoints_run_idx",)  # on the stock checkpoints table
 # On the stock checkpoints table too (they keep durable_threads.has_root honest): dropped

@@ -32,6 +32,7 @@ FUNCTIONS = (
     "durable_foreign_lease(text)",
     "durable_checkpoint_order(text, text, text)",
     "durable_put_guard(text, bigint, text, boolean, text, text)",
+    "durable_guard_fail(text, text, bigint, text, text)",
 )
 
 

@@ -162,7 +162,10 @@ def test_put_under_a_lost_lease_raises_lease_lost(lease: Lease) -> None:
         driver.run_op(_put(saver))
     assert lease.lost
     sql, params = driver.statements[-1]
-    assert (THREAD, 7, "me:1") == tuple(params[-6:-3])  # the put carries the run's fence
+    # The put carries the run's fence: the lease check's thread, token, owner, then the
+    # order check's 9 parameters (guard_params).
+    assert "durable_guard_fail('lost'" in sql
+    assert (THREAD, 7, "me:1") == tuple(params[-14:-11])
     with pytest.raises(LeaseLostError):
         ScriptedDriver().run_op(_put(saver))  # lost: refused before any statement
 
@@ -175,7 +178,9 @@ def test_put_into_a_thread_leased_elsewhere_raises_busy() -> None:
         driver.run_op(_put(saver))
     assert "other:9" in str(info.value)
     sql, params = driver.statements[-1]
-    assert params[-6:-3] == (THREAD, None, None)  # no lease of ours: the foreign-lease check
+    # No lease of ours: no lease check, the foreign-lease check (thread twice), the order check.
+    assert "durable_guard_fail('busy'" in sql and "durable_guard_fail('lost'" not in sql
+    assert tuple(params[-11:-9]) == (THREAD, THREAD)
 
 
 def test_put_with_a_held_lease_commits_and_returns_its_config(lease: Lease) -> None:

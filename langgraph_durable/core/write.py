@@ -318,7 +318,7 @@ class WriteOps(WriteView):
         _values.check_ids(thread_id, checkpoint_ns, parent_id)
         where = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint["id"]}
         copy, blob_rows, artifacts = self._put_values(checkpoint, new_versions, where)
-        guard, lease = self._guard(thread_id, config, checkpoint_ns, checkpoint["id"])
+        mode, guard, lease = self._guard(thread_id, config, checkpoint_ns, checkpoint["id"])
         md = self._stamp(config, metadata, lease)
         cp_json, md_json = self._put_json(copy, md, where)
         _telemetry.checkpoint_bytes(cp_json, blob_rows)
@@ -335,10 +335,10 @@ class WriteOps(WriteView):
         if VERSION_KEY not in md and parent_id:
             # No version known (a write outside a run, e.g. update_state from a script):
             # inherit the parent's, so editing a thread never makes it "unversioned".
-            sql = GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL
+            sql = GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL[mode]
             row = (*row, thread_id, checkpoint_ns, parent_id)
         else:
-            sql = GUARDED_UPSERT_CHECKPOINT_SQL
+            sql = GUARDED_UPSERT_CHECKPOINT_SQL[mode]
         stmts.append(Stmt(sql, (*row, *guard)))
         try:
             # The only batch: one pipeline, no BEGIN/COMMIT (_io._implicit).
@@ -411,19 +411,19 @@ class WriteOps(WriteView):
             else INSERT_CHECKPOINT_WRITES_SQL
         )
         rows, artifacts = self._write_rows(writes, task_id, task_path, where)
-        guard, lease = self._guard(thread_id, config, None, None)
+        mode, guard, lease = self._guard(thread_id, config, None, None)
         art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         stmts = list(art_stmts)
-        if lease is not None or self.leases_enabled:
+        if mode != "none":
             # The rows carry the guard (issue 14, see GUARDED_UPSERT_WRITE_SQL): it
             # runs before the first write row is inserted or locked. A step's few writes
             # all carry it (one executemany, as stock; re-checking a row this transaction
             # already locked is cheap); a large fan-out only its first row. leases=False:
             # no guard, the stock saver's statements exactly.
             guarded = (
-                GUARDED_UPSERT_WRITE_SQL
+                GUARDED_UPSERT_WRITE_SQL[mode]
                 if query is UPSERT_CHECKPOINT_WRITES_SQL
-                else GUARDED_INSERT_WRITE_SQL
+                else GUARDED_INSERT_WRITE_SQL[mode]
             )
             n = len(rows) if len(rows) <= _GUARD_EVERY_ROW else 1
             stmts.append(Stmt(guarded, [(*r, *guard) for r in rows[:n]], many=True))

@@ -20,7 +20,7 @@ from langgraph_durable.errors import (
     ThreadBusyError,
 )
 from langgraph_durable.leases.model import _RUN_LEASE, Lease
-from langgraph_durable.sql.checkpoints import ORDER_SKEW_STATE
+from langgraph_durable.sql.checkpoints import ORDER_SKEW_STATE, GuardMode, guard_params
 from langgraph_durable.sql.threads import (
     FENCE_BUSY_STATE,
     FENCE_LOST_STATE,
@@ -63,11 +63,12 @@ class FenceOps(FenceView):
 
     def _guard(
         self, thread_id: str, config: RunnableConfig, checkpoint_ns: str | None, checkpoint_id: str | None
-    ) -> tuple[tuple[Any, ...], Lease | None]:
-        """durable_put_guard's parameters for a put/put_writes (the fence folded into the
-        write's own statement, see GUARDED_UPSERT_CHECKPOINT_SQL) and the lease it
-        checks: the run's lease (same rule as ``_fence``), else the foreign-lease check
-        when leases are on, else none. ``checkpoint_id``: the order check (puts)."""
+    ) -> tuple[GuardMode, tuple[Any, ...], Lease | None]:
+        """The guard of a put/put_writes (the fence folded into the write's own
+        statement, see sql.checkpoints._guard): its mode (the statement text to use),
+        its parameters and the lease it checks. The run's lease (same rule as
+        ``_fence``), else the foreign-lease check when leases are on, else none.
+        ``checkpoint_id``: the order check (puts)."""
         lease = _RUN_LEASE.get()
         if lease is not None and (lease.released or lease.thread_id != thread_id):
             lease = None
@@ -77,8 +78,10 @@ class FenceOps(FenceView):
         if lease is not None:
             if lease.lost:
                 raise LeaseLostError(thread_id, lease.token)
-            return (thread_id, lease.token, lease.owner, False, checkpoint_ns, checkpoint_id), lease
-        return (thread_id, None, None, self.leases_enabled, checkpoint_ns, checkpoint_id), None
+            params = guard_params("lease", thread_id, lease.token, lease.owner, checkpoint_ns, checkpoint_id)
+            return "lease", params, lease
+        mode: GuardMode = "foreign" if self.leases_enabled else "none"
+        return mode, guard_params(mode, thread_id, None, None, checkpoint_ns, checkpoint_id), None
 
     @_telemetry.instrument("fence_error")
     def _fence_error(self, thread_id: str, lease: Lease | None, exc: BaseException) -> DurableError | None:
@@ -97,7 +100,7 @@ class FenceOps(FenceView):
     def _order_error(
         thread_id: str, checkpoint_ns: str, checkpoint_id: str, exc: BaseException
     ) -> DurableError | None:
-        """ClockSkewError for a put refused by durable_checkpoint_order (else None). The
+        """ClockSkewError for a put refused by the order check (LGD03, else None). The
         id clock is moved past the head first, so the caller's retry is ordered."""
         if getattr(exc, "sqlstate", None) != ORDER_SKEW_STATE:
             return None

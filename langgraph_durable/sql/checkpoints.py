@@ -4,56 +4,123 @@ and copy, ``delete_for_runs``."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from psycopg import sql
 
 from langgraph_durable.sql.schema import STOCK_THREAD_TABLES, THREAD_TABLES
 
-# A put's checkpoint id would sort before its thread's head (the order check, inlined in
-# durable_put_guard; durable_checkpoint_order is the older stand-alone function).
+# A put's checkpoint id would sort before its thread's head (the order check of _GUARD;
+# durable_put_guard and durable_checkpoint_order are the older functions).
 ORDER_SKEW_STATE = "LGD03"
 
-# A put's checkpoint upsert and the first row of a put_writes with their guard
-# (durable_put_guard: fence or foreign-lease check, order check) folded in: the guard
-# runs before the row is inserted, so a failing guard aborts the write's implicit
-# transaction and a passing one holds the thread row FOR SHARE before the row's own
-# lock (the order delete_thread and migrations take them in). Same columns and ON
-# CONFLICT actions as the stock UPSERT_CHECKPOINTS_SQL / UPSERT_CHECKPOINT_WRITES_SQL
-# / INSERT_CHECKPOINT_WRITES_SQL. Guard parameters last: thread, token, owner,
-# foreign, ns, id (see durable_put_guard).
-GUARDED_UPSERT_CHECKPOINT_SQL = """
+# The guard of a write (issue 14), inline SQL evaluated once, before the row is inserted
+# or locked (a one-time filter: it names only parameters). A CASE of the checks that
+# apply, in this order:
+# * lease (a run's write): the thread's row with this token and owner, locked FOR SHARE
+#   (a takeover, release, delete or migration updates or locks the row exclusively: it
+#   waits for this write's commit; a write arriving after it waits for it, re-reads the
+#   row and fails); missing: LGD01, lease lost.
+# * foreign (outside a run, leases on): anyone's live lease: LGD02, busy.
+# * order (puts): refused when a checkpoint of the thread and namespace sorts after this
+#   one and this one is not stored (a re-put): LGD03, the clock-skew check. Asked as "is
+#   any id after mine?", a forward probe of the primary key that touches no heap row
+#   when the answer is no, instead of fetching the head row.
+# One statement text per combination, never a check switched off by a NULL parameter:
+# PostgreSQL would fold that away in custom plans, find them cheaper than the generic
+# plan and plan the statement again on every execution (measured: 2x the server time
+# of a put_writes). The predicates, lock and SQLSTATEs are durable_put_guard's (which
+# writers of earlier releases still call: the same lock, so a mixed fleet keeps the
+# fence); plpgsql runs only to raise (durable_guard_fail). Parameters: guard_params.
+GuardMode = Literal["lease", "foreign", "none"]
+_GUARD_LEASE = """
+    WHEN NOT EXISTS (
+        SELECT 1 FROM durable_threads
+        WHERE thread_id = %s AND lease_token = %s::bigint AND lease_owner = %s FOR SHARE)
+    THEN durable_guard_fail('lost', %s, %s::bigint, NULL, NULL)"""
+_GUARD_FOREIGN = """
+    WHEN EXISTS (
+        SELECT 1 FROM durable_threads
+        WHERE thread_id = %s AND lease_owner IS NOT NULL AND lease_expires_at > now())
+    THEN durable_guard_fail('busy', %s, NULL, NULL, NULL)"""
+_GUARD_ORDER = """
+    WHEN EXISTS (
+        SELECT 1 FROM checkpoints
+        WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id > %s)
+      AND NOT EXISTS (
+        SELECT 1 FROM checkpoints
+        WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s)
+    THEN durable_guard_fail('order', %s, NULL, %s, %s)"""
+
+
+def _guard(mode: GuardMode, order: bool) -> str:
+    parts = {"lease": _GUARD_LEASE, "foreign": _GUARD_FOREIGN, "none": ""}[mode]
+    return f"CASE{parts}{_GUARD_ORDER if order else ''}\n    ELSE true END"
+
+
+def guard_params(
+    mode: GuardMode, thread: str, token: int | None, owner: str | None, ns: str | None, cid: str | None
+) -> tuple[object, ...]:
+    """The guard's parameters, in _guard's order; ``cid`` None: no order check (writes)."""
+    out: tuple[object, ...] = ()
+    if mode == "lease":
+        out = (thread, token, owner, thread, token)
+    elif mode == "foreign":
+        out = (thread, thread)
+    if cid is not None:
+        out = (*out, thread, ns, cid, thread, ns, cid, thread, ns, cid)
+    return out
+
+
+# A put's checkpoint upsert and the first rows of a put_writes with the guard folded in,
+# by guard mode: a failing guard aborts the write's implicit transaction; a passing one
+# holds the thread row FOR SHARE before the row's own lock (the order delete_thread and
+# migrations take them in). Same columns and ON CONFLICT actions as the stock
+# UPSERT_CHECKPOINTS_SQL / UPSERT_CHECKPOINT_WRITES_SQL / INSERT_CHECKPOINT_WRITES_SQL.
+# Guard parameters last (guard_params).
+_UPSERT_CHECKPOINT = """
 INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
 SELECT %s::text, %s::text, %s::text, %s::text, %s::jsonb, %s::jsonb
-WHERE durable_put_guard(%s, %s::bigint, %s, %s, %s, %s)
+WHERE {guard}
 ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
 DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
 """
 # The same for a put with no graph version known (update_state from a script): the
 # checkpoint inherits its parent's version (what versioning.INHERIT_VERSION_SQL did as
 # a separate statement). Extra parameters after the metadata: thread, ns, parent.
-GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL = """
+_UPSERT_CHECKPOINT_INHERIT = """
 INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
 SELECT %s::text, %s::text, %s::text, %s::text, %s::jsonb,
        %s::jsonb || COALESCE((SELECT jsonb_build_object('graph_version', p.metadata -> 'graph_version')
                               FROM checkpoints p
                               WHERE p.thread_id = %s AND p.checkpoint_ns = %s AND p.checkpoint_id = %s
-                                AND p.metadata ? 'graph_version'), '{}'::jsonb)
-WHERE durable_put_guard(%s, %s::bigint, %s, %s, %s, %s)
+                                AND p.metadata ? 'graph_version'), '{{}}'::jsonb)
+WHERE {guard}
 ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
 DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
 """
-GUARDED_UPSERT_WRITE_SQL = """
+_UPSERT_WRITE = """
 INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
 SELECT %s::text, %s::text, %s::text, %s::text, %s::text, %s::integer, %s::text, %s::text, %s::bytea
-WHERE durable_put_guard(%s, %s::bigint, %s, %s, %s, %s)
+WHERE {guard}
 ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
     channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob
 """
-GUARDED_INSERT_WRITE_SQL = """
+_INSERT_WRITE = """
 INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
 SELECT %s::text, %s::text, %s::text, %s::text, %s::text, %s::integer, %s::text, %s::text, %s::bytea
-WHERE durable_put_guard(%s, %s::bigint, %s, %s, %s, %s)
+WHERE {guard}
 ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
 """
+_MODES: tuple[GuardMode, ...] = ("lease", "foreign", "none")
+GUARDED_UPSERT_CHECKPOINT_SQL = {m: _UPSERT_CHECKPOINT.format(guard=_guard(m, True)) for m in _MODES}
+GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL = {
+    m: _UPSERT_CHECKPOINT_INHERIT.format(guard=_guard(m, True)) for m in _MODES
+}
+# put_writes is guarded only with a lease check or a foreign-lease check (leases=False:
+# the stock statements).
+GUARDED_UPSERT_WRITE_SQL = {m: _UPSERT_WRITE.format(guard=_guard(m, False)) for m in _MODES[:2]}
+GUARDED_INSERT_WRITE_SQL = {m: _INSERT_WRITE.format(guard=_guard(m, False)) for m in _MODES[:2]}
 
 
 DELETE_THREAD_EXTRA_SQL = tuple(

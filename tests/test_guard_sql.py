@@ -1,0 +1,144 @@
+"""The write guard as inline SQL (issue 14, sql.checkpoints._GUARD): the same order rule
+as durable_put_guard, and the same lock protocol against a takeover, in both orders of
+the race (the guarded write first: the takeover waits; the takeover first: the write
+waits, then fails and writes nothing)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from langgraph_durable.sql.checkpoints import (
+    GUARDED_UPSERT_CHECKPOINT_SQL,
+    GUARDED_UPSERT_WRITE_SQL,
+    ORDER_SKEW_STATE,
+    GuardMode,
+    guard_params,
+)
+from langgraph_durable.sql.threads import FENCE_BUSY_STATE, FENCE_LOST_STATE, LEASE_ACQUIRE_SQL
+
+
+def _put(
+    conn: psycopg.Connection[Any], thread: str, cid: str, *, ns: str = "",
+    token: int | None = None, owner: str | None = None, foreign: bool = False,
+) -> None:
+    row = (thread, ns, cid, None, Jsonb({"id": cid}), Jsonb({}))
+    mode: GuardMode = "lease" if owner is not None else "foreign" if foreign else "none"
+    params = guard_params(mode, thread, token, owner, ns, cid)
+    conn.execute(GUARDED_UPSERT_CHECKPOINT_SQL[mode], (*row, *params))
+
+
+def _write(conn: psycopg.Connection[Any], thread: str, cid: str, *, token: int, owner: str) -> None:
+    row = (thread, "", cid, "task", "", 0, "ch", "msgpack", b"\x01")
+    conn.execute(GUARDED_UPSERT_WRITE_SQL["lease"], (*row, *guard_params("lease", thread, token, owner, None, None)))
+
+
+def _lease(conn: psycopg.Connection[Any], thread: str, owner: str, *, ttl: float = 60.0) -> int:
+    row = conn.execute(
+        LEASE_ACQUIRE_SQL,
+        {"thread_id": thread, "owner": owner, "version": None, "ttl": ttl, "checkpoint_id": None,
+         "dead_owner": None, "claim_owner": None, "claim_token": None},
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _sqlstate(fn: Any) -> str | None:
+    try:
+        fn()
+    except psycopg.Error as exc:
+        return exc.sqlstate
+    return None
+
+
+def test_inline_order_rule_is_durable_put_guards(dsn: str) -> None:
+    """Every case of the order rule gives the same answer inline and in plpgsql."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for cid in ("b", "d"):
+            _put(conn, "g-order", cid)
+        _put(conn, "g-order", "a", ns="child")  # another namespace has its own head
+        cases = [("e", ""), ("d", ""), ("b", ""), ("c", ""), ("a", ""), ("b", "child"), ("a", "x")]
+        for cid, ns in cases:
+            old = _sqlstate(lambda cid=cid, ns=ns: conn.execute(
+                "SELECT durable_put_guard('g-order', NULL, NULL, false, %s, %s)", (ns, cid)))
+            with conn.transaction(force_rollback=True):
+                new = _sqlstate(lambda cid=cid, ns=ns: _put(conn, "g-order", cid, ns=ns))
+            assert new == old, (cid, ns)
+        assert _sqlstate(lambda: _put(conn, "g-order", "c")) == ORDER_SKEW_STATE
+        with pytest.raises(psycopg.Error) as info:
+            _put(conn, "g-order", "c")
+        assert info.value.diag.message_detail == '{"head" : "d"}'
+
+
+def test_inline_lease_and_busy_checks(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        token = _lease(conn, "g-lease", "me")
+        _put(conn, "g-lease", "a", token=token, owner="me")
+        _write(conn, "g-lease", "a", token=token, owner="me")
+        assert _sqlstate(lambda: _put(conn, "g-lease", "b", token=token + 1, owner="me")) == FENCE_LOST_STATE
+        assert _sqlstate(lambda: _write(conn, "g-lease", "a", token=token, owner="you")) == FENCE_LOST_STATE
+        with pytest.raises(psycopg.Error) as info:
+            _put(conn, "g-lease", "b", foreign=True)  # outside the run, the lease is live
+        assert info.value.sqlstate == FENCE_BUSY_STATE
+        assert '"owner" : "me"' in (info.value.diag.message_detail or "")
+        ids = [r[0] for r in conn.execute(
+            "SELECT checkpoint_id FROM checkpoints WHERE thread_id = 'g-lease' ORDER BY 1")]
+        assert ids == ["a"]
+
+
+def test_takeover_waits_for_an_in_flight_guarded_write(dsn: str) -> None:
+    """The zombie's write passed its guard and is still open: the takeover blocks until
+    it commits (the write lands before the new lease), and the zombie's next write fails."""
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        token = _lease(setup, "g-race1", "zombie", ttl=0.01)
+    time.sleep(0.05)  # the zombie's lease expired: anyone may take over
+    with psycopg.connect(dsn) as zombie, psycopg.connect(dsn, autocommit=True) as taker:
+        _put(zombie, "g-race1", "a", token=token, owner="zombie")  # open transaction
+        done: list[int] = []
+        t = threading.Thread(target=lambda: done.append(_lease(taker, "g-race1", "new")))
+        t.start()
+        t.join(0.5)
+        assert t.is_alive() and not done, "the takeover did not wait for the in-flight write"
+        zombie.commit()
+        t.join(10)
+        assert done == [token + 1]
+        assert _sqlstate(lambda: _put(zombie, "g-race1", "b", token=token, owner="zombie")) == FENCE_LOST_STATE
+        zombie.rollback()
+        rows = [r[0] for r in taker.execute("SELECT checkpoint_id FROM checkpoints WHERE thread_id = 'g-race1'")]
+        assert rows == ["a"]
+
+
+@pytest.mark.parametrize("kind", ["put", "put_writes"])
+def test_write_behind_an_open_takeover_fails_and_writes_nothing(dsn: str, kind: str) -> None:
+    """The takeover is in flight (row updated, not committed) when the zombie writes:
+    the write waits for it, re-reads the row once it commits (the statement's snapshot
+    is older) and fails: no checkpoint or write of the zombie commits after the acquire."""
+    thread = f"g-race2-{kind}"
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        token = _lease(setup, thread, "zombie", ttl=0.01)
+    time.sleep(0.05)
+    with psycopg.connect(dsn) as taker, psycopg.connect(dsn, autocommit=True) as zombie:
+        assert _lease(taker, thread, "new") == token + 1  # open transaction
+        if kind == "put":
+            def fn() -> None:
+                _put(zombie, thread, "z", token=token, owner="zombie")
+        else:
+            def fn() -> None:
+                _write(zombie, thread, "z", token=token, owner="zombie")
+        got: list[str | None] = []
+        t = threading.Thread(target=lambda: got.append(_sqlstate(fn)))
+        t.start()
+        t.join(0.5)
+        assert t.is_alive(), "the write did not wait for the takeover"
+        taker.commit()
+        t.join(10)
+        assert got == [FENCE_LOST_STATE]
+        n = zombie.execute(
+            "SELECT (SELECT count(*) FROM checkpoints WHERE thread_id = %(t)s)"
+            " + (SELECT count(*) FROM checkpoint_writes WHERE thread_id = %(t)s)", {"t": thread}).fetchone()
+        assert n == (0,)
