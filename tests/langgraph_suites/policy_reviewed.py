@@ -1,0 +1,4 @@
+"""placeholder"""
+from policy_review import Site
+
+REVIEWED: list[Site] = []

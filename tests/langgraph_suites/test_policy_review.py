@@ -1,0 +1,83 @@
+"""run.py's judgement of the policy run (policy_review.py) and the reviewed list itself.
+
+No database: the judgement is a function of the failure records suite_plugin writes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from policy_review import KINDS, Review, Site, digest
+from policy_reviewed import REVIEWED
+
+STMT = "    assert len(history) == \\\n        5"
+SITE = Site("tests/test_x.py", "test_h", digest(STMT), 12, "assert len(history) == 5",
+            "history-length", "counts stored checkpoints", tests=("tests/test_x.py::test_h[*]",))
+TID = "tests/test_x.py::test_h[postgres]"
+
+
+def _record(**over: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "nodeid": TID, "when": "call", "exc_type": "builtins.AssertionError", "assertion": True,
+        "site": {"file": "tests/test_x.py", "line": 30, "function": "test_h", "statement": STMT},
+        "raised_at_site": True, "message": "assert 3 == 5",
+    }
+    record.update(over)
+    return record
+
+
+def test_a_reviewed_assertion_is_accepted_wherever_its_line_moved() -> None:
+    # Line 30, reviewed at 12, re-indented: the key is file, function and the statement text.
+    moved = _record(site={"file": "tests/test_x.py", "line": 30, "function": "test_h",
+                          "statement": "assert len(history) == 5"})
+    verdict = Review([SITE]).judge(TID, "passed", "failed", [moved])
+    assert verdict.accepted and verdict.site is SITE
+
+
+@pytest.mark.parametrize(
+    ("record", "stock", "policy", "why"),
+    [
+        (_record(exc_type="langgraph_durable.errors.ClockSkewError", assertion=False), "passed", "failed",
+         "not an AssertionError"),
+        (_record(exc_type="builtins.IndexError", assertion=False), "passed", "failed", "not an AssertionError"),
+        (_record(raised_at_site=False), "passed", "failed", "raised below the suite's code"),
+        (_record(site={"file": "tests/test_x.py", "line": 31, "function": "test_h",
+                       "statement": "assert state.values == {'x': 1}"}), "passed", "failed", "unreviewed site"),
+        (_record(site={"file": "tests/test_x.py", "line": 30, "function": "test_other",
+                       "statement": STMT}), "passed", "failed", "unreviewed site"),
+        (_record(when="teardown"), "passed", "failed", "failed in teardown"),
+        (_record(when="setup"), "passed", "error", "only a failed call"),
+        (_record(), "skipped", "failed", "only a failed call"),
+        (_record(), "passed", "absent", "only a failed call"),
+    ],
+)
+def test_anything_else_fails_the_run(record: dict[str, Any], stock: str, policy: str, why: str) -> None:
+    verdict = Review([SITE]).judge(TID, stock, policy, [record])
+    assert not verdict.accepted and why in verdict.why
+
+
+def test_a_setup_error_beside_a_reviewed_call_failure_is_not_accepted() -> None:
+    verdict = Review([SITE]).judge(TID, "passed", "failed", [_record(), _record(when="teardown")])
+    assert not verdict.accepted and "teardown" in verdict.why
+
+
+def test_a_reviewed_site_covers_only_its_tests() -> None:
+    verdict = Review([SITE]).judge("tests/test_x.py::test_other", "passed", "failed",
+                                   [_record(nodeid="tests/test_x.py::test_other")])
+    assert not verdict.accepted and "not reviewed for this test" in verdict.why
+
+
+def test_no_record_is_not_accepted() -> None:
+    assert not Review([SITE]).judge(TID, "passed", "failed", []).accepted
+
+
+def test_the_reviewed_list_is_well_formed() -> None:
+    Review(REVIEWED)  # unique keys, known kinds
+    for site in REVIEWED:
+        assert site.kind in KINDS and len(site.reason) > 20, site
+        assert site.file.startswith("tests/") and site.tests, site
