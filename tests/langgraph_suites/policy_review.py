@@ -75,6 +75,10 @@ class Site:
     kind: str  # a key of KINDS
     reason: str  # why this assertion reads the stored history only
     tests: tuple[str, ...] = ("*",)  # test ids that may fail here (``*`` is the wildcard)
+    # The exceptions this statement may raise (builtins, by name). Besides a failed
+    # ``assert``: a lookup in the stored history that finds nothing (``next(...)`` raises
+    # StopIteration, ``[...][0]`` IndexError, a loop that never assigns UnboundLocalError).
+    exceptions: tuple[str, ...] = ("AssertionError",)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -140,26 +144,42 @@ class Review:
         r = calls[-1]
         site = r.get("site")
         where = f"{site['file']}:{site['line']} in {site['function']}" if site else "no frame of the suite"
-        if not r.get("assertion"):
-            return Verdict(False, f"{r.get('exc_type')} at {where} (not an AssertionError: "
-                           f"a real defect until shown otherwise): {r.get('message', '')[:160]}", record=r)
+        exc = effective_exception(r)
         if not site or not r.get("raised_at_site"):
-            return Verdict(False, f"AssertionError raised below the suite's code (in LangGraph, "
-                           f"the saver or a library; last suite frame {where}): "
-                           f"{r.get('message', '')[:160]}", record=r)
+            return Verdict(False, f"{exc} raised below the suite's code (in LangGraph, the saver or "
+                           f"a library; last suite frame {where}): {r.get('message', '')[:160]}", record=r)
         key = (site["file"], site["function"], digest(site["statement"]))
         reviewed = self.by_key.get(key)
         if reviewed is None:
+            if exc != "AssertionError":
+                return Verdict(False, f"{exc} at {where} (not an AssertionError, and not a reviewed "
+                               f"site: a real defect until shown otherwise): {r.get('message', '')[:160]}",
+                               key=key, record=r)
             return Verdict(False, f"unreviewed site {where}: {normalise(site['statement'])[:160]}",
                            key=key, record=r)
+        if exc not in reviewed.exceptions:
+            return Verdict(False, f"{exc} at reviewed site {where}, which is reviewed for "
+                           f"{', '.join(reviewed.exceptions)} only: {r.get('message', '')[:160]}", reviewed, key, r)
         if not reviewed.covers(tid):
             return Verdict(False, f"reviewed site {where} is not reviewed for this test", reviewed, key, r)
         return Verdict(True, reviewed.kind, reviewed, key, r)
 
 
+def effective_exception(record: dict[str, Any]) -> str:
+    """The exception's name as REVIEWED lists it: builtins by bare name, others qualified;
+    the RuntimeError Python raises for a StopIteration leaving a coroutine is that
+    StopIteration (an async test's ``next(...)`` over the stored history)."""
+    name = str(record.get("exc_type") or "?")
+    if name == "builtins.RuntimeError" and record.get("cause_type") == "builtins.StopIteration":
+        name = "builtins.StopIteration"
+    return name.removeprefix("builtins.")
+
+
 def entry_for(record: dict[str, Any]) -> str:
     """A REVIEWED entry to fill in for an unreviewed site (printed by run.py)."""
     site = record["site"]
-    first = normalise(site["statement"].strip().splitlines()[0]) if site["statement"].strip() else ""
+    first = site["statement"].strip().splitlines()[0].strip() if site["statement"].strip() else ""
+    exc = effective_exception(record)
+    extra = "" if exc == "AssertionError" else f', exceptions=("{exc}",)'
     return (f'Site("{site["file"]}", "{site["function"]}", "{digest(site["statement"])}", {site["line"]},\n'
-            f'     {first[:100]!r},\n     "<kind>", "<why this reads the stored history only>"),')
+            f'     {first[:100]!r},\n     "<kind>", "<why this reads the stored history only>"{extra}),')

@@ -562,10 +562,13 @@ def _failure_record(item: pytest.Item, call: pytest.CallInfo[None], when: str) -
                 "statement": statement}
         innermost_is_site = True
     exc = excinfo.value
+    cause = exc.__cause__ or exc.__context__
     return {
         "nodeid": item.nodeid,
         "when": when,
         "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        # e.g. StopIteration for the RuntimeError "coroutine raised StopIteration"
+        "cause_type": f"{type(cause).__module__}.{type(cause).__qualname__}" if cause is not None else None,
         "assertion": isinstance(exc, AssertionError),
         "site": site,
         "raised_at_site": innermost_is_site,

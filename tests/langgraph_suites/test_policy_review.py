@@ -43,8 +43,12 @@ def test_a_reviewed_assertion_is_accepted_wherever_its_line_moved() -> None:
     ("record", "stock", "policy", "why"),
     [
         (_record(exc_type="langgraph_durable.errors.ClockSkewError", assertion=False), "passed", "failed",
-         "not an AssertionError"),
-        (_record(exc_type="builtins.IndexError", assertion=False), "passed", "failed", "not an AssertionError"),
+         "reviewed for AssertionError only"),
+        (_record(exc_type="builtins.IndexError", assertion=False), "passed", "failed",
+         "reviewed for AssertionError only"),
+        (_record(exc_type="langgraph_durable.errors.ClockSkewError", assertion=False,
+                 site={"file": "tests/test_x.py", "line": 31, "function": "test_h", "statement": "graph.invoke(x)"}),
+         "passed", "failed", "not an AssertionError, and not a reviewed site"),
         (_record(raised_at_site=False), "passed", "failed", "raised below the suite's code"),
         (_record(site={"file": "tests/test_x.py", "line": 31, "function": "test_h",
                        "statement": "assert state.values == {'x': 1}"}), "passed", "failed", "unreviewed site"),
@@ -70,6 +74,27 @@ def test_a_reviewed_site_covers_only_its_tests() -> None:
     verdict = Review([SITE]).judge("tests/test_x.py::test_other", "passed", "failed",
                                    [_record(nodeid="tests/test_x.py::test_other")])
     assert not verdict.accepted and "not reviewed for this test" in verdict.why
+
+
+LOOKUP = "    before = next(s for s in history if s.next == ('b',))"
+LOOKUP_SITE = Site("tests/test_x.py", "test_h", digest(LOOKUP), 40, LOOKUP.strip(), "history-index",
+                   "looks a checkpoint up in the stored history", exceptions=("AssertionError", "StopIteration"))
+
+
+@pytest.mark.parametrize(
+    ("exc_type", "cause_type", "accepted"),
+    [
+        ("builtins.StopIteration", None, True),
+        # an async test: Python turns the StopIteration leaving a coroutine into this
+        ("builtins.RuntimeError", "builtins.StopIteration", True),
+        ("builtins.RuntimeError", None, False),
+        ("builtins.IndexError", None, False),
+    ],
+)
+def test_a_lookup_site_allows_the_exceptions_it_names(exc_type: str, cause_type: str | None, accepted: bool) -> None:
+    record = _record(exc_type=exc_type, cause_type=cause_type, assertion=False,
+                     site={"file": "tests/test_x.py", "line": 41, "function": "test_h", "statement": LOOKUP})
+    assert Review([LOOKUP_SITE]).judge(TID, "passed", "failed", [record]).accepted is accepted
 
 
 def test_no_record_is_not_accepted() -> None:
