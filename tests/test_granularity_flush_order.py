@@ -36,12 +36,14 @@ def _append(name: str) -> Any:
 
 
 class _Interleaving(DurablePostgresSaver):
-    """Holds the root's put of step 2 until the flush of step 1 starts, and that flush
-    until the put of step 2 commits (or 2 s)."""
+    """Holds the subgraph's writes until the put of step 1 (C1) has reached the saver, the
+    root's put of step 2 (C2) until the flush of C1 starts, and that flush until the put
+    of C2 commits (or 2 s)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.c1: str | None = None
+        self.c1_arrived = threading.Event()
         self.flush_started = threading.Event()
         self.c2_entered = threading.Event()
         self.c2_committed = threading.Event()
@@ -52,6 +54,10 @@ class _Interleaving(DurablePostgresSaver):
         step = (metadata or {}).get("step")
         if root and step == 1:
             self.c1 = checkpoint["id"]  # deferred when it arrives: flushed later
+            try:
+                return super().put(config, checkpoint, metadata, new_versions)
+            finally:
+                self.c1_arrived.set()
         if not (root and step == 2):
             return super().put(config, checkpoint, metadata, new_versions)
         # The background put of C2: not before the subgraph's flush of C1 has started.
@@ -61,6 +67,13 @@ class _Interleaving(DurablePostgresSaver):
             return super().put(config, checkpoint, metadata, new_versions)
         finally:
             self.c2_committed.set()
+
+    def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
+        if config["configurable"].get("checkpoint_ns"):
+            # The subgraph's writes flush what is deferred: C1, once its (background) put
+            # has reached the saver; under load it may still be on its way.
+            assert self.c1_arrived.wait(10), "the put of C1 never arrived"
+        super().put_writes(config, writes, task_id, task_path)
 
     def _op_put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
         if checkpoint["id"] == self.c1 and not self.flush_started.is_set():
