@@ -6,6 +6,7 @@
     python3 dev.py lint         # ruff + mypy + lint-imports (the layers contract)
     python3 dev.py test --long  # the hypothesis tests only, long profile (many examples)
     python3 dev.py suites       # LangGraph's own test suites, stock vs durable savers
+    python3 dev.py suites --policy  # ... and the durable savers with a checkpoint policy (CI)
     python3 dev.py test-oldest  # the oldest supported LangGraph: drop-in suites + LangGraph's suites
 
 ``demo``/``test``/``suites`` create ``.venv`` on first use and install the package with its
