@@ -541,10 +541,33 @@ def _failure_record(item: pytest.Item, call: pytest.CallInfo[None], when: str) -
     ``assert`` of theirs) or deeper (in LangGraph, the saver, a library)."""
     excinfo = call.excinfo
     assert excinfo is not None
+    exc = excinfo.value
+    cause = exc.__cause__ or exc.__context__
+    site, innermost_is_site = _site(item, excinfo.traceback)
+    if site is None and isinstance(cause, StopIteration) and cause.__traceback__ is not None:
+        # An async test's next(...) that found nothing: Python raises RuntimeError("coroutine
+        # raised StopIteration") from the event loop's frame, with the StopIteration (and
+        # the test's frame) as its cause.
+        site, innermost_is_site = _site(item, pytest.ExceptionInfo.from_exception(cause).traceback)
+    return {
+        "nodeid": item.nodeid,
+        "when": when,
+        "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        # e.g. StopIteration for the RuntimeError "coroutine raised StopIteration"
+        "cause_type": f"{type(cause).__module__}.{type(cause).__qualname__}" if cause is not None else None,
+        "assertion": isinstance(exc, AssertionError),
+        "site": site,
+        "raised_at_site": innermost_is_site,
+        "message": str(exc)[:300],
+    }
+
+
+def _site(item: pytest.Item, traceback: Any) -> tuple[dict[str, Any] | None, bool]:
+    """The innermost frame of the suite's own code, and whether it is the innermost of all."""
     root = item.config.rootpath
     site: dict[str, Any] | None = None
     innermost_is_site = False
-    for entry in excinfo.traceback:
+    for entry in traceback:
         path = Path(str(entry.path))
         try:
             rel = path.resolve().relative_to(root)
@@ -561,19 +584,7 @@ def _failure_record(item: pytest.Item, call: pytest.CallInfo[None], when: str) -
         site = {"file": rel.as_posix(), "line": entry.lineno + 1, "function": entry.name,
                 "statement": statement}
         innermost_is_site = True
-    exc = excinfo.value
-    cause = exc.__cause__ or exc.__context__
-    return {
-        "nodeid": item.nodeid,
-        "when": when,
-        "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        # e.g. StopIteration for the RuntimeError "coroutine raised StopIteration"
-        "cause_type": f"{type(cause).__module__}.{type(cause).__qualname__}" if cause is not None else None,
-        "assertion": isinstance(exc, AssertionError),
-        "site": site,
-        "raised_at_site": innermost_is_site,
-        "message": str(exc)[:300],
-    }
+    return site, innermost_is_site
 
 
 @pytest.hookimpl(wrapper=True)
