@@ -106,3 +106,62 @@ def test_the_reviewed_list_is_well_formed() -> None:
     for site in REVIEWED:
         assert site.kind in KINDS and len(site.reason) > 20, site
         assert site.file.startswith("tests/") and site.tests, site
+
+
+TOY = '''
+import pytest
+
+def _check(history):
+    assert len(history) == 5
+
+def test_helper_assert():
+    _check([1, 2])
+
+def test_lookup():
+    history = [1]
+    before = next(s for s in history if s == 2)
+
+@pytest.mark.asyncio
+async def test_async_lookup():
+    history = [1]
+    before = next(s for s in history if s == 2)
+
+def test_below():
+    import json
+    json.loads("{")
+'''
+
+
+def test_the_plugin_records_type_and_site(tmp_path: Any) -> None:
+    """suite_plugin's --lgd-failures on a toy suite: the site is the innermost frame of the
+    suite's own code with its whole statement; an async test's StopIteration is sited by
+    its cause; an exception from a library is not raised at the site."""
+    import subprocess
+
+    from policy_review import effective_exception, load_failures
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_toy.py").write_text(TOY)
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {here!r})\n"
+        "from suite_plugin import pytest_addoption, pytest_runtest_makereport  # noqa: F401\n"
+    )
+    out = tmp_path / "failures"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--lgd-failures={out}",
+         "-o", "asyncio_mode=strict", "tests/test_toy.py"],
+        cwd=tmp_path, capture_output=True, check=False, timeout=120,
+    )
+    records = {tid.split("::")[1]: recs[0] for tid, recs in load_failures(out).items()}
+    assert set(records) == {"test_helper_assert", "test_lookup", "test_async_lookup", "test_below"}
+    helper = records["test_helper_assert"]
+    assert helper["site"]["function"] == "_check" and helper["raised_at_site"]
+    assert effective_exception(helper) == "AssertionError"
+    assert "assert len(history) == 5" in helper["site"]["statement"]
+    for name in ("test_lookup", "test_async_lookup"):
+        r = records[name]
+        assert effective_exception(r) == "StopIteration" and r["raised_at_site"], r
+        assert r["site"]["function"] == name and "next(s for s in history" in r["site"]["statement"]
+    below = records["test_below"]
+    assert effective_exception(below) == "json.decoder.JSONDecodeError" and not below["raised_at_site"]
