@@ -32,12 +32,14 @@ unchanged.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -428,6 +430,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "ReworkBudget(seconds=60) (issue 16: deferral must be invisible to the suites)",
     )
     group.addoption(
+        "--lgd-failures",
+        default=None,
+        help="append one JSON line per failed setup/call/teardown to this file (run.py "
+        "reads them: the exception type and the site, in their test code, where it was raised)",
+    )
+    group.addoption(
         "--lgd-db",
         choices=("reuse", "fresh"),
         default="reuse",
@@ -523,6 +531,76 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if durable:
             assert hasattr(mod, stock), f"{name} has no {stock}: suite changed"
             setattr(mod, stock, cls)
+
+
+# ---------------------------------------------------------------- failure sites
+def _failure_record(item: pytest.Item, call: pytest.CallInfo[None], when: str) -> dict[str, Any]:
+    """What run.py needs to judge a failure: the exception's type and the innermost frame
+    of the suite's own code (file under the rootdir's ``tests/``, function, the whole
+    statement's source, line), and whether the exception was raised right there (an
+    ``assert`` of theirs) or deeper (in LangGraph, the saver, a library)."""
+    excinfo = call.excinfo
+    assert excinfo is not None
+    exc = excinfo.value
+    cause = exc.__cause__ or exc.__context__
+    site, innermost_is_site = _site(item, excinfo.traceback)
+    if site is None and isinstance(cause, StopIteration) and cause.__traceback__ is not None:
+        # An async test's next(...) that found nothing: Python raises RuntimeError("coroutine
+        # raised StopIteration") from the event loop's frame, with the StopIteration (and
+        # the test's frame) as its cause.
+        site, innermost_is_site = _site(item, pytest.ExceptionInfo.from_exception(cause).traceback)
+    return {
+        "nodeid": item.nodeid,
+        "when": when,
+        "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        # e.g. StopIteration for the RuntimeError "coroutine raised StopIteration"
+        "cause_type": f"{type(cause).__module__}.{type(cause).__qualname__}" if cause is not None else None,
+        "assertion": isinstance(exc, AssertionError),
+        "site": site,
+        "raised_at_site": innermost_is_site,
+        "message": str(exc)[:300],
+    }
+
+
+def _site(item: pytest.Item, traceback: Any) -> tuple[dict[str, Any] | None, bool]:
+    """The innermost frame of the suite's own code, and whether it is the innermost of all."""
+    root = item.config.rootpath
+    site: dict[str, Any] | None = None
+    innermost_is_site = False
+    for entry in traceback:
+        path = Path(str(entry.path))
+        try:
+            rel = path.resolve().relative_to(root)
+        except ValueError:
+            innermost_is_site = False
+            continue
+        if rel.parts[:1] != ("tests",):
+            innermost_is_site = False
+            continue
+        try:
+            statement = str(entry.statement)
+        except Exception:  # source unavailable: still record the line
+            statement = ""
+        site = {"file": rel.as_posix(), "line": entry.lineno + 1, "function": entry.name,
+                "statement": statement}
+        innermost_is_site = True
+    return site, innermost_is_site
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    path = item.config.getoption("--lgd-failures")
+    if path and report.failed and call.excinfo is not None:
+        try:
+            record = _failure_record(item, call, call.when)
+        except Exception as exc:  # never break their run over our bookkeeping
+            record = {"nodeid": item.nodeid, "when": call.when, "exc_type": "?", "assertion": False,
+                      "site": None, "raised_at_site": False, "message": f"lgd-suite: {exc!r}"}
+        # One file per xdist worker (``<path>.<worker>``): no two processes append to one.
+        with open(f"{path}.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+    return report
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
