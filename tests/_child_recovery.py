@@ -8,7 +8,8 @@ performs an effect (a plain, non-deduplicating insert into ``rec_effects``) and 
 Modes (DSN in $LGD_DSN; LGD_STEPS / LGD_SLEEP shape the pipeline):
   worker ARGS...              ``langgraph-durable worker --graph this_file:builder ARGS``
   run SAVER:THREAD...         start a run per thread at once (threads), input {"done": []}
-  resume SAVER THREAD T0      at wall time T0, ``invoke(None)`` the thread; print JSON
+  resume SAVER THREAD         print "ready", wait for a line on stdin, then
+                              ``invoke(None)`` the thread; print JSON
 SAVER is ``durable`` or ``stock`` (langgraph.checkpoint.postgres.PostgresSaver).
 """
 
@@ -193,10 +194,13 @@ def main(argv: list[str]) -> int:
                 w.join()
         return 0
     if mode == "resume":
-        kind, thread, t0 = argv[1], argv[2], float(argv[3])
+        kind, thread = argv[1], argv[2]
         with _saver(kind) as saver:
             graph = builder.compile(checkpointer=saver)
-            time.sleep(max(0.0, t0 - time.time()))
+            # The parent starts every child at once when all are ready (imported,
+            # connected): a fixed start time was missed under load by a slow import.
+            print("ready", flush=True)
+            sys.stdin.readline()
             try:
                 out = graph.invoke(None, {"configurable": {"thread_id": thread}})
                 print(json.dumps({"ok": True, "done": out["done"]}), flush=True)

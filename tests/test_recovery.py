@@ -134,15 +134,27 @@ def test_two_processes_resuming_a_crashed_thread(db: str, crashed: dict[str, str
     """Stock PostgresSaver: both processes run the crashed thread (every remaining effect
     twice). Durable saver: one runs it, the other gets ThreadBusyError."""
     wait_for(lambda: expired(db, crashed["durable"]), 30, "the crashed lease to expire")
-    t0 = time.time() + 4.0  # both children import langgraph first, then start together
     procs = [
         (kind, subprocess.Popen(
-            [sys.executable, CHILD, "resume", kind, crashed[kind], str(t0)],
-            env=child_env(db, LGD_SLEEP="0.3"), stdout=subprocess.PIPE, text=True,
+            [sys.executable, CHILD, "resume", kind, crashed[kind]],
+            # 1 s per node: the second stock child reads the same checkpoint before the
+            # first one's next step commits, even on a loaded machine.
+            env=child_env(db, LGD_SLEEP="1.0"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True,
         ))
         for kind in ("stock", "durable")
         for _ in range(2)
     ]
+    # All four imported and connected, then all started together (see the child).
+    for _, proc in procs:
+        assert proc.stdout is not None
+        while (line := proc.stdout.readline()) and line.strip() != "ready":
+            pass
+        assert line, "a child exited before it was ready"
+    for _, proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     results: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for kind, proc in procs:
         out, _ = proc.communicate(timeout=120)
