@@ -4,27 +4,58 @@ langgraph_durable/recovery.py."""
 
 RECOVERY_CLAIM_SQL = """
 WITH cand AS (
-    SELECT t.thread_id, t.prev_status, t.attempts, t.attempts_checkpoint_id,
+    SELECT l.thread_id, l.status AS prev_status, l.attempts, l.attempts_checkpoint_id,
            cp.checkpoint_id, cp.graph_version
     FROM (
-        -- The ready queue in claim order (durable_threads_ready_idx). OFFSET 0 keeps
-        -- it a subquery of its own: the latest-checkpoint probe below then runs per
-        -- thread in this order and the LIMIT stops at the first taker, instead of the
-        -- planner probing every candidate and sorting after (issue 14).
-        SELECT r.thread_id, r.status AS prev_status, r.attempts, r.attempts_checkpoint_id
-        FROM durable_threads r
-        WHERE r.status IN ('running', 'stopped', 'queued', 'error')
-          -- ... or a thread this very claim took already: its COMMIT's reply was lost
-          -- and the driver retried it (the retry takes it again, same token).
+        -- The ready queue in claim order: one ordered walk of durable_threads_claim_idx
+        -- (status, updated_at) per status, merged by updated_at (Merge Append), so a
+        -- poll reads only the statuses it may take and stops at the first taker; a
+        -- status it does not take is folded away at plan time. OFFSET 0 keeps it a
+        -- subquery of its own: the checkpoint probe below runs per thread in this order
+        -- and the LIMIT stops at the first taker. CLAIM_PLAN_SQL rules out the sorted
+        -- plans (issue 14). The UNION ALL sits in a FROM of its own and each branch
+        -- orders itself: only so are the branches planned as ordered walks that the
+        -- outer ORDER BY merges (a branch with quals is a subquery of its own, planned
+        -- for its own ORDER BY).
+        SELECT u.thread_id FROM (
+        (SELECT r.thread_id, r.updated_at FROM durable_threads r
+        WHERE r.status = 'running' AND 'running' = ANY(%(statuses)s)
           AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(owner)s)
-          AND (r.status = ANY(%(statuses)s)
-               OR (r.status = 'error' AND %(retry_errors)s
+          AND NOT (r.thread_id = ANY(%(skip)s))
+        ORDER BY r.updated_at)
+        UNION ALL
+        (SELECT r.thread_id, r.updated_at FROM durable_threads r
+        WHERE r.status = 'stopped' AND 'stopped' = ANY(%(statuses)s)
+          AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(owner)s)
+          AND NOT (r.thread_id = ANY(%(skip)s))
+        ORDER BY r.updated_at)
+        UNION ALL
+        (SELECT r.thread_id, r.updated_at FROM durable_threads r
+        WHERE r.status = 'queued' AND 'queued' = ANY(%(statuses)s)
+          AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(owner)s)
+          AND NOT (r.thread_id = ANY(%(skip)s))
+        ORDER BY r.updated_at)
+        UNION ALL
+        -- ... errors too when retried, once past their backoff (never less than
+        -- %(backoff)s: the range of the index walk; the per-thread backoff filters).
+        (SELECT r.thread_id, r.updated_at FROM durable_threads r
+        WHERE r.status = 'error'
+          AND ('error' = ANY(%(statuses)s)
+               OR (%(retry_errors)s
+                   AND r.updated_at < now() - make_interval(secs => %(backoff)s)
                    AND r.updated_at < now() - make_interval(secs => LEAST(
                        %(backoff)s * power(2, GREATEST(r.attempts - 1, 0)), %(max_backoff)s))))
+          AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(owner)s)
           AND NOT (r.thread_id = ANY(%(skip)s))
-        ORDER BY r.updated_at
+        ORDER BY r.updated_at)
+        ) u
+        ORDER BY u.updated_at
         OFFSET 0
     ) t
+    -- The row itself, locked (FOR UPDATE is not allowed over a UNION): under READ
+    -- COMMITTED a row changed since the walk read it is re-read and re-checked here,
+    -- so a thread another worker took or finished meanwhile is passed over.
+    JOIN durable_threads l ON l.thread_id = t.thread_id
     CROSS JOIN LATERAL (
         SELECT c.checkpoint_id, c.metadata ->> 'graph_version' AS graph_version
         FROM checkpoints c
@@ -32,11 +63,19 @@ WITH cand AS (
         ORDER BY c.checkpoint_id DESC
         LIMIT 1
     ) cp
-    WHERE (%(any_version)s
+    WHERE l.status IN ('running', 'stopped', 'queued', 'error')
+      -- ... or a thread this very claim took already: its COMMIT's reply was lost
+      -- and the driver retried it (the retry takes it again, same token).
+      AND (l.lease_owner IS NULL OR l.lease_expires_at < now() OR l.lease_owner = %(owner)s)
+      AND (l.status = ANY(%(statuses)s)
+           OR (l.status = 'error' AND %(retry_errors)s
+               AND l.updated_at < now() - make_interval(secs => LEAST(
+                   %(backoff)s * power(2, GREATEST(l.attempts - 1, 0)), %(max_backoff)s))))
+      AND (%(any_version)s
            OR cp.graph_version = ANY(%(versions)s)
            OR (cp.graph_version IS NULL AND %(adopt)s))
     LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
+    FOR UPDATE OF l SKIP LOCKED
 )
 UPDATE durable_threads AS t
 SET lease_owner = %(owner)s,
@@ -50,6 +89,25 @@ RETURNING t.thread_id, t.lease_token, cand.prev_status, cand.checkpoint_id, cand
 """
 
 JIT_OFF_SQL = "SELECT set_config('jit', 'off', true)"
+# The claim's plan, sent in the claim's own transaction (transaction-local: safe behind
+# PgBouncer transaction pooling, nothing leaks to the pooled session). jit off: the plan
+# stops at the first claimable thread (well under a millisecond); compiling it cost
+# 11-15 ms per poll. enable_sort / enable_bitmapscan off: the OFFSET 0 subquery is planned
+# for its total cost (the outer LIMIT is not seen through it), so once the backlog rows
+# have moved in the heap (every claim, renewal and release moves them; the correlation of
+# updated_at drops) the planner priced Bitmap Heap Scan + Sort of the whole backlog below
+# the ordered index walk, and a poll read and sorted all of it (34 ms at 100k threads,
+# 153 ms at 1M; issue 14). The ordered walk (Merge Append of durable_threads_claim_idx
+# per status) is the only plan that stops at the first taker, so it must not depend on
+# the statistics. The claim has no other sort to lose (the checkpoint probe reads
+# checkpoints_pkey backwards, the lock a primary-key probe).
+# enable_hashjoin / enable_mergejoin off: the lock on the thread row and the update are
+# primary-key probes of the few rows walked, never a join against the whole table.
+CLAIM_PLAN_SQL = (
+    "SELECT set_config('jit', 'off', true), set_config('enable_sort', 'off', true), "
+    "set_config('enable_bitmapscan', 'off', true), set_config('enable_hashjoin', 'off', true), "
+    "set_config('enable_mergejoin', 'off', true)"
+)
 # status_counts' plan: no JIT and no parallel workers. The orphan probe's estimate is
 # the whole backlog (has_root is NULL on most rows, uncorrelated with status for the
 # planner), so with workers allowed it splits a walk of the ready index between them

@@ -482,6 +482,14 @@ MIGRATIONS: list[str] = [
     # over the live ones, not a walk of the backlog's expired or never-taken rows.
     """CREATE INDEX IF NOT EXISTS durable_threads_leased_idx ON durable_threads (lease_expires_at)
         INCLUDE (status) WHERE lease_owner IS NOT NULL""",
+    # The ready queue by status (recovery.RECOVERY_CLAIM_SQL, issue 14): one ordered walk
+    # per status the poll takes, merged by updated_at, instead of one walk of every
+    # ready thread (a worker that takes only 'queued' read the whole backlog of running,
+    # stopped and error threads to find none). Replaces durable_threads_ready_idx, whose
+    # only reader was the claim.
+    """CREATE INDEX IF NOT EXISTS durable_threads_claim_idx ON durable_threads (status, updated_at)
+        WHERE status IN ('running', 'stopped', 'queued', 'error')""",
+    "DROP INDEX IF EXISTS durable_threads_ready_idx",
 ]
 
 # THE list of this package's tables keyed by thread (beside the stock checkpoints,
