@@ -7,49 +7,62 @@ WITH cand AS (
     SELECT l.thread_id, l.status AS prev_status, l.attempts, l.attempts_checkpoint_id,
            cp.checkpoint_id, cp.graph_version
     FROM (
-        -- The ready queue in claim order: one ordered walk of durable_threads_claim_idx
-        -- (status, updated_at) per status, merged by updated_at (Merge Append), so a
-        -- poll reads only the statuses it may take and stops at the first taker; a
-        -- status it does not take is folded away at plan time. OFFSET 0 keeps it a
-        -- subquery of its own: the checkpoint probe below runs per thread in this order
-        -- and the LIMIT stops at the first taker. CLAIM_PLAN_SQL rules out the sorted
-        -- plans (issue 14). The UNION ALL sits in a FROM of its own and each branch
-        -- orders itself: only so are the branches planned as ordered walks that the
-        -- outer ORDER BY merges (a branch with quals is a subquery of its own, planned
-        -- for its own ORDER BY).
-        SELECT u.thread_id FROM (
+        -- What a claim may take (issue 14), in the order a plain Append reads it: first
+        -- the leased threads it may take, found by lease (few, any order): an expired
+        -- lease (its worker died) by durable_threads_leased_idx, or one this very claim
+        -- took already (its COMMIT's reply was lost and the driver retried it: the
+        -- retry takes it again, same token) by durable_threads_owner_idx. The status
+        -- filter of these is the join's below.
+        SELECT e.thread_id FROM durable_threads e
+        WHERE e.lease_owner IS NOT NULL AND e.lease_expires_at < now()
+          AND e.status IN ('running', 'stopped', 'queued', 'error')
+          AND NOT (e.thread_id = ANY(%(skip)s))
+        UNION ALL
+        SELECT o.thread_id FROM durable_threads o
+        WHERE o.lease_owner = %(owner)s AND (o.lease_expires_at < now()) IS NOT TRUE
+          AND o.status IN ('running', 'stopped', 'queued', 'error')
+          AND NOT (o.thread_id = ANY(%(skip)s))
+        UNION ALL
+        -- Then the ready queue in claim order: one ordered walk of
+        -- durable_threads_claim_idx (status, updated_at; unleased threads only) per
+        -- status, merged by updated_at (Merge Append), so a poll reads only the statuses
+        -- it may take, never a live run's row, and stops at the first taker; a status
+        -- it does not take is folded away at plan time. CLAIM_PLAN_SQL rules out sorting
+        -- the queue instead. Each branch orders itself and the UNION ALL sits in a FROM
+        -- of its own: only so are the branches planned as ordered walks that the outer
+        -- ORDER BY merges (a branch with quals is a subquery planned for its own ORDER BY).
+        SELECT q.thread_id FROM (SELECT u.thread_id FROM (
         (SELECT r.thread_id, r.updated_at FROM durable_threads r
-        WHERE r.status = 'running' AND 'running' = ANY(%(statuses)s)
-          AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(owner)s)
+        WHERE r.status = 'running' AND 'running' = ANY(%(statuses)s) AND r.lease_owner IS NULL
           AND NOT (r.thread_id = ANY(%(skip)s))
         ORDER BY r.updated_at)
         UNION ALL
         (SELECT r.thread_id, r.updated_at FROM durable_threads r
-        WHERE r.status = 'stopped' AND 'stopped' = ANY(%(statuses)s)
-          AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(owner)s)
+        WHERE r.status = 'stopped' AND 'stopped' = ANY(%(statuses)s) AND r.lease_owner IS NULL
           AND NOT (r.thread_id = ANY(%(skip)s))
         ORDER BY r.updated_at)
         UNION ALL
         (SELECT r.thread_id, r.updated_at FROM durable_threads r
-        WHERE r.status = 'queued' AND 'queued' = ANY(%(statuses)s)
-          AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(owner)s)
+        WHERE r.status = 'queued' AND 'queued' = ANY(%(statuses)s) AND r.lease_owner IS NULL
           AND NOT (r.thread_id = ANY(%(skip)s))
         ORDER BY r.updated_at)
         UNION ALL
         -- ... errors too when retried, once past their backoff (never less than
         -- %(backoff)s: the range of the index walk; the per-thread backoff filters).
         (SELECT r.thread_id, r.updated_at FROM durable_threads r
-        WHERE r.status = 'error'
+        WHERE r.status = 'error' AND r.lease_owner IS NULL
           AND ('error' = ANY(%(statuses)s)
                OR (%(retry_errors)s
                    AND r.updated_at < now() - make_interval(secs => %(backoff)s)
                    AND r.updated_at < now() - make_interval(secs => LEAST(
                        %(backoff)s * power(2, GREATEST(r.attempts - 1, 0)), %(max_backoff)s))))
-          AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(owner)s)
           AND NOT (r.thread_id = ANY(%(skip)s))
         ORDER BY r.updated_at)
         ) u
         ORDER BY u.updated_at
+        OFFSET 0) q
+        -- OFFSET 0: the whole walk is a subquery of its own, so the checkpoint probe
+        -- below runs per thread in this order and the LIMIT stops at the first taker.
         OFFSET 0
     ) t
     -- The row itself, locked (FOR UPDATE is not allowed over a UNION): under READ
@@ -103,6 +116,9 @@ JIT_OFF_SQL = "SELECT set_config('jit', 'off', true)"
 # checkpoints_pkey backwards, the lock a primary-key probe).
 # enable_hashjoin / enable_mergejoin off: the lock on the thread row and the update are
 # primary-key probes of the few rows walked, never a join against the whole table.
+# enable_hashjoin / enable_mergejoin off: the lock on the thread
+# row and the update are primary-key probes of the rows walked, never a join against
+# the whole table.
 CLAIM_PLAN_SQL = (
     "SELECT set_config('jit', 'off', true), set_config('enable_sort', 'off', true), "
     "set_config('enable_bitmapscan', 'off', true), set_config('enable_hashjoin', 'off', true), "
