@@ -163,13 +163,19 @@ def _claim_params(statuses: list[str], retry_errors: bool) -> dict[str, Any]:
     }
 
 
+def _claim_sql(statuses: list[str], retry_errors: bool) -> str:
+    """The claim as _op_claim sends it for these statuses (one constant before issue 14)."""
+    build = getattr(recovery_sql, "claim_sql", None)
+    return build(statuses, retry_errors) if build else recovery_sql.RECOVERY_CLAIM_SQL
+
+
 def queries() -> dict[str, tuple[Any, Any, bool]]:
     """name -> (sql, params, run in a transaction rolled back with jit off)."""
     first_page = qi.THREAD_LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": None}
     later_page = qi.THREAD_LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": "t00005000"}
     return {
-        "claim (backlog)": (recovery_sql.RECOVERY_CLAIM_SQL, _claim_params(list(recovery.RECOVERABLE), True), True),
-        "claim (idle)": (recovery_sql.RECOVERY_CLAIM_SQL, _claim_params(["queued"], False), True),
+        "claim (backlog)": (_claim_sql(list(recovery.RECOVERABLE), True), _claim_params(list(recovery.RECOVERABLE), True), True),
+        "claim (idle)": (_claim_sql(["queued"], False), _claim_params(["queued"], False), True),
         # As status_counts sends it: after its plan settings (STATUS_PLAN_SQL), if any.
         "status counts": (recovery_sql.STATUS_COUNTS_SQL, None, hasattr(recovery_sql, "STATUS_PLAN_SQL")),
         "threads counts": (qi.THREAD_STATE_COUNTS_SQL, None, False),
@@ -185,7 +191,7 @@ def _run(conn: psycopg.Connection[Any], sql: Any, params: Any, tx: bool, explain
     start = time.perf_counter()
     with conn.transaction(force_rollback=True) if tx else _nothing():
         jit_off = getattr(recovery_sql, "JIT_OFF_SQL", None)  # absent before issue 14
-        if sql is recovery_sql.RECOVERY_CLAIM_SQL:  # as _op_claim sends it, where it exists
+        if "WITH cand AS" in sql:  # the claim: its plan settings as _op_claim sends them
             jit_off = getattr(recovery_sql, "CLAIM_PLAN_SQL", jit_off)
         if sql is getattr(recovery_sql, "STATUS_COUNTS_SQL", None):
             jit_off = getattr(recovery_sql, "STATUS_PLAN_SQL", jit_off)

@@ -65,7 +65,7 @@ from langgraph_durable.leases.model import claim_handoff
 from langgraph_durable.leases.owners import process_identity
 from langgraph_durable.sql.recovery import (
     CLAIM_PLAN_SQL,
-    RECOVERY_CLAIM_SQL,
+    claim_sql,
     RECOVERY_FINISH_SQL,
     RECOVERY_QUEUE_SQL,
     RECOVERY_THREAD_STATE_SQL,
@@ -227,7 +227,7 @@ def _op_claim(
     # The plan settings first (CLAIM_PLAN_SQL: jit off, the ordered ready-index walk
     # whatever the statistics say; issue 14), in the same transaction as the claim.
     rows = yield Batch(
-        [Stmt(CLAIM_PLAN_SQL), Stmt(RECOVERY_CLAIM_SQL, params, fetch=True, prepare=False, name="claim")]
+        [Stmt(CLAIM_PLAN_SQL), Stmt(claim_sql(statuses, retry_errors), params, fetch=True, prepare=False, name="claim")]
     )
     if not rows["claim"]:
         return None

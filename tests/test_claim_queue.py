@@ -15,6 +15,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from langgraph_durable import DurablePostgresSaver, recovery
+from langgraph_durable.sql import recovery as recovery_sql
 
 
 @pytest.fixture
@@ -55,7 +56,9 @@ def _params(**over: Any) -> dict[str, Any]:
 
 def _claim(conn: psycopg.Connection[Any], **over: Any) -> str | None:
     conn.execute(recovery.CLAIM_PLAN_SQL)
-    rows = conn.execute(recovery.RECOVERY_CLAIM_SQL, _params(**over), prepare=False).fetchall()
+    p = _params(**over)
+    sql = recovery_sql.claim_sql(p["statuses"], p["retry_errors"])
+    rows = conn.execute(sql, p, prepare=False).fetchall()
     return rows[0]["thread_id"] if rows else None
 
 
