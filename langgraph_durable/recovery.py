@@ -65,7 +65,6 @@ from langgraph_durable.leases.model import claim_handoff
 from langgraph_durable.leases.owners import process_identity
 from langgraph_durable.sql.recovery import (
     CLAIM_PLAN_SQL,
-    claim_sql,
     RECOVERY_FINISH_SQL,
     RECOVERY_QUEUE_SQL,
     RECOVERY_THREAD_STATE_SQL,
@@ -74,6 +73,7 @@ from langgraph_durable.sql.recovery import (
     STATUS_FOLD_SQL,
     STATUS_PLAN_SQL,
     STATUS_ROWS_SQL,
+    claim_sql,
 )
 from langgraph_durable.versioning import VERSION_KEY, MigrationRegistry, graph_fingerprint
 
