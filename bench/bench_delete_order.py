@@ -18,7 +18,6 @@ import psycopg
 from langgraph_durable.sql.checkpoints import DELETE_STOCK_THREADS_SQL, DELETE_THREADS_EXTRA_SQL
 from langgraph_durable.sql.threads import DELETE_THREAD_ROWS_SQL, LOCK_THREADS_FOR_DELETE_SQL
 
-
 TRIGGER_MS: list[float] = []
 
 
