@@ -16,7 +16,10 @@ Timed (median of ``--repeat``), with EXPLAIN (ANALYZE, BUFFERS) of each:
 * ``threads counts``: inspect.thread_status_counts (CLI ``threads status``);
 * ``threads list``: one page of 50 (CLI ``threads list``), first page and a later one.
 
-    PYTHONPATH=$PWD python bench/bench_scale.py [--sizes 10k,100k,1m] [--size 10k] [--no-explain]
+``--churn`` rewrites the backlog rows before measuring, as a live install's claims,
+renewals and releases do (the rows leave their insertion order in the heap).
+
+    PYTHONPATH=$PWD python bench/bench_scale.py [--sizes 10k,100k,1m] [--size 10k] [--no-explain] [--churn]
 """
 
 from __future__ import annotations
@@ -136,6 +139,22 @@ def build(dsn: str, n: int) -> float:
     return time.perf_counter() - start
 
 
+def churn(dsn: str) -> float:
+    """What a live install does to the backlog: every claim, renewal and release
+    rewrites its thread's row, so the backlog rows move in the heap and the
+    correlation of updated_at with it drops (a fresh build has them in order). One
+    non-HOT rewrite of each (updated_at is indexed), then the statistics (issue 14:
+    the claim's plan flipped to a sort of the whole backlog on such a table)."""
+    start = time.perf_counter()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE durable_threads SET updated_at = updated_at "
+            "WHERE status IN ('running', 'stopped', 'queued', 'error')"
+        )
+        conn.execute("VACUUM ANALYZE durable_threads")
+    return time.perf_counter() - start
+
+
 def _claim_params(statuses: list[str], retry_errors: bool) -> dict[str, Any]:
     return {
         "statuses": statuses, "retry_errors": retry_errors, "backoff": 1.0, "max_backoff": 60.0,
@@ -144,13 +163,19 @@ def _claim_params(statuses: list[str], retry_errors: bool) -> dict[str, Any]:
     }
 
 
+def _claim_sql(statuses: list[str], retry_errors: bool) -> str:
+    """The claim as _op_claim sends it for these statuses (one constant before issue 14)."""
+    build = getattr(recovery_sql, "claim_sql", None)
+    return build(statuses, retry_errors) if build else recovery_sql.RECOVERY_CLAIM_SQL
+
+
 def queries() -> dict[str, tuple[Any, Any, bool]]:
     """name -> (sql, params, run in a transaction rolled back with jit off)."""
     first_page = qi.THREAD_LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": None}
     later_page = qi.THREAD_LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": "t00005000"}
     return {
-        "claim (backlog)": (recovery_sql.RECOVERY_CLAIM_SQL, _claim_params(list(recovery.RECOVERABLE), True), True),
-        "claim (idle)": (recovery_sql.RECOVERY_CLAIM_SQL, _claim_params(["queued"], False), True),
+        "claim (backlog)": (_claim_sql(list(recovery.RECOVERABLE), True), _claim_params(list(recovery.RECOVERABLE), True), True),
+        "claim (idle)": (_claim_sql(["queued"], False), _claim_params(["queued"], False), True),
         # As status_counts sends it: after its plan settings (STATUS_PLAN_SQL), if any.
         "status counts": (recovery_sql.STATUS_COUNTS_SQL, None, hasattr(recovery_sql, "STATUS_PLAN_SQL")),
         "threads counts": (qi.THREAD_STATE_COUNTS_SQL, None, False),
@@ -166,6 +191,8 @@ def _run(conn: psycopg.Connection[Any], sql: Any, params: Any, tx: bool, explain
     start = time.perf_counter()
     with conn.transaction(force_rollback=True) if tx else _nothing():
         jit_off = getattr(recovery_sql, "JIT_OFF_SQL", None)  # absent before issue 14
+        if "WITH cand AS" in sql:  # the claim: its plan settings as _op_claim sends them
+            jit_off = getattr(recovery_sql, "CLAIM_PLAN_SQL", jit_off)
         if sql is getattr(recovery_sql, "STATUS_COUNTS_SQL", None):
             jit_off = getattr(recovery_sql, "STATUS_PLAN_SQL", jit_off)
         if tx and jit_off:
@@ -202,6 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-explain", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     parser.add_argument("--reuse", action="store_true", help="reuse databases kept by --keep")
+    parser.add_argument("--churn", action="store_true",
+                        help="rewrite the backlog rows first (a live install's heap order)")
     parser.add_argument("--db-prefix", default="bench_scale", help="name prefix of the databases")
     opts = parser.parse_args(argv)
     labels = [opts.size] if opts.size else opts.sizes.split(",")
@@ -219,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 built = build(dsn, n)
                 print(f"# {label}: {n} threads built in {built:.1f} s", flush=True)
+            if opts.churn:
+                print(f"# {label}: backlog churned in {churn(dsn):.1f} s", flush=True)
             results[label] = measure(dsn, opts.repeat, not opts.no_explain)
         for name, (_, plan) in results[label].items():
             if plan:

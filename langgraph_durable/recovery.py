@@ -64,8 +64,7 @@ from langgraph_durable.errors import (
 from langgraph_durable.leases.model import claim_handoff
 from langgraph_durable.leases.owners import process_identity
 from langgraph_durable.sql.recovery import (
-    JIT_OFF_SQL,
-    RECOVERY_CLAIM_SQL,
+    CLAIM_PLAN_SQL,
     RECOVERY_FINISH_SQL,
     RECOVERY_QUEUE_SQL,
     RECOVERY_THREAD_STATE_SQL,
@@ -74,6 +73,7 @@ from langgraph_durable.sql.recovery import (
     STATUS_FOLD_SQL,
     STATUS_PLAN_SQL,
     STATUS_ROWS_SQL,
+    claim_sql,
 )
 from langgraph_durable.versioning import VERSION_KEY, MigrationRegistry, graph_fingerprint
 
@@ -224,10 +224,10 @@ def _op_claim(
         "owner": owner,
         "ttl": float(ttl),
     }
-    # jit off: the plan walks the ready index and stops at the first claimable thread
-    # (well under a millisecond); JIT compiling it cost 11-15 ms per poll (issue 14).
+    # The plan settings first (CLAIM_PLAN_SQL: jit off, the ordered ready-index walk
+    # whatever the statistics say; issue 14), in the same transaction as the claim.
     rows = yield Batch(
-        [Stmt(JIT_OFF_SQL), Stmt(RECOVERY_CLAIM_SQL, params, fetch=True, prepare=False, name="claim")]
+        [Stmt(CLAIM_PLAN_SQL), Stmt(claim_sql(statuses, retry_errors), params, fetch=True, prepare=False, name="claim")]
     )
     if not rows["claim"]:
         return None

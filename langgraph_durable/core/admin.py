@@ -50,6 +50,7 @@ from langgraph_durable.sql.checkpoints import (
     THREAD_HAS_CHECKPOINTS_SQL,
 )
 from langgraph_durable.sql.threads import (
+    DELETE_THREAD_ROWS_FIRST_SQL,
     DELETE_THREAD_ROWS_SQL,
     ENSURE_THREAD_ROWS_SQL,
     LOCK_THREAD_ROWS_SQL,
@@ -70,6 +71,8 @@ class AdminOps(AdminView):
             Stmt(ARTIFACT_LOCK_SQL, (ARTIFACT_LOCK_CLASS, tid)),
             # Then the thread row: a leased put in flight commits first (see the SQL).
             *[Stmt(s, ([tid],)) for s in LOCK_THREADS_FOR_DELETE_SQL],
+            # The locked row goes before the checkpoints (see DELETE_THREAD_ROWS_FIRST_SQL).
+            Stmt(DELETE_THREAD_ROWS_FIRST_SQL, ([tid],)),
             *[Stmt(s, ([tid],)) for s in DELETE_STOCK_THREADS_SQL],
             *[Stmt(s, (tid,)) for s in DELETE_THREAD_EXTRA_SQL],
         ]
@@ -236,6 +239,7 @@ class AdminOps(AdminView):
                 yield Batch(
                     [Stmt(ARTIFACT_LOCK_SQL, (ARTIFACT_LOCK_CLASS, t)) for t in sorted(set(ids))]
                     + [Stmt(s, (ids,)) for s in LOCK_THREADS_FOR_DELETE_SQL]
+                    + [Stmt(DELETE_THREAD_ROWS_FIRST_SQL, (ids,))]
                     + [Stmt(s, (ids,)) for s in DELETE_STOCK_THREADS_SQL]
                     # Everything delete_thread removes, so no lease, quarantine record
                     # or migration backup outlives the thread it describes.

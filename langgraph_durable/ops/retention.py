@@ -81,7 +81,7 @@ from langgraph_durable.sql.retention import (
     TRIM_PARENTS_SQL,
     TRIM_WRITES_SQL,
 )
-from langgraph_durable.sql.threads import DELETE_THREAD_ROWS_SQL
+from langgraph_durable.sql.threads import DELETE_THREAD_ROWS_FIRST_SQL, DELETE_THREAD_ROWS_SQL
 
 logger = logging.getLogger("langgraph_durable")
 
@@ -538,13 +538,15 @@ def _op_delete(
     else:
         out = yield Batch(
             [Stmt(FREED_ARTIFACTS_SQL, {"ids": ids}, fetch=True, prepare=False)]
+            # The locked rows go before the checkpoints (see DELETE_THREAD_ROWS_FIRST_SQL).
+            + [Stmt(DELETE_THREAD_ROWS_FIRST_SQL, (ids,))]
             + [Stmt(THREAD_TABLE_DELETE_SQL.format(table=t, size=s), (ids,), fetch=True) for t, s in STOCK_TABLE_SIZES]
             # Every per-thread table of the package (THREAD_TABLES): no
             # migration backup, ledger or quarantine row outlives the thread.
             + [Stmt(s, (ids,)) for s in DELETE_THREADS_EXTRA_SQL]
             + [Stmt(DELETE_THREAD_ROWS_SQL, (kept_created,))]
         )
-        stats = [r[0] for r in out[1:4] + out[:1]]
+        stats = [r[0] for r in out[2:5] + out[:1]]
     for t in ids:
         yield AfterCommit(partial(job.saver._known_refs.forget_thread, t))
     return ids, skipped, stats

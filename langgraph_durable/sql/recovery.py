@@ -2,33 +2,88 @@
 submitted work, read a thread back after its run, count threads by lifecycle. Owner:
 langgraph_durable/recovery.py."""
 
-RECOVERY_CLAIM_SQL = """
+from collections.abc import Sequence
+
+_CLAIM_HEAD = """
 WITH cand AS (
-    SELECT t.thread_id, t.prev_status, t.attempts, t.attempts_checkpoint_id,
+    SELECT l.thread_id, l.status AS prev_status, l.attempts, l.attempts_checkpoint_id,
            cp.checkpoint_id, cp.graph_version
     FROM (
-        -- The ready queue in claim order (durable_threads_ready_idx). OFFSET 0 keeps
-        -- it a subquery of its own: the latest-checkpoint probe below then runs per
-        -- thread in this order and the LIMIT stops at the first taker, instead of the
-        -- planner probing every candidate and sorting after (issue 14).
-        SELECT r.thread_id, r.status AS prev_status, r.attempts, r.attempts_checkpoint_id
-        FROM durable_threads r
-        WHERE r.status IN ('running', 'stopped', 'queued', 'error')
-          -- ... or a thread this very claim took already: its COMMIT's reply was lost
-          -- and the driver retried it (the retry takes it again, same token).
-          AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(owner)s)
-          AND (r.status = ANY(%(statuses)s)
-               OR (r.status = 'error' AND %(retry_errors)s
-                   AND r.updated_at < now() - make_interval(secs => LEAST(
-                       %(backoff)s * power(2, GREATEST(r.attempts - 1, 0)), %(max_backoff)s))))
+        -- What a claim may take (issue 14), in the order a plain Append reads it: first
+        -- the leased threads it may take, found by lease (few, any order): an expired
+        -- lease (its worker died) by durable_threads_leased_idx, or one this very claim
+        -- took already (its COMMIT's reply was lost and the driver retried it: the
+        -- retry takes it again, same token) by durable_threads_owner_idx. The status
+        -- filter of these is the join's below.
+        SELECT e.thread_id FROM durable_threads e
+        WHERE e.lease_owner IS NOT NULL AND e.lease_expires_at < now()
+          AND e.status IN ('running', 'stopped', 'queued', 'error')
+          AND NOT (e.thread_id = ANY(%(skip)s))
+        UNION ALL
+        SELECT o.thread_id FROM durable_threads o
+        WHERE o.lease_owner = %(owner)s AND (o.lease_expires_at < now()) IS NOT TRUE
+          AND o.status IN ('running', 'stopped', 'queued', 'error')
+          AND NOT (o.thread_id = ANY(%(skip)s))
+        UNION ALL
+        -- Then the ready queue in claim order: one ordered walk of
+        -- durable_threads_claim_idx (status, updated_at; unleased threads only) per
+        -- status, merged by updated_at (Merge Append), so a poll reads only the statuses
+        -- it may take (claim_sql writes a branch for those only), never a live run's
+        -- row, and stops at the first taker. CLAIM_PLAN_SQL rules out sorting
+        -- the queue instead. Each branch orders itself and the UNION ALL sits in a FROM
+        -- of its own: only so are the branches planned as ordered walks that the outer
+        -- ORDER BY merges (a branch with quals is a subquery planned for its own ORDER BY).
+        SELECT q.thread_id FROM (SELECT u.thread_id FROM (
+"""
+# One branch per status the poll takes (no branch at all for the others: a branch
+# folded to nothing at plan time still costs the merge a sort, which CLAIM_PLAN_SQL
+# prices out, and the planner then turned the whole join around).
+_CLAIM_STATUS = """
+        (SELECT r.thread_id, r.updated_at FROM durable_threads r
+        WHERE r.status = '{st}' AND r.lease_owner IS NULL
           AND NOT (r.thread_id = ANY(%(skip)s))
-        ORDER BY r.updated_at
+        ORDER BY r.updated_at)
+"""
+_CLAIM_ERRORS = """
+        -- ... errors too when retried, once past their backoff (never less than
+        -- %(backoff)s: the range of the index walk; the per-thread backoff filters).
+        (SELECT r.thread_id, r.updated_at FROM durable_threads r
+        WHERE r.status = 'error' AND r.lease_owner IS NULL
+          AND r.updated_at < now() - make_interval(secs => %(backoff)s)
+          AND r.updated_at < now() - make_interval(secs => LEAST(
+              %(backoff)s * power(2, GREATEST(r.attempts - 1, 0)), %(max_backoff)s))
+          AND NOT (r.thread_id = ANY(%(skip)s))
+        ORDER BY r.updated_at)
+"""
+_CLAIM_TAIL = """        ) u
+        ORDER BY u.updated_at
+        OFFSET 0) q
+        -- OFFSET 0: the whole walk is a subquery of its own, so the checkpoint probe
+        -- below runs per thread in this order and the LIMIT stops at the first taker.
         OFFSET 0
     ) t
+    -- The row itself, locked, one primary-key probe per thread walked (a LATERAL with
+    -- its own FOR UPDATE: never planned as the outer side of the join; FOR UPDATE is
+    -- not allowed over the UNION). Under READ COMMITTED a row changed since the walk
+    -- read it is re-read and re-checked, so a thread another worker took or finished
+    -- meanwhile is passed over; one another open claim holds is skipped, not waited for.
+    CROSS JOIN LATERAL (
+        SELECT l.thread_id, l.status, l.attempts, l.attempts_checkpoint_id
+        FROM durable_threads l
+        WHERE l.thread_id = t.thread_id
+          AND l.status IN ('running', 'stopped', 'queued', 'error')
+          -- ... or a thread this very claim took already (see above).
+          AND (l.lease_owner IS NULL OR l.lease_expires_at < now() OR l.lease_owner = %(owner)s)
+          AND (l.status = ANY(%(statuses)s)
+               OR (l.status = 'error' AND %(retry_errors)s
+                   AND l.updated_at < now() - make_interval(secs => LEAST(
+                       %(backoff)s * power(2, GREATEST(l.attempts - 1, 0)), %(max_backoff)s))))
+        FOR UPDATE SKIP LOCKED
+    ) l
     CROSS JOIN LATERAL (
         SELECT c.checkpoint_id, c.metadata ->> 'graph_version' AS graph_version
         FROM checkpoints c
-        WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = ''
+        WHERE c.thread_id = l.thread_id AND c.checkpoint_ns = ''
         ORDER BY c.checkpoint_id DESC
         LIMIT 1
     ) cp
@@ -36,7 +91,6 @@ WITH cand AS (
            OR cp.graph_version = ANY(%(versions)s)
            OR (cp.graph_version IS NULL AND %(adopt)s))
     LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
 )
 UPDATE durable_threads AS t
 SET lease_owner = %(owner)s,
@@ -48,8 +102,52 @@ RETURNING t.thread_id, t.lease_token, cand.prev_status, cand.checkpoint_id, cand
           CASE WHEN cand.attempts_checkpoint_id IS NOT DISTINCT FROM cand.checkpoint_id
                THEN cand.attempts + 1 ELSE 1 END AS attempt
 """
+# No status taken at all: an empty queue of the same shape.
+_CLAIM_NONE = "        SELECT NULL::text AS thread_id, NULL::timestamptz AS updated_at WHERE false\n"
+READY_STATUSES = ("running", "stopped", "queued", "error")
+_claim_cache: dict[tuple[tuple[str, ...], bool], str] = {}
+
+
+def claim_sql(statuses: Sequence[str], retry_errors: bool) -> str:
+    """The claim for a worker taking ``statuses`` (and errors past their backoff when
+    ``retry_errors``): the ready-queue walk has one ordered branch per status it takes.
+    The statuses are only ever the known ready ones (anything else has no branch)."""
+    key = (tuple(st for st in READY_STATUSES if st in statuses), bool(retry_errors))
+    sql = _claim_cache.get(key)
+    if sql is None:
+        parts = [_CLAIM_STATUS.lstrip("\n").format(st=st) for st in key[0]]
+        if retry_errors and "error" not in key[0]:
+            parts.append(_CLAIM_ERRORS.lstrip("\n"))
+        queue = "        UNION ALL\n".join(parts) if parts else _CLAIM_NONE
+        sql = _claim_cache[key] = _CLAIM_HEAD + queue + _CLAIM_TAIL
+    return sql
+
+
+# Every status, errors retried (tests, benchmarks).
+RECOVERY_CLAIM_SQL = claim_sql(READY_STATUSES, True)
 
 JIT_OFF_SQL = "SELECT set_config('jit', 'off', true)"
+# The claim's plan, sent in the claim's own transaction (transaction-local: safe behind
+# PgBouncer transaction pooling, nothing leaks to the pooled session). jit off: the plan
+# stops at the first claimable thread (well under a millisecond); compiling it cost
+# 11-15 ms per poll. enable_sort / enable_bitmapscan off: the OFFSET 0 subquery is planned
+# for its total cost (the outer LIMIT is not seen through it), so once the backlog rows
+# have moved in the heap (every claim, renewal and release moves them; the correlation of
+# updated_at drops) the planner priced Bitmap Heap Scan + Sort of the whole backlog below
+# the ordered index walk, and a poll read and sorted all of it (34 ms at 100k threads,
+# 153 ms at 1M; issue 14). The ordered walk (Merge Append of durable_threads_claim_idx
+# per status) is the only plan that stops at the first taker, so it must not depend on
+# the statistics. The claim has no other sort to lose (the checkpoint probe reads
+# checkpoints_pkey backwards, the lock a primary-key probe).
+# enable_seqscan / enable_hashjoin / enable_mergejoin off: the lock on the thread row and
+# the update are primary-key probes of the rows walked, never a scan of or a join against
+# the whole table (with a status's branch priced out, the planner once put a sequential
+# scan of durable_threads outside the walk: 15 ms at 100k threads, for nothing).
+CLAIM_PLAN_SQL = (
+    "SELECT set_config('jit', 'off', true), set_config('enable_sort', 'off', true), "
+    "set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true), "
+    "set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
+)
 # status_counts' plan: no JIT and no parallel workers. The orphan probe's estimate is
 # the whole backlog (has_root is NULL on most rows, uncorrelated with status for the
 # planner), so with workers allowed it splits a walk of the ready index between them

@@ -517,6 +517,18 @@ MIGRATIONS: list[str] = [
                 DETAIL = json_build_object('head', v_head)::text;
         END IF;
     END $$""",
+    # The ready queue by status (recovery.RECOVERY_CLAIM_SQL, issue 14): one ordered walk
+    # per status the poll takes, merged by updated_at, instead of one walk of every ready
+    # thread (a worker that takes only 'queued' read the whole backlog of running,
+    # stopped and error threads to find none). Unleased rows only: a live run's row
+    # (leased until it ends) is never walked past; leased rows a claim may take (expired,
+    # or its own) are found by lease, durable_threads_leased_idx and the owner index.
+    # Replaces durable_threads_ready_idx, whose only reader was the claim.
+    """CREATE INDEX IF NOT EXISTS durable_threads_claim_idx ON durable_threads (status, updated_at)
+        WHERE status IN ('running', 'stopped', 'queued', 'error') AND lease_owner IS NULL""",
+    """CREATE INDEX IF NOT EXISTS durable_threads_owner_idx ON durable_threads (lease_owner)
+        WHERE lease_owner IS NOT NULL""",
+    "DROP INDEX IF EXISTS durable_threads_ready_idx",
 ]
 
 # THE list of this package's tables keyed by thread (beside the stock checkpoints,

@@ -177,6 +177,15 @@ ORDER BY thread_id FOR UPDATE
 
 # Thread rows made only to lock a thread (delete_for_runs, retention), removed again.
 DELETE_THREAD_ROWS_SQL = "DELETE FROM durable_threads WHERE thread_id = ANY(%s)"
+# A whole-thread delete (delete_thread, prune(strategy="delete"), retain) removes the
+# thread rows it has just locked FOR UPDATE before the checkpoints, in the same
+# transaction: the has_root trigger on checkpoints (durable_unroot) then finds no row
+# to lock, check or write FALSE (issue 14: deleting the checkpoints of 10k threads took
+# 1652 ms with has_root TRUE, 694 ms with it NULL, 335 ms without the trigger). Nothing
+# is weakened: the row lock is taken first as before (a leased put in flight commits
+# first, one arriving waits for this transaction and then finds no row), and a row that
+# no longer exists claims no root. Others see the row go at COMMIT, as before.
+DELETE_THREAD_ROWS_FIRST_SQL = DELETE_THREAD_ROWS_SQL
 
 # A run that failed past the checkpoint it started from: the first failed attempt at
 # the new head (sent before LEASE_RELEASE_SQL, in the same pipeline).
