@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -144,13 +145,13 @@ class RunLifecycle(RunLifecycleView):
         _values.check_ids(thread_id, config["configurable"].get("checkpoint_ns", ""), requested)
         version = self._current_version(config, ctx)
         policy = config["configurable"].get(POLICY_KEY, self.version_policy)
-        lease = yield from self._flow_take_lease(thread_id, version, requested, handoff)
+        lease, loaded = yield from self._flow_take_lease(thread_id, version, requested, handoff, config)
         # The run's own writes during its start (a migration rewriting the checkpoint)
         # are fenced with this lease: _fence reads it from the context only.
         outer = _RUN_LEASE.get()
         _RUN_LEASE.set(lease)
         try:
-            saved = yield from self._flow_enter_run(config, ctx, lease, version, policy)
+            saved = yield from self._flow_enter_run(config, ctx, lease, version, policy, loaded)
             return saved, lease
         except PoisonCheckpointError:
             _RUN_LEASE.set(outer)
@@ -165,19 +166,31 @@ class RunLifecycle(RunLifecycleView):
             raise
 
     def _flow_take_lease(
-        self, thread_id: str, version: str | None, requested: str | None, handoff: _Handoff | None
-    ) -> Flow[Lease]:
+        self,
+        thread_id: str,
+        version: str | None,
+        requested: str | None,
+        handoff: _Handoff | None,
+        config: RunnableConfig,
+    ) -> Flow[tuple[Lease, list[Any] | None]]:
         """Step 1 of a run start: take the thread's lease (waiting while busy if
-        ``on_busy="wait"``); a quarantined thread raises ``PoisonCheckpointError``."""
+        ``on_busy="wait"``); a quarantined thread raises ``PoisonCheckpointError``.
+        Returns the lease and the rows of the checkpoint to run from, read in the
+        acquisition's own pipeline (``_op_acquire``'s ``load``), or None when they
+        were not (the lease was taken on a later try): step 2 then reads them."""
         # A recovery worker may hold the lease (handoff, from claim_handoff in the caller's
         # context): ACQUIRE_SQL takes it over from that owner and token without a gap.
         owner = _owner_id()
         deadline = time.monotonic() + self.busy_timeout
+        # Only the first try carries the read: a run waiting on a busy thread polls every
+        # 0.25 s, and each try would read (and throw away) the whole state again.
+        load: Stmt | None = self._get_tuple_stmt(config)
         while True:
             started = time.monotonic()
             res = yield Tx(
-                lambda: self._op_acquire(thread_id, owner, version, requested, handoff)
+                partial(self._op_acquire, thread_id, owner, version, requested, handoff, load)
             )
+            load = None
             if res.get("contended"):
                 res = yield Tx(
                     lambda: self._op_acquire_contended(thread_id, owner, version, requested, handoff)
@@ -209,13 +222,21 @@ class RunLifecycle(RunLifecycleView):
             prev_version=res.get("prev_version"),
         )
         self._leases.add(lease)
-        return lease
+        return lease, res.get("loaded")
 
     def _flow_enter_run(
-        self, config: RunnableConfig, ctx: _RunContext, lease: Lease, version: str | None, policy: str
+        self,
+        config: RunnableConfig,
+        ctx: _RunContext,
+        lease: Lease,
+        version: str | None,
+        policy: str,
+        loaded: list[Any] | None = None,
     ) -> Flow[CheckpointTuple | None]:
         """Step 2, the lease held: record the graph's topology, refuse a poisoned
-        checkpoint, load the one to run from (fail closed), check its version."""
+        checkpoint, load the one to run from (fail closed), check its version.
+        ``loaded``: its rows, read with the lease (step 1), decoded only here, after
+        the poison check: a poisoned checkpoint is never decoded."""
         thread_id = lease.thread_id
         yield from self._flow_record_version(version, ctx)
         if lease.attempts > self.max_resume_attempts and lease.checkpoint_id is not None:
@@ -229,7 +250,12 @@ class RunLifecycle(RunLifecycleView):
             # No BEGIN/COMMIT, as in get_tuple outside a run: each statement has its
             # own snapshot either way (READ COMMITTED) and artifacts are immutable;
             # with the lease held no other run writes the thread meanwhile.
-            saved = yield Tx(lambda: self._op_get_tuple(config), transaction=False)
+            if loaded is None:
+                saved = yield Tx(lambda: self._op_get_tuple(config), transaction=False)
+            else:
+                # Artifacts, if any, are fetched here (immutable, no snapshot needed);
+                # a checkpoint without any needs no statement at all.
+                saved = yield Tx(partial(self._op_tuple_of, loaded), transaction=False)
             _check_runnable(saved)
         except CheckpointLoadError as exc:
             # Fail closed: a checkpoint we cannot read is never run on half a state,

@@ -83,11 +83,14 @@ def stock(dsn: str) -> dict[str, int]:
 
 def test_leased_invoke_costs_stock_plus_acquire_and_release(dsn: str, stock: dict[str, int]) -> None:
     durable = _invoke_wire(dsn, DurablePostgresSaver)
-    # Run start: one round trip more than stock (the lease, one autocommit statement that
-    # also finds the latest checkpoint); run end: the release, one statement. Every
-    # put and put_writes: the stock saver's statements (the fence and the order check
-    # ride in the write's own statement). Before issue 14: 33 round trips vs 24.
-    assert durable["round_trips"] == stock["round_trips"] + 2, (durable, stock)
+    # Run start: stock's one round trip. The lease acquisition (one statement that also
+    # finds the latest checkpoint) and the run's first load go in one pipeline, before
+    # one Sync: one statement more than stock, no round trip more. Run end: the
+    # release, one statement, one round trip. Every put and put_writes: the stock
+    # saver's statements (the fence and the order check ride in the write's own
+    # statement). Before issue 14: 33 round trips vs 24; with the acquisition a round
+    # trip of its own: 26.
+    assert durable["round_trips"] == stock["round_trips"] + 1, (durable, stock)
     assert durable["statements"] == stock["statements"] + 2, (durable, stock)
 
 
@@ -120,3 +123,48 @@ def test_update_state_costs_exactly_stock(dsn: str) -> None:
     # update_state outside a run: the foreign-lease check and the version inheritance
     # ride in the put's statements too.
     assert ours == stock_put, (ours, stock_put)
+
+
+def test_run_start_load_reads_the_head_after_the_lease_lock(dsn: str) -> None:
+    """The run start's load rides in the acquisition's pipeline; it must still read the
+    thread as of the lease: after the acquisition's row lock, so a write of the old
+    lease holder in flight (its guard holds the thread row FOR SHARE) is either seen or
+    refused, never lost. Here the old holder's lease has expired; its write commits
+    while the acquisition waits on the lock: the run must start from that write."""
+    import threading
+
+    from langgraph.checkpoint.base.id import uuid6
+
+    with _connect(dsn) as conn:
+        graph = _graph(DurablePostgresSaver(conn))
+        tid = f"lock-{uuid.uuid4().hex}"
+        cfg = {"configurable": {"thread_id": tid}}
+        assert graph.invoke({"n": 0}, cfg) == {"n": STEPS}
+        conn.execute(
+            "UPDATE durable_threads SET status = 'running', lease_owner = 'other-host:1:x',"
+            " lease_token = lease_token + 1, lease_expires_at = now() - interval '1 second'"
+            " WHERE thread_id = %s",
+            (tid,),
+        )
+        with psycopg.connect(dsn) as writer:  # not autocommit: one open transaction
+            writer.execute("SELECT 1 FROM durable_threads WHERE thread_id = %s FOR SHARE", (tid,))
+            # The old holder's checkpoint: the head's, a later id, with n = 99 (inline).
+            new_id = str(uuid6(clock_seq=-2))
+            writer.execute(
+                "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id,"
+                " parent_checkpoint_id, type, checkpoint, metadata)"
+                " SELECT thread_id, checkpoint_ns, %s, checkpoint_id, type,"
+                " jsonb_set(checkpoint || jsonb_build_object('id', %s::text),"
+                " '{channel_values,n}', '99'), metadata"
+                " FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = ''"
+                " ORDER BY checkpoint_id DESC LIMIT 1",
+                (new_id, new_id, tid),
+            )
+            got: dict[str, Any] = {}
+            runner = threading.Thread(target=lambda: got.update(out=graph.invoke(None, cfg)))
+            runner.start()
+            runner.join(1.0)
+            assert runner.is_alive(), "the acquisition did not wait for the row lock"
+            writer.commit()
+            runner.join(30)
+        assert got["out"] == {"n": 99}, got

@@ -287,7 +287,9 @@ class LoadOps(LoadView):
             writes,
         )
 
-    def _op_get_tuple(self, config: RunnableConfig) -> Op[CheckpointTuple | None]:
+    def _get_tuple_stmt(self, config: RunnableConfig) -> Stmt:
+        """The statement reading the checkpoint ``get_tuple`` returns (the stock SQL):
+        sent alone, or after the lease acquisition in a run start's one pipeline."""
         thread_id = str(config["configurable"]["thread_id"])
         checkpoint_id = get_checkpoint_id(config)
         checkpoint_ns = config["configurable"].get("checkpoint_ns", "")
@@ -298,10 +300,18 @@ class LoadOps(LoadView):
         else:
             args = (thread_id, checkpoint_ns)
             where = "WHERE thread_id = %s AND checkpoint_ns = %s ORDER BY checkpoint_id DESC LIMIT 1"
-        rows = yield Batch([Stmt(SELECT_SQL + where, args, fetch=True)])
-        if not rows[0]:
+        return Stmt(SELECT_SQL + where, args, fetch=True)
+
+    def _op_get_tuple(self, config: RunnableConfig) -> Op[CheckpointTuple | None]:
+        rows = yield Batch([self._get_tuple_stmt(config)])
+        return (yield from self._op_tuple_of(rows[0]))
+
+    def _op_tuple_of(self, rows: list[Any]) -> Op[CheckpointTuple | None]:
+        """The tuple of ``_get_tuple_stmt``'s rows (artifacts fetched, values decoded):
+        no statement at all when the checkpoint has no artifact and no pre-v4 sends."""
+        if not rows:
             return None
-        loaded = yield from self._op_load_rows(rows[0])
+        loaded = yield from self._op_load_rows(rows)
         return loaded[0]
 
     def _op_list(

@@ -69,16 +69,33 @@ class LeaseOps(LeaseView):
         version: str | None,
         checkpoint_id: str | None,
         handoff: _Handoff | None = None,
+        load: Stmt | None = None,
     ) -> Op[dict[str, Any]]:
         """Take the lease: one autocommit statement, one round trip (ACQUIRE_SQL looks up
         the latest checkpoint itself). Safe to run again after a lost COMMIT reply (the
         driver retries): ACQUIRE_SQL recognises its own owner and then counts no attempt
         and bumps no token, and reports the thread as it was before the first execution
-        (lease_prev_*). Not taken: the contended path, ``_op_acquire_contended``."""
+        (lease_prev_*). Not taken: the contended path, ``_op_acquire_contended``.
+
+        ``load``: the run start's checkpoint read (``_get_tuple_stmt``), sent after the
+        acquisition in the same pipeline, before one Sync: one implicit transaction, so
+        a run start costs the stock saver's one round trip. The read is a later
+        statement, with its own snapshot (READ COMMITTED) taken once the acquisition
+        holds the thread row's lock, which a fenced writer of an older lease waits on
+        until the Sync commits and is then refused: the rows are the state this lease
+        runs from. They come back as ``res["loaded"]`` only when the lease was taken
+        (a busy or quarantined thread's are thrown away); a failed read rolls the
+        acquisition back with it (nothing to hand back)."""
         params = self._acquire_params(thread_id, owner, version, checkpoint_id, handoff)
-        rows = yield Batch([Stmt(LEASE_ACQUIRE_SQL, params, fetch=True)], final=True)
+        stmts = [Stmt(LEASE_ACQUIRE_SQL, params, fetch=True)]
+        if load is not None:
+            stmts.append(load)
+        rows = yield Batch(stmts, final=True)
         if rows[0]:
-            return self._acquired(rows[0][0], rows[0][0]["checkpoint_id"])
+            res = self._acquired(rows[0][0], rows[0][0]["checkpoint_id"])
+            if load is not None:
+                res["loaded"] = rows[1]
+            return res
         return {"ok": False, "checkpoint_id": checkpoint_id, "contended": True}
 
     @_telemetry.instrument("lease_acquire")
