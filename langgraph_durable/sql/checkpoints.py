@@ -23,9 +23,15 @@ ORDER_SKEW_STATE = "LGD03"
 #   row and fails); missing: LGD01, lease lost.
 # * foreign (outside a run, leases on): anyone's live lease: LGD02, busy.
 # * order (puts): refused when a checkpoint of the thread and namespace sorts after this
-#   one and this one is not stored (a re-put): LGD03, the clock-skew check. Asked as "is
-#   any id after mine?", a forward probe of the primary key that touches no heap row
-#   when the answer is no, instead of fetching the head row.
+#   one and this one is not stored (a re-put): LGD03, the clock-skew check. Asked as "the
+#   first stored id at or after mine": none (the usual case) or mine (a re-put) passes,
+#   a later one fails (mine would have come first). One forward probe of the primary key
+#   that touches no heap row when there is none. ORDER BY ... LIMIT 1, not EXISTS: for
+#   EXISTS (id > mine) the planner costs only the scan to the first of the thread's
+#   estimated rows, so with few threads and long histories (one chat thread of 20k
+#   checkpoints) it chose a sequential scan of the whole table, for every put (1.1 ms at
+#   20k rows, growing with the table), in the generic plan and in custom ones. A sort
+#   of every candidate is never cheaper than the index's first entry.
 # One statement text per combination, never a check switched off by a NULL parameter:
 # PostgreSQL would fold that away in custom plans, find them cheaper than the generic
 # plan and plan the statement again on every execution (measured: 2x the server time
@@ -44,12 +50,9 @@ _GUARD_FOREIGN = """
         WHERE thread_id = %s AND lease_owner IS NOT NULL AND lease_expires_at > now())
     THEN durable_guard_fail('busy', %s, NULL, NULL, NULL)"""
 _GUARD_ORDER = """
-    WHEN EXISTS (
-        SELECT 1 FROM checkpoints
-        WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id > %s)
-      AND NOT EXISTS (
-        SELECT 1 FROM checkpoints
-        WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s)
+    WHEN (SELECT checkpoint_id FROM checkpoints
+          WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id >= %s
+          ORDER BY checkpoint_id LIMIT 1) > %s
     THEN durable_guard_fail('order', %s, NULL, %s, %s)"""
 
 
@@ -68,7 +71,7 @@ def guard_params(
     elif mode == "foreign":
         out = (thread, thread)
     if cid is not None:
-        out = (*out, thread, ns, cid, thread, ns, cid, thread, ns, cid)
+        out = (*out, thread, ns, cid, cid, thread, ns, cid)
     return out
 
 
