@@ -191,3 +191,39 @@ def test_order_check_probes_the_index_on_a_long_thread(admin_dsn: str, plan_cach
                 assert "Index Only Scan" in scans and "Seq Scan" not in scans, (mode, scans)
     finally:
         drop_database(admin_dsn, url)
+
+
+def test_foreign_check_reads_the_thread_row_by_primary_key(admin_dsn: str) -> None:
+    """A write outside a run (leases on) checks the thread's own row, found by primary
+    key, in every plan; as a WHERE clause the planner preferred the live-lease index when
+    few leases were live, walking every live lease (a heap row each) per write."""
+    url = make_database(admin_dsn, "guard_plan_foreign")
+    try:
+        with DurablePostgresSaver.from_conn_string(url) as saver:
+            saver.setup()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO durable_threads (thread_id, status, lease_owner, lease_token, lease_expires_at)"
+                " SELECT 't' || i, 'done', CASE WHEN i <= 200 THEN 'w' END, 1,"
+                "        now() + CASE WHEN i <= 200 THEN interval '1 hour' ELSE interval '-1 day' END"
+                " FROM generate_series(1, 50000) i")
+            conn.execute("ANALYZE durable_threads")
+            for plan_cache_mode in ("force_generic_plan", "force_custom_plan"):
+                conn.execute(psycopg.sql.SQL("SET plan_cache_mode = {}").format(psycopg.sql.Literal(plan_cache_mode)))
+                for kind, text, row in (
+                    ("put", GUARDED_UPSERT_CHECKPOINT_SQL["foreign"],
+                     ("t999", "", "a", None, Jsonb({}), Jsonb({}), *guard_params("foreign", "t999", None, None, "", "a"))),
+                    ("put_writes", GUARDED_UPSERT_WRITE_SQL["foreign"],
+                     ("t999", "", "a", "task", "", 0, "ch", "msgpack", b"\x01",
+                      *guard_params("foreign", "t999", None, None, None, None))),
+                ):
+                    conn.execute(f"PREPARE w AS {_numbered(text)}")
+                    holes = ", ".join(["%s"] * len(row))
+                    plan = psycopg.ClientCursor(conn).execute(f"EXPLAIN (FORMAT JSON) EXECUTE w({holes})", row).fetchone()
+                    conn.execute("DEALLOCATE w")
+                    assert plan is not None
+                    used = [n.get("Index Name") for n in _nodes(plan[0][0]["Plan"])
+                            if n.get("Relation Name") == "durable_threads"]
+                    assert used == ["durable_threads_pkey"], (plan_cache_mode, kind, used)
+    finally:
+        drop_database(admin_dsn, url)

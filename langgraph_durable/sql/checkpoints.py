@@ -21,7 +21,10 @@ ORDER_SKEW_STATE = "LGD03"
 #   (a takeover, release, delete or migration updates or locks the row exclusively: it
 #   waits for this write's commit; a write arriving after it waits for it, re-reads the
 #   row and fails); missing: LGD01, lease lost.
-# * foreign (outside a run, leases on): anyone's live lease: LGD02, busy.
+# * foreign (outside a run, leases on): anyone's live lease: LGD02, busy. The thread's
+#   row by primary key, the lease tested on it: as a WHERE clause, the planner took the
+#   live-lease index (durable_threads_leased_idx) when few leases were live and walked
+#   all of them (a heap row each) to find this thread's.
 # * order (puts): refused when a checkpoint of the thread and namespace sorts after this
 #   one and this one is not stored (a re-put): LGD03, the clock-skew check. Asked as "the
 #   first stored id at or after mine": none (the usual case) or mine (a re-put) passes,
@@ -45,9 +48,8 @@ _GUARD_LEASE = """
         WHERE thread_id = %s AND lease_token = %s::bigint AND lease_owner = %s FOR SHARE)
     THEN durable_guard_fail('lost', %s, %s::bigint, NULL, NULL)"""
 _GUARD_FOREIGN = """
-    WHEN EXISTS (
-        SELECT 1 FROM durable_threads
-        WHERE thread_id = %s AND lease_owner IS NOT NULL AND lease_expires_at > now())
+    WHEN (SELECT lease_owner IS NOT NULL AND lease_expires_at > now()
+          FROM durable_threads WHERE thread_id = %s)
     THEN durable_guard_fail('busy', %s, NULL, NULL, NULL)"""
 _GUARD_ORDER = """
     WHEN (SELECT checkpoint_id FROM checkpoints
