@@ -193,30 +193,35 @@ def test_order_check_probes_the_index_on_a_long_thread(admin_dsn: str, plan_cach
         drop_database(admin_dsn, url)
 
 
-def test_foreign_check_reads_the_thread_row_by_primary_key(admin_dsn: str) -> None:
-    """A write outside a run (leases on) checks the thread's own row, found by primary
-    key, in every plan; as a WHERE clause the planner preferred the live-lease index when
-    few leases were live, walking every live lease (a heap row each) per write."""
-    url = make_database(admin_dsn, "guard_plan_foreign")
+def test_lease_checks_read_the_thread_row_by_primary_key(admin_dsn: str) -> None:
+    """The lease check of a run's write and the foreign-lease check of a write outside a
+    run read the thread's own row, found by primary key, in every plan. As WHERE clauses
+    the planner preferred the owner index (lease check) or the live-lease index (foreign
+    check) when few leases were live, and walked every lease of the owner, or every live
+    lease, a heap row each, per write."""
+    url = make_database(admin_dsn, "guard_plan_lease")
     try:
         with DurablePostgresSaver.from_conn_string(url) as saver:
             saver.setup()
         with psycopg.connect(url, autocommit=True) as conn:
+            # 200 live leases of 50k threads, each run by its own worker.
             conn.execute(
                 "INSERT INTO durable_threads (thread_id, status, lease_owner, lease_token, lease_expires_at)"
-                " SELECT 't' || i, 'done', CASE WHEN i <= 200 THEN 'w' END, 1,"
+                " SELECT 't' || i, 'done', CASE WHEN i <= 200 THEN 'w' || i END, 1,"
                 "        now() + CASE WHEN i <= 200 THEN interval '1 hour' ELSE interval '-1 day' END"
                 " FROM generate_series(1, 50000) i")
             conn.execute("ANALYZE durable_threads")
+            cases: list[tuple[str, str, tuple[Any, ...]]] = []
+            for mode, thread, owner in (("lease", "t7", "w7"), ("foreign", "t999", None)):
+                token = 1 if owner else None
+                cases.append((f"put {mode}", GUARDED_UPSERT_CHECKPOINT_SQL[mode], (
+                    thread, "", "a", None, Jsonb({}), Jsonb({}), *guard_params(mode, thread, token, owner, "", "a"))))
+                cases.append((f"put_writes {mode}", GUARDED_UPSERT_WRITE_SQL[mode], (
+                    thread, "", "a", "task", "", 0, "ch", "msgpack", b"\x01",
+                    *guard_params(mode, thread, token, owner, None, None))))
             for plan_cache_mode in ("force_generic_plan", "force_custom_plan"):
                 conn.execute(psycopg.sql.SQL("SET plan_cache_mode = {}").format(psycopg.sql.Literal(plan_cache_mode)))
-                for kind, text, row in (
-                    ("put", GUARDED_UPSERT_CHECKPOINT_SQL["foreign"],
-                     ("t999", "", "a", None, Jsonb({}), Jsonb({}), *guard_params("foreign", "t999", None, None, "", "a"))),
-                    ("put_writes", GUARDED_UPSERT_WRITE_SQL["foreign"],
-                     ("t999", "", "a", "task", "", 0, "ch", "msgpack", b"\x01",
-                      *guard_params("foreign", "t999", None, None, None, None))),
-                ):
+                for kind, text, row in cases:
                     conn.execute(f"PREPARE w AS {_numbered(text)}")
                     holes = ", ".join(["%s"] * len(row))
                     plan = psycopg.ClientCursor(conn).execute(f"EXPLAIN (FORMAT JSON) EXECUTE w({holes})", row).fetchone()

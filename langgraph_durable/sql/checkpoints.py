@@ -17,14 +17,17 @@ ORDER_SKEW_STATE = "LGD03"
 # The guard of a write (issue 14), inline SQL evaluated once, before the row is inserted
 # or locked (a one-time filter: it names only parameters). A CASE of the checks that
 # apply, in this order:
-# * lease (a run's write): the thread's row with this token and owner, locked FOR SHARE
-#   (a takeover, release, delete or migration updates or locks the row exclusively: it
-#   waits for this write's commit; a write arriving after it waits for it, re-reads the
-#   row and fails); missing: LGD01, lease lost.
-# * foreign (outside a run, leases on): anyone's live lease: LGD02, busy. The thread's
-#   row by primary key, the lease tested on it: as a WHERE clause, the planner took the
-#   live-lease index (durable_threads_leased_idx) when few leases were live and walked
-#   all of them (a heap row each) to find this thread's.
+# * lease (a run's write): the thread's row, locked FOR SHARE, must hold this token and
+#   owner (a takeover, release, delete or migration updates or locks the row
+#   exclusively: it waits for this write's commit; a write arriving after it waits for
+#   it, and the lock's recheck computes the test again on the row as committed: it
+#   fails); no row, or another lease: LGD01, lease lost.
+# * foreign (outside a run, leases on): anyone's live lease: LGD02, busy.
+# Both find the row by primary key and test the lease on it (in the select list, not the
+# WHERE clause): as WHERE clauses, the planner took the owner index
+# (durable_threads_owner_idx) or the live-lease index (durable_threads_leased_idx) when
+# few leases were live, a plan a prepared statement keeps, and then walked every lease of
+# the owner or every live lease (a heap row each) to find this thread's.
 # * order (puts): refused when a checkpoint of the thread and namespace sorts after this
 #   one and this one is not stored (a re-put): LGD03, the clock-skew check. Asked as "the
 #   first stored id at or after mine": none (the usual case) or mine (a re-put) passes,
@@ -43,9 +46,8 @@ ORDER_SKEW_STATE = "LGD03"
 # fence); plpgsql runs only to raise (durable_guard_fail). Parameters: guard_params.
 GuardMode = Literal["lease", "foreign", "none"]
 _GUARD_LEASE = """
-    WHEN NOT EXISTS (
-        SELECT 1 FROM durable_threads
-        WHERE thread_id = %s AND lease_token = %s::bigint AND lease_owner = %s FOR SHARE)
+    WHEN (SELECT lease_token = %s::bigint AND lease_owner = %s
+          FROM durable_threads WHERE thread_id = %s FOR SHARE) IS NOT TRUE
     THEN durable_guard_fail('lost', %s, %s::bigint, NULL, NULL)"""
 _GUARD_FOREIGN = """
     WHEN (SELECT lease_owner IS NOT NULL AND lease_expires_at > now()
@@ -69,7 +71,7 @@ def guard_params(
     """The guard's parameters, in _guard's order; ``cid`` None: no order check (writes)."""
     out: tuple[object, ...] = ()
     if mode == "lease":
-        out = (thread, token, owner, thread, token)
+        out = (token, owner, thread, thread, token)
     elif mode == "foreign":
         out = (thread, thread)
     if cid is not None:
