@@ -26,8 +26,9 @@ ORDER_SKEW_STATE = "LGD03"
 # Both find the row by primary key and test the lease on it (in the select list, not the
 # WHERE clause): as WHERE clauses, the planner took the owner index
 # (durable_threads_owner_idx) or the live-lease index (durable_threads_leased_idx) when
-# few leases were live, a plan a prepared statement keeps, and then walked every lease of
-# the owner or every live lease (a heap row each) to find this thread's.
+# few leases were live, a plan a prepared statement keeps, and then walked every live
+# lease (a heap row each) to find this thread's, or every lease of the owner (one per
+# run start today, so that one cost nothing yet).
 # * order (puts): refused when a checkpoint of the thread and namespace sorts after this
 #   one and this one is not stored (a re-put): LGD03, the clock-skew check. Asked as "the
 #   first stored id at or after mine": none (the usual case) or mine (a re-put) passes,
@@ -35,8 +36,8 @@ ORDER_SKEW_STATE = "LGD03"
 #   that touches no heap row when there is none. ORDER BY ... LIMIT 1, not EXISTS: for
 #   EXISTS (id > mine) the planner costs only the scan to the first of the thread's
 #   estimated rows, so with few threads and long histories (one chat thread of 20k
-#   checkpoints) it chose a sequential scan of the whole table, for every put (1.1 ms at
-#   20k rows, growing with the table), in the generic plan and in custom ones. A sort
+#   checkpoints) the generic plan (what a prepared put runs) was a sequential scan of
+#   the whole table, for every put (1.1 ms at 20k rows, growing with the table). A sort
 #   of every candidate is never cheaper than the index's first entry.
 # One statement text per combination, never a check switched off by a NULL parameter:
 # PostgreSQL would fold that away in custom plans, find them cheaper than the generic
