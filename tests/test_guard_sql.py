@@ -5,14 +5,18 @@ waits, then fails and writes nothing)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from conftest import drop_database, make_database
 from psycopg.types.json import Jsonb
 
+from langgraph_durable import DurablePostgresSaver
 from langgraph_durable.sql.checkpoints import (
     GUARDED_UPSERT_CHECKPOINT_SQL,
     GUARDED_UPSERT_WRITE_SQL,
@@ -142,3 +146,89 @@ def test_write_behind_an_open_takeover_fails_and_writes_nothing(dsn: str, kind: 
             "SELECT (SELECT count(*) FROM checkpoints WHERE thread_id = %(t)s)"
             " + (SELECT count(*) FROM checkpoint_writes WHERE thread_id = %(t)s)", {"t": thread}).fetchone()
         assert n == (0,)
+
+
+def _numbered(query: str) -> str:
+    """psycopg's %s placeholders as PREPARE's $1, $2, ..."""
+    n = iter(range(1, 1000))
+    return re.sub("%s", lambda _: f"${next(n)}", query)
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_generic_plan", "force_custom_plan"])
+def test_order_check_probes_the_index_on_a_long_thread(admin_dsn: str, plan_cache_mode: str) -> None:
+    """One thread with a long history (every row of the table is its): the put's order
+    check is a probe of the primary key, never a scan of the table, in the generic plan
+    (what a prepared put runs after five executions) and in custom plans (a transaction
+    pooler: never prepared). The generic plan of the EXISTS form was a sequential scan
+    here: a full scan per put (1.1 ms at 20k checkpoints, growing with the table)."""
+    url = make_database(admin_dsn, "guard_plan")
+    try:
+        with DurablePostgresSaver.from_conn_string(url) as saver:
+            saver.setup()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, checkpoint, metadata)"
+                " SELECT 'long', '', lpad(i::text, 8, '0'), '{}', '{}' FROM generate_series(1, 5000) i")
+            conn.execute("INSERT INTO durable_threads (thread_id, lease_owner, lease_token) VALUES ('long', 'me', 1)")
+            conn.execute("ANALYZE checkpoints")
+            conn.execute("ANALYZE durable_threads")
+            conn.execute(psycopg.sql.SQL("SET plan_cache_mode = {}").format(psycopg.sql.Literal(plan_cache_mode)))
+            for mode in ("lease", "foreign", "none"):
+                conn.execute(f"PREPARE put_{mode} AS {_numbered(GUARDED_UPSERT_CHECKPOINT_SQL[mode])}")
+                cid = "99999999"
+                params = ("long", "", cid, None, Jsonb({}), Jsonb({}), *guard_params(mode, "long", 1, "me", "", cid))
+                holes = ", ".join(["%s"] * len(params))
+                row = psycopg.ClientCursor(conn).execute(
+                    f"EXPLAIN (FORMAT JSON) EXECUTE put_{mode}({holes})", params).fetchone()
+                assert row is not None
+                scans = [n["Node Type"] for n in _nodes(row[0][0]["Plan"]) if n.get("Relation Name") == "checkpoints"]
+                assert "Index Only Scan" in scans and "Seq Scan" not in scans, (mode, scans)
+    finally:
+        drop_database(admin_dsn, url)
+
+
+def test_lease_checks_read_the_thread_row_by_primary_key(admin_dsn: str) -> None:
+    """The lease check of a run's write and the foreign-lease check of a write outside a
+    run read the thread's own row, found by primary key, in every plan. As WHERE clauses
+    the planner preferred the owner index (lease check) or the live-lease index (foreign
+    check) when few leases were live, and walked every lease of the owner, or every live
+    lease, a heap row each, per write."""
+    url = make_database(admin_dsn, "guard_plan_lease")
+    try:
+        with DurablePostgresSaver.from_conn_string(url) as saver:
+            saver.setup()
+        with psycopg.connect(url, autocommit=True) as conn:
+            # 200 live leases of 50k threads, each run by its own worker.
+            conn.execute(
+                "INSERT INTO durable_threads (thread_id, status, lease_owner, lease_token, lease_expires_at)"
+                " SELECT 't' || i, 'done', CASE WHEN i <= 200 THEN 'w' || i END, 1,"
+                "        now() + CASE WHEN i <= 200 THEN interval '1 hour' ELSE interval '-1 day' END"
+                " FROM generate_series(1, 50000) i")
+            conn.execute("ANALYZE durable_threads")
+            cases: list[tuple[str, str, tuple[Any, ...]]] = []
+            for mode, thread, owner in (("lease", "t7", "w7"), ("foreign", "t999", None)):
+                token = 1 if owner else None
+                cases.append((f"put {mode}", GUARDED_UPSERT_CHECKPOINT_SQL[mode], (
+                    thread, "", "a", None, Jsonb({}), Jsonb({}), *guard_params(mode, thread, token, owner, "", "a"))))
+                cases.append((f"put_writes {mode}", GUARDED_UPSERT_WRITE_SQL[mode], (
+                    thread, "", "a", "task", "", 0, "ch", "msgpack", b"\x01",
+                    *guard_params(mode, thread, token, owner, None, None))))
+            for plan_cache_mode in ("force_generic_plan", "force_custom_plan"):
+                conn.execute(psycopg.sql.SQL("SET plan_cache_mode = {}").format(psycopg.sql.Literal(plan_cache_mode)))
+                for kind, text, row in cases:
+                    conn.execute(f"PREPARE w AS {_numbered(text)}")
+                    holes = ", ".join(["%s"] * len(row))
+                    plan = psycopg.ClientCursor(conn).execute(f"EXPLAIN (FORMAT JSON) EXECUTE w({holes})", row).fetchone()
+                    conn.execute("DEALLOCATE w")
+                    assert plan is not None
+                    used = [n.get("Index Name") for n in _nodes(plan[0][0]["Plan"])
+                            if n.get("Relation Name") == "durable_threads"]
+                    assert used == ["durable_threads_pkey"], (plan_cache_mode, kind, used)
+    finally:
+        drop_database(admin_dsn, url)

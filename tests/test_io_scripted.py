@@ -162,10 +162,10 @@ def test_put_under_a_lost_lease_raises_lease_lost(lease: Lease) -> None:
         driver.run_op(_put(saver))
     assert lease.lost
     sql, params = driver.statements[-1]
-    # The put carries the run's fence: the lease check's thread, token, owner, then the
-    # order check's 9 parameters (guard_params).
+    # The put carries the run's fence: the lease check's token, owner, thread, then the
+    # order check's 7 parameters (guard_params).
     assert "durable_guard_fail('lost'" in sql
-    assert (THREAD, 7, "me:1") == tuple(params[-14:-11])
+    assert (7, "me:1", THREAD) == tuple(params[-12:-9])
     with pytest.raises(LeaseLostError):
         ScriptedDriver().run_op(_put(saver))  # lost: refused before any statement
 
@@ -180,7 +180,7 @@ def test_put_into_a_thread_leased_elsewhere_raises_busy() -> None:
     sql, params = driver.statements[-1]
     # No lease of ours: no lease check, the foreign-lease check (thread twice), the order check.
     assert "durable_guard_fail('busy'" in sql and "durable_guard_fail('lost'" not in sql
-    assert tuple(params[-11:-9]) == (THREAD, THREAD)
+    assert tuple(params[-9:-7]) == (THREAD, THREAD)
 
 
 def test_put_with_a_held_lease_commits_and_returns_its_config(lease: Lease) -> None:

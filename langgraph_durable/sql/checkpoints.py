@@ -17,15 +17,28 @@ ORDER_SKEW_STATE = "LGD03"
 # The guard of a write (issue 14), inline SQL evaluated once, before the row is inserted
 # or locked (a one-time filter: it names only parameters). A CASE of the checks that
 # apply, in this order:
-# * lease (a run's write): the thread's row with this token and owner, locked FOR SHARE
-#   (a takeover, release, delete or migration updates or locks the row exclusively: it
-#   waits for this write's commit; a write arriving after it waits for it, re-reads the
-#   row and fails); missing: LGD01, lease lost.
+# * lease (a run's write): the thread's row, locked FOR SHARE, must hold this token and
+#   owner (a takeover, release, delete or migration updates or locks the row
+#   exclusively: it waits for this write's commit; a write arriving after it waits for
+#   it, and the lock's recheck computes the test again on the row as committed: it
+#   fails); no row, or another lease: LGD01, lease lost.
 # * foreign (outside a run, leases on): anyone's live lease: LGD02, busy.
+# Both find the row by primary key and test the lease on it (in the select list, not the
+# WHERE clause): as WHERE clauses, the planner took the owner index
+# (durable_threads_owner_idx) or the live-lease index (durable_threads_leased_idx) when
+# few leases were live, a plan a prepared statement keeps, and then walked every live
+# lease (a heap row each) to find this thread's, or every lease of the owner (one per
+# run start today, so that one cost nothing yet).
 # * order (puts): refused when a checkpoint of the thread and namespace sorts after this
-#   one and this one is not stored (a re-put): LGD03, the clock-skew check. Asked as "is
-#   any id after mine?", a forward probe of the primary key that touches no heap row
-#   when the answer is no, instead of fetching the head row.
+#   one and this one is not stored (a re-put): LGD03, the clock-skew check. Asked as "the
+#   first stored id at or after mine": none (the usual case) or mine (a re-put) passes,
+#   a later one fails (mine would have come first). One forward probe of the primary key
+#   that touches no heap row when there is none. ORDER BY ... LIMIT 1, not EXISTS: for
+#   EXISTS (id > mine) the planner costs only the scan to the first of the thread's
+#   estimated rows, so with few threads and long histories (one chat thread of 20k
+#   checkpoints) the generic plan (what a prepared put runs) was a sequential scan of
+#   the whole table, for every put (1.1 ms at 20k rows, growing with the table). A sort
+#   of every candidate is never cheaper than the index's first entry.
 # One statement text per combination, never a check switched off by a NULL parameter:
 # PostgreSQL would fold that away in custom plans, find them cheaper than the generic
 # plan and plan the statement again on every execution (measured: 2x the server time
@@ -34,22 +47,17 @@ ORDER_SKEW_STATE = "LGD03"
 # fence); plpgsql runs only to raise (durable_guard_fail). Parameters: guard_params.
 GuardMode = Literal["lease", "foreign", "none"]
 _GUARD_LEASE = """
-    WHEN NOT EXISTS (
-        SELECT 1 FROM durable_threads
-        WHERE thread_id = %s AND lease_token = %s::bigint AND lease_owner = %s FOR SHARE)
+    WHEN (SELECT lease_token = %s::bigint AND lease_owner = %s
+          FROM durable_threads WHERE thread_id = %s FOR SHARE) IS NOT TRUE
     THEN durable_guard_fail('lost', %s, %s::bigint, NULL, NULL)"""
 _GUARD_FOREIGN = """
-    WHEN EXISTS (
-        SELECT 1 FROM durable_threads
-        WHERE thread_id = %s AND lease_owner IS NOT NULL AND lease_expires_at > now())
+    WHEN (SELECT lease_owner IS NOT NULL AND lease_expires_at > now()
+          FROM durable_threads WHERE thread_id = %s)
     THEN durable_guard_fail('busy', %s, NULL, NULL, NULL)"""
 _GUARD_ORDER = """
-    WHEN EXISTS (
-        SELECT 1 FROM checkpoints
-        WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id > %s)
-      AND NOT EXISTS (
-        SELECT 1 FROM checkpoints
-        WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s)
+    WHEN (SELECT checkpoint_id FROM checkpoints
+          WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id >= %s
+          ORDER BY checkpoint_id LIMIT 1) > %s
     THEN durable_guard_fail('order', %s, NULL, %s, %s)"""
 
 
@@ -64,11 +72,11 @@ def guard_params(
     """The guard's parameters, in _guard's order; ``cid`` None: no order check (writes)."""
     out: tuple[object, ...] = ()
     if mode == "lease":
-        out = (thread, token, owner, thread, token)
+        out = (token, owner, thread, thread, token)
     elif mode == "foreign":
         out = (thread, thread)
     if cid is not None:
-        out = (*out, thread, ns, cid, thread, ns, cid, thread, ns, cid)
+        out = (*out, thread, ns, cid, cid, thread, ns, cid)
     return out
 
 
