@@ -74,28 +74,47 @@ class _RunContext:
     graph: Any
 
 
+_PREGEL: tuple[type, type] | None = None  # (PregelLoop, Pregel), imported on first use
+
+
+def _pregel_types() -> tuple[type, type]:
+    global _PREGEL
+    if _PREGEL is None:
+        from langgraph.pregel import Pregel
+        from langgraph.pregel._loop import PregelLoop
+
+        _PREGEL = (PregelLoop, Pregel)
+    return _PREGEL
+
+
+def _has_self(code: Any) -> bool:
+    """Whether a frame of ``code`` can have a local ``self`` (argument, local, cell or
+    free variable): only then is its ``f_locals`` built, a dict of every local (issue
+    14: LangGraph's ``stream`` has 40, and this walk runs at every get_tuple of a run)."""
+    return "self" in code.co_varnames or "self" in code.co_cellvars or "self" in code.co_freevars
+
+
 def _find_run_context() -> _RunContext | None:
     """The PregelLoop (and its graph) whose ``__enter__`` is calling us, if any."""
-    from langgraph.pregel import Pregel
-    from langgraph.pregel._loop import PregelLoop
-
+    loop_type, pregel_type = _pregel_types()
     frame = sys._getframe(2)
     loop = None
     for _ in range(12):
         if frame is None:
             return None
-        candidate = frame.f_locals.get("self")
+        code = frame.f_code
+        candidate = frame.f_locals.get("self") if _has_self(code) else None
         if loop is None:
             if frame.f_globals.get("__name__") == "langgraph.pregel._checkpoint":
                 # checkpoint_superseded(): __enter__ reading the latest checkpoint after
                 # it loaded the one a replay asked for. The run started already; taking
                 # a second lease here would make the replay refuse itself (busy).
                 return None
-            if isinstance(candidate, PregelLoop):
-                if frame.f_code.co_name not in ("__enter__", "__aenter__"):
+            if isinstance(candidate, loop_type):
+                if code.co_name not in ("__enter__", "__aenter__"):
                     return None
                 loop = candidate
-        elif isinstance(candidate, Pregel):
+        elif isinstance(candidate, pregel_type):
             return _RunContext(loop, candidate)
         frame = frame.f_back  # type: ignore[assignment]
     return _RunContext(loop, None) if loop is not None else None
