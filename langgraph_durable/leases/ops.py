@@ -169,6 +169,10 @@ class LeaseOps(LeaseView):
                         "thread_id": lease.thread_id,
                         "token": lease.token,
                         "owner": lease.owner,
+                        # A finished run's release need not wait for its WAL flush
+                        # (see LEASE_RELEASE_SQL: only a database crash could undo it,
+                        # and a finished thread resumed runs nothing).
+                        "async_commit": status == "done",
                     },
                 )
             ],
