@@ -106,3 +106,24 @@ def test_run_end_is_one_op_and_no_flow_when_nothing_was_deferred() -> None:
     assert lease.released and restored == [True]
     sent = [p for sql, p in saver.driver.statements if sql == threads_sql.LEASE_RELEASE_SQL]
     assert len(sent) == 1 and sent[0]["status"] == "done" and sent[0]["token"] == 3
+
+
+def test_a_release_removes_only_its_own_runtime_bindings() -> None:
+    from langgraph_durable.leases.model import _LeaseRegistry
+
+    registry = _LeaseRegistry()
+    a, b = _lease(), Lease("t-other", owner="me:1:y", token=1, attempts=1, checkpoint_id=None, version=None)
+    ra1, ra2, rb, rebound = object(), object(), object(), object()
+    for lease in (a, b):
+        registry.add(lease)
+    registry.bind_runtime(ra1, a)
+    registry.bind_runtime(ra2, a)
+    registry.bind_runtime(rb, b)
+    registry.bind_runtime(rebound, a)
+    registry.bind_runtime(rebound, b)  # the same Runtime bound again, to b: b's now
+    registry.remove(a)
+    assert registry.for_runtime(ra1, a.thread_id) is None and registry.for_runtime(ra2, a.thread_id) is None
+    assert registry.for_runtime(rb, b.thread_id) is b and registry.for_runtime(rebound, b.thread_id) is b
+    assert registry.get(a.thread_id) is None and registry.get(b.thread_id) is b
+    registry.remove(b)
+    assert registry.by_runtime == {} and registry.by_lease == {}
