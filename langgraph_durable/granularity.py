@@ -182,7 +182,7 @@ class Deferrals:
         loop = ctx.loop
         with self.lock:
             self.runs.pop(lease.thread_id, None)
-        if getattr(loop, "durability", "async") == "exit" or _has_delta_channels(ctx):
+        if getattr(loop, "durability", "async") == "exit":
             return
         node_policy = dict(self.nodes)
         graph = getattr(ctx, "graph", None)
@@ -192,6 +192,10 @@ class Deferrals:
                 node_policy[name] = wanted  # the saver's mapping wins over metadata
         if self.default != "defer" and "defer" not in node_policy.values():
             return  # nothing in this graph may be deferred: the run is written as usual
+        # After the policy check: an isinstance per channel (ABCs) on every run start
+        # of the default saver (policy None), whose graphs defer nothing (issue 14).
+        if _has_delta_channels(ctx):
+            return
         durable_id = saved.checkpoint["id"] if saved is not None else None
         now = time.monotonic()
         run = _Run(

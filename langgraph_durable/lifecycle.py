@@ -30,6 +30,7 @@ from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
     Flow,
+    Op,
     Sleep,
     Stmt,
     SyncDriver,
@@ -73,28 +74,47 @@ class _RunContext:
     graph: Any
 
 
+_PREGEL: tuple[type, type] | None = None  # (PregelLoop, Pregel), imported on first use
+
+
+def _pregel_types() -> tuple[type, type]:
+    global _PREGEL
+    if _PREGEL is None:
+        from langgraph.pregel import Pregel
+        from langgraph.pregel._loop import PregelLoop
+
+        _PREGEL = (PregelLoop, Pregel)
+    return _PREGEL
+
+
+def _has_self(code: Any) -> bool:
+    """Whether a frame of ``code`` can have a local ``self`` (argument, local, cell or
+    free variable): only then is its ``f_locals`` built, a dict of every local (issue
+    14: LangGraph's ``stream`` has 40, and this walk runs at every get_tuple of a run)."""
+    return "self" in code.co_varnames or "self" in code.co_cellvars or "self" in code.co_freevars
+
+
 def _find_run_context() -> _RunContext | None:
     """The PregelLoop (and its graph) whose ``__enter__`` is calling us, if any."""
-    from langgraph.pregel import Pregel
-    from langgraph.pregel._loop import PregelLoop
-
+    loop_type, pregel_type = _pregel_types()
     frame = sys._getframe(2)
     loop = None
     for _ in range(12):
         if frame is None:
             return None
-        candidate = frame.f_locals.get("self")
+        code = frame.f_code
+        candidate = frame.f_locals.get("self") if _has_self(code) else None
         if loop is None:
             if frame.f_globals.get("__name__") == "langgraph.pregel._checkpoint":
                 # checkpoint_superseded(): __enter__ reading the latest checkpoint after
                 # it loaded the one a replay asked for. The run started already; taking
                 # a second lease here would make the replay refuse itself (busy).
                 return None
-            if isinstance(candidate, PregelLoop):
-                if frame.f_code.co_name not in ("__enter__", "__aenter__"):
+            if isinstance(candidate, loop_type):
+                if code.co_name not in ("__enter__", "__aenter__"):
                     return None
                 loop = candidate
-        elif isinstance(candidate, Pregel):
+        elif isinstance(candidate, pregel_type):
             return _RunContext(loop, candidate)
         frame = frame.f_back  # type: ignore[assignment]
     return _RunContext(loop, None) if loop is not None else None
@@ -253,9 +273,20 @@ class RunLifecycle(RunLifecycleView):
             if loaded is None:
                 saved = yield Tx(lambda: self._op_get_tuple(config), transaction=False)
             else:
-                # Artifacts, if any, are fetched here (immutable, no snapshot needed);
-                # a checkpoint without any needs no statement at all.
-                saved = yield Tx(partial(self._op_tuple_of, loaded), transaction=False)
+                # Artifacts, if any, are fetched here (immutable, no snapshot needed).
+                # A checkpoint without any (or none: a new thread) needs no statement:
+                # decoded right here, not through the driver (issue 14: a Tx, run_op and
+                # its memo per run start for nothing). The op is run to its first
+                # statement here; what precedes that is pure, so when it has one the op
+                # is closed and run again, whole, by the driver.
+                op = self._op_tuple_of(loaded)
+                try:
+                    op.send(None)
+                except StopIteration as stop:
+                    saved = stop.value
+                else:
+                    op.close()
+                    saved = yield Tx(partial(self._op_tuple_of, loaded), transaction=False)
             _check_runnable(saved)
         except CheckpointLoadError as exc:
             # Fail closed: a checkpoint we cannot read is never run on half a state,
@@ -295,26 +326,31 @@ class RunLifecycle(RunLifecycleView):
         cfg = getattr(loop, "checkpoint_config", None) or {}
         return cast("str | None", cfg.get("configurable", {}).get("checkpoint_id"))
 
-    def _release_flow(self, lease: Lease, loop: Any, exc: BaseException | None) -> Flow[None]:
+    def _release_op(
+        self, lease: Lease, loop: Any, exc: BaseException | None
+    ) -> Callable[[], Op[None]]:
+        """The run end: forget ``lease`` here and return its release (an op factory,
+        one autocommit pipeline). Run by the exit callback as an op, not through a
+        flow: one driver layer less on every run end (issue 14)."""
         self._leases.remove(lease)
         lease.released = True
         status, reset, undo, error = self._exit_outcome(loop, exc)
         head = self._head(loop)
-        moved = head is not None and head != lease.checkpoint_id
-        if error is not None and moved:
+        if error is not None and head is not None and head != lease.checkpoint_id:
             # The failure happened past the checkpoint the run started from: it is the
             # first failed attempt at the new head.
             moved_to = Stmt(
                 ATTEMPT_AT_HEAD_SQL,
                 (head, lease.thread_id, lease.token, lease.owner),
             )
-            yield Tx(
-                lambda: self._op_release(
-                    lease, status, reset=False, undo=False, error=error, first=(moved_to,)
-                )
+            return partial(
+                self._op_release, lease, status, reset=False, undo=False, error=error, first=(moved_to,)
             )
-            return
-        yield Tx(lambda: self._op_release(lease, status, reset=reset, undo=undo, error=error))
+        return partial(self._op_release, lease, status, reset=reset, undo=undo, error=error)
+
+    def _release_flow(self, lease: Lease, loop: Any, exc: BaseException | None) -> Flow[None]:
+        """``_release_op`` as a flow (for drivers that run flows)."""
+        yield Tx(self._release_op(lease, loop, exc))
 
     def _run_started(
         self,
@@ -353,26 +389,29 @@ class RunLifecycle(RunLifecycleView):
         saver = cast("_DurableBase", self)
 
         def sync_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-            if self._granularity is not None:  # deferred checkpoints, before the release
+            # Deferred checkpoints, before the release. .runs: runs with something
+            # deferred (start() registers one before the run's first step; empty: the
+            # usual case, nothing to flush and no flow to run).
+            if self._granularity is not None and self._granularity.runs:
                 try:
                     self._run_flow(self._granularity.exit_flow(saver, lease))
                 except Exception:
                     logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
             try:
-                self._run_flow(self._release_flow(lease, ctx.loop, exc))
+                self._run_op(self._release_op(lease, ctx.loop, exc))
             except Exception:
                 logger.exception("could not release the lease on thread %s", lease.thread_id)
             restore()
             return False
 
         async def async_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-            if self._granularity is not None:
+            if self._granularity is not None and self._granularity.runs:
                 try:
                     await self._arun_flow(self._granularity.exit_flow(saver, lease))
                 except Exception:
                     logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
             try:
-                await self._arun_flow(self._release_flow(lease, ctx.loop, exc))
+                await self._arun_op(self._release_op(lease, ctx.loop, exc))
             except Exception:
                 logger.exception("could not release the lease on thread %s", lease.thread_id)
             restore()

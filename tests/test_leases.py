@@ -372,3 +372,28 @@ def test_sigstopped_worker_is_fenced_after_takeover(db: str, tmp_path: Path) -> 
     assert owners == [str(proc.pid)] + [str(os.getpid())] * 3
     row = thread_row(db, "zombie-1")
     assert row["status"] == "done" and row["lease_owner"] is None
+
+
+@pytest.mark.parametrize(
+    ("status", "flushed"),
+    [("done", False), ("waiting", True), ("stopped", True), ("error", True)],
+)
+def test_only_a_finished_runs_release_skips_the_wal_flush(db: str, status: str, flushed: bool) -> None:
+    """The release of a finished run commits without waiting for its WAL flush (issue
+    14: the flush was most of the run end); every other outcome's release, whose loss
+    in a database crash would make a resume re-run a node, waits for it. Read inside
+    the release's own transaction (the setting is per transaction)."""
+    from langgraph_durable.leases.model import Lease
+
+    tid = f"flush-{status}"
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        got = saver.run_op(lambda: saver._op_acquire(tid, "owner-f", None, None))
+    lease = Lease(tid, owner="owner-f", token=int(got["lease_token"]), attempts=1, checkpoint_id=None, version=None)
+    op = saver._op_release(lease, status, reset=status == "done", undo=False, error=None)
+    (release,) = next(op).stmts
+    with psycopg.connect(db) as conn:  # one explicit transaction, rolled back
+        assert conn.execute(release.sql, release.params).rowcount == 1
+        setting = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+        conn.rollback()
+        assert conn.execute("SELECT current_setting('synchronous_commit')").fetchone() == ("on",)
+    assert setting == (("on",) if flushed else ("off",))

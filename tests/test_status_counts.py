@@ -229,7 +229,8 @@ def _lease(conn: psycopg.Connection[Any], tid: str, status: str = "running") -> 
 
 
 def _release_params(lease: dict[str, Any], status: str) -> dict[str, Any]:
-    return {**lease, "status": status, "reset": False, "undo": False, "error": None, "checkpoint_id": None}
+    return {**lease, "status": status, "reset": False, "undo": False, "error": None, "checkpoint_id": None,
+            "async_commit": status == "done"}
 
 
 def _release(conn: psycopg.Connection[Any], tid: str, status: str, sql: str = LEASE_RELEASE_SQL) -> None:

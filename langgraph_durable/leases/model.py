@@ -93,6 +93,10 @@ class _LeaseRegistry:
         # id(Runtime) -> (that Runtime, kept alive so its id is not reused, lease): the
         # run each LangGraph Runtime object belongs to (see bind_runtime).
         self.by_runtime: dict[int, tuple[Any, Lease]] = {}
+        # id(Lease) -> the by_runtime keys bound to it: a release removes its own
+        # bindings without walking every other run's (issue 14: remove() scanned the
+        # whole map, under the lock, at every run end of every concurrent run).
+        self.by_lease: dict[int, list[int]] = {}
 
     def get(self, thread_id: str) -> Lease | None:
         with self.lock:
@@ -106,8 +110,11 @@ class _LeaseRegistry:
         with self.lock:
             if self.by_thread.get(lease.thread_id) is lease:
                 del self.by_thread[lease.thread_id]
-            for key in [k for k, (_, held) in self.by_runtime.items() if held is lease]:
-                del self.by_runtime[key]
+            for key in self.by_lease.pop(id(lease), ()):
+                entry = self.by_runtime.get(key)
+                # A key rebound since to another lease is that lease's now.
+                if entry is not None and entry[1] is lease:
+                    del self.by_runtime[key]
 
     def bind_runtime(self, runtime: Any, lease: Lease) -> None:
         """Remember that writes whose config carries ``runtime`` are ``lease``'s run.
@@ -121,6 +128,7 @@ class _LeaseRegistry:
         with self.lock:
             if not lease.released:
                 self.by_runtime[id(runtime)] = (runtime, lease)
+                self.by_lease.setdefault(id(lease), []).append(id(runtime))
 
     def for_runtime(self, runtime: Any, thread_id: str) -> Lease | None:
         if runtime is None:

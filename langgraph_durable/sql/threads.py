@@ -142,7 +142,23 @@ UPDATE durable_threads t SET
                                  WHERE c.thread_id = %(thread_id)s AND c.checkpoint_ns = '') END,
     updated_at = now()
 WHERE t.thread_id = %(thread_id)s AND t.lease_token = %(token)s AND t.lease_owner = %(owner)s
+  AND (NOT %(async_commit)s OR set_config('synchronous_commit', 'off', true) IS NOT NULL)
 """
+# async_commit (the run finished, status 'done'): this transaction commits without
+# waiting for its WAL flush (set_config(..., true): this transaction only; the session
+# keeps its setting). The release is visible to every other session at COMMIT as
+# before, before invoke returns: another worker's acquisition never sees the finished
+# run's lease, and a client crash after the return leaves nothing behind. What it gives
+# up, only on a crash of the database server itself within the WAL writer's delay
+# (<= 3 x wal_writer_delay, 0.6 s by default): the release, i.e. the state of a crash
+# just before it (status 'running' until the lease expires, then a resume that runs
+# nothing: the thread's last checkpoint, written and flushed by a synchronous put
+# before the release, has no next task). The checkpoints themselves are never at risk
+# (every put commits synchronously, and any later commit flushes this one too). Not
+# for waiting, stopped or failed runs: a lost release there makes a resume re-run a
+# node. The acquisition always waits for its flush: a lease lost to a server crash
+# would let a second worker run nodes beside this run. Measured (issue 14): the flush
+# was most of the run end's wall, ~0.2-0.9 ms by disk and load.
 
 
 # Whole-thread deletes (delete_thread, prune(strategy="delete")) lock the thread rows
