@@ -645,3 +645,39 @@ def test_new_count_equals_the_full_scan_on_random_histories(
             elif op == "null_all":  # rows from before the migration
                 conn.execute("UPDATE durable_threads SET has_root = NULL")
     _exact(store, dsn)
+
+
+def test_a_stock_only_thread_deleted_while_a_run_starts_never_keeps_a_stale_true(
+    store: DurablePostgresSaver, dsn: str
+) -> None:
+    """A stock delete of a thread with no row of ours: its trigger runs before a run
+    starting meanwhile makes the row, so nothing locks that run out. The run writes no
+    checkpoint and releases while the delete is still open; its probe must not take the
+    uncommitted deletions for live roots (it waits for the delete instead)."""
+    import threading
+    import time
+
+    tid = f"stockonly-{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _put_cp(conn, tid)
+        _put_cp(conn, tid)
+    with psycopg.connect(dsn) as deleter, psycopg.connect(dsn, autocommit=True) as run:
+        deleter.execute("DELETE FROM checkpoints WHERE thread_id = %s", (tid,))  # trigger: no row yet
+        lease = _lease(run, tid)  # no row to wait for: the run starts at once
+        t = threading.Thread(target=lambda: run.execute(LEASE_RELEASE_SQL, _release_params(lease, "stopped")))
+        t.start()
+        # Either the release finishes at once (it read the deleted roots as live) or
+        # it waits for the delete's row lock; then the delete commits.
+        deadline = time.monotonic() + 10
+        while t.is_alive() and _count(
+            dsn, f"SELECT count(*) FROM pg_stat_activity WHERE pid = {run.info.backend_pid} "
+                 "AND wait_event_type = 'Lock'"
+        ) == 0:
+            assert time.monotonic() < deadline, "release neither finished nor blocked"
+            time.sleep(0.02)
+        deleter.commit()
+        t.join(10)
+        assert not t.is_alive()
+    assert _flag(dsn, tid) is not True
+    assert _full_scan_kind(dsn, tid) == "orphaned"
+    _exact(store, dsn)

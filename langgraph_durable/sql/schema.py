@@ -541,13 +541,12 @@ MIGRATIONS: list[str] = [
     # When none is left, no UPDATE runs at all: the whole-thread deletes, which remove the
     # thread rows first (sql.threads.DELETE_THREAD_ROWS_FIRST_SQL), and deletes of threads
     # whose flag is not TRUE, pay one primary-key pass instead of two. The REPEATABLE READ
-    # branch is unchanged. Not covered, before or now: a thread with no row at all when the
-    # lock pass runs (a stock-only thread): nothing locks an acquisition out, and a run that
-    # writes no checkpoint and releases before this delete commits sees the deleted root
-    # and writes TRUE. The old UPDATE's later snapshot also caught an acquisition committed
-    # during the lock statement; this one does not (the same gap, one statement wider).
-    # The package's own whole-thread deletes are not exposed: their thread rows exist
-    # (made if missing) and are deleted first, so an acquisition's INSERT waits for them.
+    # branch is unchanged. A thread with no row at all when the lock pass runs (a
+    # stock-only thread) is locked out by nothing here: a run starting on it meanwhile
+    # that writes no checkpoint would release before this delete commits. Its release's
+    # probe covers that case (sql.threads.LEASE_RELEASE_SQL: a flag not yet TRUE is probed
+    # FOR KEY SHARE, so it waits for this delete; test_status_counts
+    # test_a_stock_only_thread_deleted_while_a_run_starts_never_keeps_a_stale_true).
     """CREATE OR REPLACE FUNCTION durable_unroot(p_threads text[]) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $f$
     DECLARE

@@ -127,6 +127,13 @@ RETURNING t.thread_id
 # statement's snapshot (a delete's trigger cleared the flag and committed while this
 # waited for the row lock; t.xmin is then the newer version's), the probe read the
 # checkpoints before that delete: NULL (unknown, probed by status_counts) instead.
+# A flag not yet TRUE is probed with a row lock (FOR KEY SHARE on one root checkpoint):
+# a delete in flight whose trigger ran before this thread had a row (a stock-only thread
+# deleted while a run starts on it) found nothing to lock out, so this probe must not
+# read its uncommitted deletions as live; the lock waits for that delete, then skips
+# the rows it removed. A TRUE flag was set before any such delete's trigger ran (a
+# first release is never TRUE), so the trigger's own row lock covers it: no lock, no
+# WAL record on the common release.
 LEASE_RELEASE_SQL = """
 UPDATE durable_threads t SET
     status = %(status)s,
@@ -138,8 +145,12 @@ UPDATE durable_threads t SET
     attempts_checkpoint_id = COALESCE(%(checkpoint_id)s, t.attempts_checkpoint_id),
     last_error = CASE WHEN %(reset)s THEN NULL ELSE COALESCE(%(error)s, t.last_error) END,
     has_root = CASE WHEN t.xmin = (SELECT s.xmin FROM durable_threads s WHERE s.thread_id = %(thread_id)s)
-                    THEN EXISTS (SELECT 1 FROM checkpoints c
-                                 WHERE c.thread_id = %(thread_id)s AND c.checkpoint_ns = '') END,
+                    THEN CASE WHEN t.has_root
+                              THEN EXISTS (SELECT 1 FROM checkpoints c
+                                           WHERE c.thread_id = %(thread_id)s AND c.checkpoint_ns = '')
+                              ELSE EXISTS (SELECT 1 FROM checkpoints c
+                                           WHERE c.thread_id = %(thread_id)s AND c.checkpoint_ns = ''
+                                           LIMIT 1 FOR KEY SHARE) END END,
     updated_at = now()
 WHERE t.thread_id = %(thread_id)s AND t.lease_token = %(token)s AND t.lease_owner = %(owner)s
   AND (NOT %(async_commit)s OR set_config('synchronous_commit', 'off', true) IS NOT NULL)
