@@ -150,7 +150,12 @@ def test_failed_setup_releases_its_lock(fresh_db: str) -> None:
                 saver.setup()
             # While the saver and its one pooled connection are still alive, the lock
             # is free for anyone else.
-            held = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
+            # pg_locks is cluster-wide: only this database's (another test's setup() in a
+            # parallel xdist worker, or on a shared server, holds its own for a moment).
+            held = conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchone()
             assert held == (0,)
             got = conn.execute("SELECT pg_try_advisory_lock(%s)", (_sql.SETUP_LOCK_KEY,)).fetchone()
             assert got == (True,)

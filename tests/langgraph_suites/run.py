@@ -265,11 +265,15 @@ def launch(job: Job, saver: str, workers: int, base: str, ids: list[str] | None 
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(HERE), env.get("PYTHONPATH")]))
     env["LGD_SUITE_PG"] = base
     root = job.suites[0].root
+    # --tb=native: pytest's own styles parse each test file of a traceback (test_pregel.py is
+    # 10,000 lines) once per failure, and the policy run has hundreds of reviewed failures:
+    # that, with suite_plugin's own statement lookup, made the policy pytest cost 1.7x the
+    # durable one's CPU. Python's tracebacks read lines through linecache instead.
     cmd = [
         sys.executable, "-m", "pytest", *(ids or job.files),
         "-p", "suite_plugin", *SAVER_ARGS[saver],
         "-p", "no:cacheprovider", "-o", f"addopts={job.suites[0].addopts}",
-        "-q", "--tb=short", f"--junitxml={xml}", f"--lgd-failures={failures}",
+        "-q", "--tb=native", f"--junitxml={xml}", f"--lgd-failures={failures}",
     ]
     if workers > 0:
         cmd += ["-n", str(workers)]
