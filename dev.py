@@ -8,6 +8,7 @@
     python3 dev.py suites       # LangGraph's own test suites, stock vs durable savers
     python3 dev.py suites --policy  # ... and the durable savers with a checkpoint policy (CI)
     python3 dev.py test-oldest  # the oldest supported LangGraph: drop-in suites + LangGraph's suites
+    python3 dev.py env-oldest   # only build test-oldest's virtualenv (CI does it beside the tests)
 
 ``demo``/``test``/``suites`` create ``.venv`` on first use and install the package with its
 test extras (reinstalled when pyproject.toml changes). ``test-oldest`` does the same in
@@ -153,10 +154,13 @@ def test_oldest(rest: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "lint", "test-oldest", "suites"):
+    if not argv or argv[0] not in ("demo", "test", "lint", "test-oldest", "env-oldest", "suites"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
+    if command == "env-oldest":
+        ensure_env(OLDEST_VENV, oldest_requirements())
+        return 0
     if command == "test-oldest":
         return test_oldest(rest)
     ensure_env()
