@@ -25,7 +25,8 @@ side by side, ``-n 2`` each; the PostgreSQL server is a throwaway ``fsync=off`` 
 (fastpg.py), and the langgraph suites reuse emptied databases instead of creating one per
 test (suite_plugin._Databases). Measured on the shared 2-core machine, same load for both:
 before 990 s wall, 209 s pytest CPU + 939 s PostgreSQL CPU; after 408 s wall (272 s in a
-quieter moment), 163 s + 178 s.
+quieter moment), 163 s + 178 s. The policy run's failures (about 210, each reviewed) once
+made it cost 1.7x the durable run's CPU (their tracebacks formatted): hence ``--tb=native`` (launch()).
 """
 
 from __future__ import annotations
