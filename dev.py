@@ -78,7 +78,7 @@ TEST_WORKERS = int(os.environ.get("LGD_TEST_WORKERS", "4"))
 def xdist_args(rest: list[str], workers: int = TEST_WORKERS) -> list[str]:
     def own(a: str) -> bool:
         return (a.startswith("-n") and not a.startswith("--")) or a.startswith(("--numprocesses", "--dist")) \
-            or a in ("no:xdist", "-pno:xdist")
+            or a in ("no:xdist", "-pno:xdist", "--pdb", "--trace")  # a debugger needs the terminal
 
     if workers <= 1 or any(own(a) for a in rest):
         return []
