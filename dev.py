@@ -8,6 +8,7 @@
     python3 dev.py suites       # LangGraph's own test suites, stock vs durable savers
     python3 dev.py suites --policy  # ... and the durable savers with a checkpoint policy (CI)
     python3 dev.py test-oldest  # the oldest supported LangGraph: drop-in suites + LangGraph's suites
+    python3 dev.py env-oldest   # only build test-oldest's virtualenv (CI does it beside the tests)
 
 ``demo``/``test``/``suites`` create ``.venv`` on first use and install the package with its
 test extras (reinstalled when pyproject.toml changes). ``test-oldest`` does the same in
@@ -62,6 +63,28 @@ def ensure_env(venv_dir: Path = VENV, requirements: tuple[str, ...] = (".[test]"
     return py
 
 
+# --- how the test suite runs -------------------------------------------------------------
+# The suite waits far more than it computes (real processes SIGKILLed and resumed, leases
+# expiring, servers starting): run serially it used 31% of one core (754 s wall, 236 CPU-s,
+# 2-core machine). So pytest-xdist workers, more than the cores; ``--dist loadfile``: a test
+# file stays on one worker (its module-scoped database is made once, and files that share a
+# resource, e.g. test_model_chaos.py's report, never run beside themselves), handed out in
+# collection order, which tests/conftest.py sorts slowest file first (SLOW_FIRST), so the
+# longest files do not start last. ``LGD_TEST_WORKERS=0`` runs serially; an ``-n``/``--dist``/
+# ``-p no:xdist`` of the caller's wins.
+TEST_WORKERS = int(os.environ.get("LGD_TEST_WORKERS", "4"))
+
+
+def xdist_args(rest: list[str], workers: int = TEST_WORKERS) -> list[str]:
+    def own(a: str) -> bool:
+        return (a.startswith("-n") and not a.startswith("--")) or a.startswith(("--numprocesses", "--dist")) \
+            or a in ("no:xdist", "-pno:xdist", "--pdb", "--trace")  # a debugger needs the terminal
+
+    if workers <= 1 or any(own(a) for a in rest):
+        return []
+    return ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"]
+
+
 # --- the oldest supported versions (CI's second, shorter job) ---------------------------
 OLDEST_VENV = Path(os.environ.get("LANGGRAPH_DURABLE_OLDEST_VENV", ROOT / ".venv-oldest"))
 # What the oldest job runs: the drop-in suites. HOOK: suites that must also pass on the
@@ -113,7 +136,7 @@ def test_oldest(rest: list[str]) -> int:
     code = _run(py, "-c", "import langgraph_durable._compat as c; print('oldest job on', c.describe_versions())")
     if code != 0:
         return code
-    code = _run(py, "-m", "pytest", *OLDEST_SUITES, *OLDEST_EXTRA_SUITES, *rest)
+    code = _run(py, "-m", "pytest", *xdist_args(rest, min(TEST_WORKERS, 3)), *OLDEST_SUITES, *OLDEST_EXTRA_SUITES, *rest)
     if code == 1 and not rest:
         # The random-SIGKILL crash test has failed about once in ten runs on a heavily
         # loaded 2-core machine (one run re-ran a committed subgraph node, another missed
@@ -131,10 +154,13 @@ def test_oldest(rest: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "lint", "test-oldest", "suites"):
+    if not argv or argv[0] not in ("demo", "test", "lint", "test-oldest", "env-oldest", "suites"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
+    if command == "env-oldest":
+        ensure_env(OLDEST_VENV, oldest_requirements())
+        return 0
     if command == "test-oldest":
         return test_oldest(rest)
     ensure_env()
@@ -162,7 +188,7 @@ def main(argv: list[str]) -> int:
         os.environ["LGD_HYPOTHESIS_PROFILE"] = "long"
         if "-m" not in rest:
             rest = ["-m", "hypothesis", *rest]
-    return _run(PY, "-m", "pytest", *rest)
+    return _run(PY, "-m", "pytest", *xdist_args(rest), *rest)
 
 
 if __name__ == "__main__":

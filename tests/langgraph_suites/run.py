@@ -25,7 +25,8 @@ side by side, ``-n 2`` each; the PostgreSQL server is a throwaway ``fsync=off`` 
 (fastpg.py), and the langgraph suites reuse emptied databases instead of creating one per
 test (suite_plugin._Databases). Measured on the shared 2-core machine, same load for both:
 before 990 s wall, 209 s pytest CPU + 939 s PostgreSQL CPU; after 408 s wall (272 s in a
-quieter moment), 163 s + 178 s.
+quieter moment), 163 s + 178 s. The policy run's failures (about 210, each reviewed) once
+made it cost 1.7x the durable run's CPU (their tracebacks formatted): hence ``--tb=native`` (launch()).
 """
 
 from __future__ import annotations
@@ -265,11 +266,15 @@ def launch(job: Job, saver: str, workers: int, base: str, ids: list[str] | None 
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(HERE), env.get("PYTHONPATH")]))
     env["LGD_SUITE_PG"] = base
     root = job.suites[0].root
+    # --tb=native: pytest's own styles parse each test file of a traceback (test_pregel.py is
+    # 10,000 lines) once per failure, and the policy run has hundreds of reviewed failures:
+    # that, with suite_plugin's own statement lookup, made the policy pytest cost 1.7x the
+    # durable one's CPU. Python's tracebacks read lines through linecache instead.
     cmd = [
         sys.executable, "-m", "pytest", *(ids or job.files),
         "-p", "suite_plugin", *SAVER_ARGS[saver],
         "-p", "no:cacheprovider", "-o", f"addopts={job.suites[0].addopts}",
-        "-q", "--tb=short", f"--junitxml={xml}", f"--lgd-failures={failures}",
+        "-q", "--tb=native", f"--junitxml={xml}", f"--lgd-failures={failures}",
     ]
     if workers > 0:
         cmd += ["-n", str(workers)]
