@@ -90,6 +90,11 @@ def _root(channel: str) -> str:
     return "input" if channel == _START else f"state[{channel!r}]"
 
 
+def _write_root(channel: str) -> str:
+    """How an error names a pending write's value (built on the error path only)."""
+    return "input" if channel == _START else f"writes[{channel!r}]"
+
+
 class WriteOps(WriteView):
     """The write ops of the saver."""
 
@@ -217,12 +222,16 @@ class WriteOps(WriteView):
         try:
             return self.codec.encode(self.serde, value)
         except SerializationError as exc:
-            inner = value.value if isinstance(value, _DeltaSnapshot) else value
-            found = _values.find_unencodable(inner, _values.serializer_reject(self.serde), root)
-            path, culprit, reason = found or (root, inner, str(exc))
-            raise UnencodableValueError(
-                **where, path=path, value_type=type(culprit).__name__, reason=reason
-            ) from exc
+            raise self._unencodable(exc, value, where, root) from exc
+
+    def _unencodable(
+        self, exc: SerializationError, value: Any, where: Mapping[str, Any], root: str
+    ) -> UnencodableValueError:
+        """The typed error for a value the serializer refused, naming where it is."""
+        inner = value.value if isinstance(value, _DeltaSnapshot) else value
+        found = _values.find_unencodable(inner, _values.serializer_reject(self.serde), root)
+        path, culprit, reason = found or (root, inner, str(exc))
+        return UnencodableValueError(**where, path=path, value_type=type(culprit).__name__, reason=reason)
 
     def _check_texts(self, value: Any, where: Mapping[str, Any], root: str) -> None:
         """Refuse a state string with a lone surrogate before anything is sent.
@@ -289,7 +298,7 @@ class WriteOps(WriteView):
             if k in blob_values:
                 enc = self._encode(blob_values[k], where, _root(k))
                 artifacts.update(enc.artifacts)
-                blob_rows.append((thread_id, checkpoint_ns, k, cast(str, ver), enc.type, enc.data))
+                blob_rows.append((thread_id, checkpoint_ns, k, ver, enc.type, enc.data))
         return copy, blob_rows, artifacts
 
     @staticmethod
@@ -322,8 +331,10 @@ class WriteOps(WriteView):
         md = self._stamp(config, metadata, lease)
         cp_json, md_json = self._put_json(copy, md, where)
         _telemetry.checkpoint_bytes(cp_json, blob_rows)
-        art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
-        stmts = list(art_stmts)
+        stmts: list[Stmt] = []
+        new_refs: list[bytes] = []
+        if artifacts:
+            stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         if blob_rows:
             stmts.append(Stmt(UPSERT_CHECKPOINT_BLOBS_SQL, blob_rows, many=True))
         # The checkpoint row carries the guard (issue 14): fence (or foreign-lease check)
@@ -369,17 +380,23 @@ class WriteOps(WriteView):
         """A put_writes' rows (values checked and encoded) and their artifacts."""
         artifacts: dict[bytes, bytes] = {}
         rows: list[tuple[Any, ...]] = []
+        thread_id, checkpoint_ns, checkpoint_id = where["thread_id"], where["checkpoint_ns"], where["checkpoint_id"]
+        encode, serde = self.codec.encode, self.serde
         for idx, (channel, value) in enumerate(writes):
-            root = "input" if channel == _START else f"writes[{channel!r}]"
             if (isinstance(value, str) and not value.isascii()) or (channel == _START and isinstance(value, dict)):
-                self._check_texts(value, where, root)  # only these can fail it (see _put_values)
-            enc = self._encode(value, where, root)
-            artifacts.update(enc.artifacts)
+                # Only these can fail it (see _put_values).
+                self._check_texts(value, where, _write_root(channel))
+            try:
+                enc = encode(serde, value)
+            except SerializationError as exc:
+                raise self._unencodable(exc, value, where, _write_root(channel)) from exc
+            if enc.artifacts:
+                artifacts.update(enc.artifacts)
             rows.append(
                 (
-                    where["thread_id"],
-                    where["checkpoint_ns"],
-                    where["checkpoint_id"],
+                    thread_id,
+                    checkpoint_ns,
+                    checkpoint_id,
                     task_id,
                     task_path,
                     WRITES_IDX_MAP.get(channel, idx),
@@ -405,15 +422,18 @@ class WriteOps(WriteView):
         checkpoint_id = configurable["checkpoint_id"]
         _values.check_ids(thread_id, checkpoint_ns, checkpoint_id)
         where = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
-        query = (
-            UPSERT_CHECKPOINT_WRITES_SQL
-            if all(w[0] in WRITES_IDX_MAP for w in writes)
-            else INSERT_CHECKPOINT_WRITES_SQL
-        )
+        # The stock rule: upsert when every write is a special one (error, interrupt...).
+        query = UPSERT_CHECKPOINT_WRITES_SQL
+        for w in writes:
+            if w[0] not in WRITES_IDX_MAP:
+                query = INSERT_CHECKPOINT_WRITES_SQL
+                break
         rows, artifacts = self._write_rows(writes, task_id, task_path, where)
         mode, guard, lease = self._guard(thread_id, config, None, None)
-        art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
-        stmts = list(art_stmts)
+        stmts: list[Stmt] = []
+        new_refs: list[bytes] = []
+        if artifacts:
+            stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         if mode != "none":
             # The rows carry the guard (issue 14, see GUARDED_UPSERT_WRITE_SQL): it
             # runs before the first write row is inserted or locked. A step's few writes
