@@ -12,6 +12,7 @@ from concurrent.futures import wait as futures_wait
 from contextvars import ContextVar
 from typing import Any, cast
 
+import orjson
 import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -41,7 +42,7 @@ from langgraph_durable.artifacts import (
     ArtifactsInFlight,
     WriteSession,
 )
-from langgraph_durable.core.jsonb import _json_problem, _jsonb_now
+from langgraph_durable.core.jsonb import _as_is, _json_problem, _jsonb_now
 from langgraph_durable.core.view import WriteView
 from langgraph_durable.errors import (
     DurableError,
@@ -304,6 +305,12 @@ class WriteOps(WriteView):
     @staticmethod
     def _put_json(copy: Checkpoint, md: dict[str, Any], where: Mapping[str, Any]) -> tuple[Jsonb, Jsonb]:
         """The checkpoint and metadata as JSONB parameters, dumped now (see _jsonb_now)."""
+        try:
+            # _jsonb_now's common case, inline (four Python calls per put, issue 14);
+            # anything orjson refuses takes _jsonb_now's stdlib fallback below.
+            return Jsonb(orjson.dumps(copy).decode(), dumps=_as_is), Jsonb(orjson.dumps(md).decode(), dumps=_as_is)
+        except TypeError:
+            pass
         try:
             return _jsonb_now(copy), _jsonb_now(md)
         except Exception as exc:  # metadata a caller put in config["metadata"]
