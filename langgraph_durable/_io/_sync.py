@@ -85,10 +85,14 @@ class SyncDriver:
         self.lock = Lock()  # a single connection is used by one caller at a time
         self._schema_set: set[int] = set()
         self._ops: Callable[..., Any] | None = None
-        # The user's single connection (no pool, no source): run_op takes it under the
-        # lock itself. None: connections come from connection().
+        # What run_op checks a connection out of itself, rather than through
+        # connection() (a generator context manager around it: ~0.6 us per op, issue
+        # 14: 25 ops per invoke): the user's single connection, or a pool. Both None:
+        # connection() (a source; a subclass's own, e.g. ScriptedDriver's).
+        pool = conn if source is None and isinstance(conn, ConnectionPool) else None
+        self._pool: ConnectionPool[Any] | None = pool
         self._single: Connection[Any] | None = (
-            conn if source is None and conn is not None and not isinstance(conn, ConnectionPool) else None
+            conn if source is None and conn is not None and pool is None else None  # type: ignore[assignment]
         )
 
     @classmethod
@@ -157,18 +161,22 @@ class SyncDriver:
                 if started.done:
                     done: T = started.value
                     return done
-                single = self._single
+                single, pool = self._single, self._pool
                 conn = None
                 try:
                     after: list[Callable[[], None]] = []
                     if single is not None:
-                        # The user's own connection: one caller at a time. Written out
-                        # rather than through connection() (a generator context manager,
-                        # ~0.6 us per op, issue 14: 25 ops per invoke).
+                        # The user's own connection: one caller at a time (what
+                        # connection() does, written out).
                         with self.lock:
                             if self.schema and id(single) not in self._schema_set:
                                 self._ensure_schema(single)
                             conn = single
+                            result = self._attempt(conn, started, transaction, after, attempt)
+                    elif pool is not None:
+                        with pool.connection() as conn:
+                            if self.schema and id(conn) not in self._schema_set:
+                                self._ensure_schema(conn)
                             result = self._attempt(conn, started, transaction, after, attempt)
                     else:
                         with self.connection() as conn:
