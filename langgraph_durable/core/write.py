@@ -281,17 +281,25 @@ class WriteOps(WriteView):
         of the others (encoded) and their artifacts. Nothing is sent yet."""
         thread_id, checkpoint_ns = where["thread_id"], where["checkpoint_ns"]
         copy = checkpoint.copy()
-        copy["channel_values"] = dict(copy["channel_values"])
+        values = checkpoint["channel_values"]
+        inline = copy["channel_values"] = dict(values)
         blob_values: dict[str, Any] = {}
-        for k, v in checkpoint["channel_values"].items():
+        for k, v in values.items():
+            if type(v) is str:
+                # The usual channel value, its checks without isinstance (per channel
+                # per put, on LangGraph's critical path, issue 14).
+                if not v.isascii():
+                    self._check_texts(v, where, _root(k))
+                if not self._inline(v):
+                    blob_values[k] = inline.pop(k)
+                continue
             if isinstance(v, _DeltaSnapshot):
-                blob_values[k] = copy["channel_values"].pop(k)
-                copy["channel_values"][k] = True
+                blob_values[k] = inline.pop(k)
+                inline[k] = True
             elif not self._inline(v):
-                blob_values[k] = copy["channel_values"].pop(k)
+                blob_values[k] = inline.pop(k)
             if (isinstance(v, str) and not v.isascii()) or (k == _START and isinstance(v, dict)):
-                # Only these can fail _check_texts (tested here: called per channel
-                # per put, on LangGraph's critical path).
+                # Only these can fail _check_texts (tested here, not in it).
                 self._check_texts(v, where, _root(k))
         artifacts: dict[bytes, bytes] = {}
         blob_rows: list[tuple[Any, ...]] = []
