@@ -320,11 +320,12 @@ class ArtifactCodec:
             if threshold is None:
                 tag, data = serde.dumps_typed(value)
                 return Encoded(tag, data)
+            last = self._last_serde  # _encrypts' memo, read inline (once per value)
             if (
                 type(value) is not list
                 and type(value) is not dict
                 and not isinstance(value, _DeltaSnapshot)
-                and not self._encrypts(serde)
+                and not (last[1] if last is not None and last[0] is serde else self._encrypts(serde))
             ):
                 # The common case (issue 14: nearly every channel value and pending
                 # write): a value container() keeps whole, no cipher. Serialized once;
@@ -674,6 +675,8 @@ class WriteSession:
     def finish(self, committed: bool) -> None:
         """End the call: resolve and drop every pair it owns (``committed``: they are
         stored, else anyone waiting sends them itself)."""
+        if not self.owned:  # the usual write: no new artifacts (nothing reserved)
+            return
         owned, self.owned = self.owned, {}
         self.known._release(owned, committed)
 

@@ -21,12 +21,15 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, SupportsIndex, TypeVar, cast, overload
+from typing import Any, SupportsIndex, TypeVar, overload
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+# Stmt and Batch are built for every op (issue 14: 25 per invoke): slotted and not
+# frozen, since a frozen dataclass's __init__ sets each field through
+# object.__setattr__ (~1 us for a Stmt). Nothing mutates or hashes them.
+@dataclass(slots=True)
 class Stmt:
     sql: Any
     params: Any = None
@@ -37,7 +40,7 @@ class Stmt:
     name: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Batch:
     stmts: Sequence[Stmt]
     # The op's only batch (it yields nothing but AfterCommit afterwards): the driver may
@@ -49,9 +52,13 @@ class Results(list[list[Any]]):
     """A batch's rows, one list per statement: ``rows[0]`` by position, or
     ``rows["claim"]`` by the statement's ``Stmt.name``."""
 
+    __slots__ = ("_stmts",)
+
     def __init__(self, rows: Sequence[list[Any]], stmts: Sequence[Stmt] = ()) -> None:
-        super().__init__(rows)
-        self._names = {s.name: i for i, s in enumerate(stmts) if s.name is not None}
+        list.__init__(self, rows)
+        # Names are looked up on a str key only (most ops read rows by position):
+        # no name map built per batch.
+        self._stmts = stmts
 
     @overload
     def __getitem__(self, key: SupportsIndex) -> list[Any]: ...
@@ -64,11 +71,11 @@ class Results(list[list[Any]]):
 
     def __getitem__(self, key: SupportsIndex | slice | str) -> Any:
         if isinstance(key, str):
-            try:
-                key = self._names[key]
-            except KeyError:
-                raise KeyError(f"no statement named {key!r} in this batch") from None
-        return super().__getitem__(key)
+            for i, stmt in enumerate(self._stmts):
+                if stmt.name == key:
+                    return list.__getitem__(self, i)
+            raise KeyError(f"no statement named {key!r} in this batch")
+        return list.__getitem__(self, key)
 
 
 @dataclass(frozen=True)
@@ -179,7 +186,8 @@ def finish(op: Op[T], after: list[Callable[[], None]], send: Any, throw: BaseExc
         try:
             item = op.throw(throw) if throw is not None else op.send(send)
         except StopIteration as stop:
-            return cast(T, stop.value)
+            value: T = stop.value
+            return value
         send, throw = None, None
         if not isinstance(item, AfterCommit):
             raise TypeError(f"op yielded {item!r} after its final batch")

@@ -232,13 +232,12 @@ class _DurableBase(
             flow := self._granularity.put_flow(self, config, checkpoint, metadata, new_versions)
         ) is not None:
             return cast(RunnableConfig, self._run_flow(flow))
-        return cast(
-            RunnableConfig,
-            self._write(
-                str(config["configurable"]["thread_id"]),
-                lambda: self._op_put(config, checkpoint, metadata, new_versions),
-            ),
+        # (No typing.cast here: a function call per put.)
+        written: RunnableConfig = self._write(
+            str(config["configurable"]["thread_id"]),
+            lambda: self._op_put(config, checkpoint, metadata, new_versions),
         )
+        return written
 
     @_telemetry.instrument("put_writes")
     def put_writes(
@@ -327,13 +326,11 @@ class _DurableBase(
             flow := self._granularity.put_flow(self, config, checkpoint, metadata, new_versions)
         ) is not None:
             return cast(RunnableConfig, await self._arun_flow(flow))
-        return cast(
-            RunnableConfig,
-            await self._awrite(
-                str(config["configurable"]["thread_id"]),
-                lambda: self._op_put(config, checkpoint, metadata, new_versions),
-            ),
+        written: RunnableConfig = await self._awrite(
+            str(config["configurable"]["thread_id"]),
+            lambda: self._op_put(config, checkpoint, metadata, new_versions),
         )
+        return written
 
     @_telemetry.instrument("put_writes")
     async def aput_writes(

@@ -12,6 +12,7 @@ from concurrent.futures import wait as futures_wait
 from contextvars import ContextVar
 from typing import Any, cast
 
+import orjson
 import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -41,7 +42,7 @@ from langgraph_durable.artifacts import (
     ArtifactsInFlight,
     WriteSession,
 )
-from langgraph_durable.core.jsonb import _json_problem, _jsonb_now
+from langgraph_durable.core.jsonb import _as_is, _json_problem, _jsonb_now
 from langgraph_durable.core.view import WriteView
 from langgraph_durable.errors import (
     DurableError,
@@ -88,6 +89,11 @@ _START = "__start__"
 def _root(channel: str) -> str:
     """How an error names a channel's value: the graph input, or the state."""
     return "input" if channel == _START else f"state[{channel!r}]"
+
+
+def _write_root(channel: str) -> str:
+    """How an error names a pending write's value (built on the error path only)."""
+    return "input" if channel == _START else f"writes[{channel!r}]"
 
 
 class WriteOps(WriteView):
@@ -217,12 +223,16 @@ class WriteOps(WriteView):
         try:
             return self.codec.encode(self.serde, value)
         except SerializationError as exc:
-            inner = value.value if isinstance(value, _DeltaSnapshot) else value
-            found = _values.find_unencodable(inner, _values.serializer_reject(self.serde), root)
-            path, culprit, reason = found or (root, inner, str(exc))
-            raise UnencodableValueError(
-                **where, path=path, value_type=type(culprit).__name__, reason=reason
-            ) from exc
+            raise self._unencodable(exc, value, where, root) from exc
+
+    def _unencodable(
+        self, exc: SerializationError, value: Any, where: Mapping[str, Any], root: str
+    ) -> UnencodableValueError:
+        """The typed error for a value the serializer refused, naming where it is."""
+        inner = value.value if isinstance(value, _DeltaSnapshot) else value
+        found = _values.find_unencodable(inner, _values.serializer_reject(self.serde), root)
+        path, culprit, reason = found or (root, inner, str(exc))
+        return UnencodableValueError(**where, path=path, value_type=type(culprit).__name__, reason=reason)
 
     def _check_texts(self, value: Any, where: Mapping[str, Any], root: str) -> None:
         """Refuse a state string with a lone surrogate before anything is sent.
@@ -271,17 +281,25 @@ class WriteOps(WriteView):
         of the others (encoded) and their artifacts. Nothing is sent yet."""
         thread_id, checkpoint_ns = where["thread_id"], where["checkpoint_ns"]
         copy = checkpoint.copy()
-        copy["channel_values"] = dict(copy["channel_values"])
+        values = checkpoint["channel_values"]
+        inline = copy["channel_values"] = dict(values)
         blob_values: dict[str, Any] = {}
-        for k, v in checkpoint["channel_values"].items():
+        for k, v in values.items():
+            if type(v) is str:
+                # The usual channel value, its checks without isinstance (per channel
+                # per put, on LangGraph's critical path, issue 14).
+                if not v.isascii():
+                    self._check_texts(v, where, _root(k))
+                if not self._inline(v):
+                    blob_values[k] = inline.pop(k)
+                continue
             if isinstance(v, _DeltaSnapshot):
-                blob_values[k] = copy["channel_values"].pop(k)
-                copy["channel_values"][k] = True
+                blob_values[k] = inline.pop(k)
+                inline[k] = True
             elif not self._inline(v):
-                blob_values[k] = copy["channel_values"].pop(k)
+                blob_values[k] = inline.pop(k)
             if (isinstance(v, str) and not v.isascii()) or (k == _START and isinstance(v, dict)):
-                # Only these can fail _check_texts (tested here: called per channel
-                # per put, on LangGraph's critical path).
+                # Only these can fail _check_texts (tested here, not in it).
                 self._check_texts(v, where, _root(k))
         artifacts: dict[bytes, bytes] = {}
         blob_rows: list[tuple[Any, ...]] = []
@@ -289,12 +307,18 @@ class WriteOps(WriteView):
             if k in blob_values:
                 enc = self._encode(blob_values[k], where, _root(k))
                 artifacts.update(enc.artifacts)
-                blob_rows.append((thread_id, checkpoint_ns, k, cast(str, ver), enc.type, enc.data))
+                blob_rows.append((thread_id, checkpoint_ns, k, ver, enc.type, enc.data))
         return copy, blob_rows, artifacts
 
     @staticmethod
     def _put_json(copy: Checkpoint, md: dict[str, Any], where: Mapping[str, Any]) -> tuple[Jsonb, Jsonb]:
         """The checkpoint and metadata as JSONB parameters, dumped now (see _jsonb_now)."""
+        try:
+            # _jsonb_now's common case, inline (four Python calls per put, issue 14);
+            # anything orjson refuses takes _jsonb_now's stdlib fallback below.
+            return Jsonb(orjson.dumps(copy).decode(), dumps=_as_is), Jsonb(orjson.dumps(md).decode(), dumps=_as_is)
+        except TypeError:
+            pass
         try:
             return _jsonb_now(copy), _jsonb_now(md)
         except Exception as exc:  # metadata a caller put in config["metadata"]
@@ -322,8 +346,10 @@ class WriteOps(WriteView):
         md = self._stamp(config, metadata, lease)
         cp_json, md_json = self._put_json(copy, md, where)
         _telemetry.checkpoint_bytes(cp_json, blob_rows)
-        art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
-        stmts = list(art_stmts)
+        stmts: list[Stmt] = []
+        new_refs: list[bytes] = []
+        if artifacts:
+            stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         if blob_rows:
             stmts.append(Stmt(UPSERT_CHECKPOINT_BLOBS_SQL, blob_rows, many=True))
         # The checkpoint row carries the guard (issue 14): fence (or foreign-lease check)
@@ -369,17 +395,23 @@ class WriteOps(WriteView):
         """A put_writes' rows (values checked and encoded) and their artifacts."""
         artifacts: dict[bytes, bytes] = {}
         rows: list[tuple[Any, ...]] = []
+        thread_id, checkpoint_ns, checkpoint_id = where["thread_id"], where["checkpoint_ns"], where["checkpoint_id"]
+        encode, serde = self.codec.encode, self.serde
         for idx, (channel, value) in enumerate(writes):
-            root = "input" if channel == _START else f"writes[{channel!r}]"
             if (isinstance(value, str) and not value.isascii()) or (channel == _START and isinstance(value, dict)):
-                self._check_texts(value, where, root)  # only these can fail it (see _put_values)
-            enc = self._encode(value, where, root)
-            artifacts.update(enc.artifacts)
+                # Only these can fail it (see _put_values).
+                self._check_texts(value, where, _write_root(channel))
+            try:
+                enc = encode(serde, value)
+            except SerializationError as exc:
+                raise self._unencodable(exc, value, where, _write_root(channel)) from exc
+            if enc.artifacts:
+                artifacts.update(enc.artifacts)
             rows.append(
                 (
-                    where["thread_id"],
-                    where["checkpoint_ns"],
-                    where["checkpoint_id"],
+                    thread_id,
+                    checkpoint_ns,
+                    checkpoint_id,
                     task_id,
                     task_path,
                     WRITES_IDX_MAP.get(channel, idx),
@@ -405,15 +437,18 @@ class WriteOps(WriteView):
         checkpoint_id = configurable["checkpoint_id"]
         _values.check_ids(thread_id, checkpoint_ns, checkpoint_id)
         where = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
-        query = (
-            UPSERT_CHECKPOINT_WRITES_SQL
-            if all(w[0] in WRITES_IDX_MAP for w in writes)
-            else INSERT_CHECKPOINT_WRITES_SQL
-        )
+        # The stock rule: upsert when every write is a special one (error, interrupt...).
+        query = UPSERT_CHECKPOINT_WRITES_SQL
+        for w in writes:
+            if w[0] not in WRITES_IDX_MAP:
+                query = INSERT_CHECKPOINT_WRITES_SQL
+                break
         rows, artifacts = self._write_rows(writes, task_id, task_path, where)
         mode, guard, lease = self._guard(thread_id, config, None, None)
-        art_stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
-        stmts = list(art_stmts)
+        stmts: list[Stmt] = []
+        new_refs: list[bytes] = []
+        if artifacts:
+            stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
         if mode != "none":
             # The rows carry the guard (issue 14, see GUARDED_UPSERT_WRITE_SQL): it
             # runs before the first write row is inserted or locked. A step's few writes
