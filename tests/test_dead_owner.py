@@ -136,3 +136,68 @@ def test_other_machines_owner_is_not_judged(dsn: str) -> None:
     assert not owner_is_dead("some-other-host:1:1.1:abcdef")
     assert not owner_is_dead(process_identity() + ":abcdef")  # ourselves
     assert not owner_is_dead(None)
+
+
+def _live_child() -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    deadline = time.monotonic() + 10
+    while True:  # until its /proc entry shows it started (ticks readable)
+        from langgraph_durable.leases.owners import _start_ticks
+
+        if _start_ticks(proc.pid) is not None:
+            return proc
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_live_owner_stays_alive_when_the_kernel_boot_time_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's boot time (/proc/stat btime, psutil.boot_time) moves with the wall
+    clock (NTP slewing, a step). psutil's create time is that boot time plus the
+    process's ticks, so an owner id made from it, re-read after the move, no longer
+    matched its LIVE process: judged a younger process on the same pid, i.e. dead, and
+    its lease taken over while it ran. Owner ids now carry the ticks since boot."""
+    import psutil
+
+    from langgraph_durable.leases import owners
+
+    proc = _live_child()
+    try:
+        host, _, _, namespace = owners.process_identity().split(":")
+        owner = f"{host}:{proc.pid}:{owners._incarnation(proc.pid)}:{namespace}:abcdef123456"
+        legacy = f"{host}:{proc.pid}:{owners._legacy_incarnation(proc.pid)}:{namespace}:abcdef123456"
+        assert not owners.owner_is_dead(owner) and not owners.owner_is_dead(legacy)
+        real = psutil.boot_time()
+        monkeypatch.setattr(psutil, "boot_time", lambda: real + 1.0)  # the clock was slewed by 1 s
+        # psutil's create time moved with it: the old way judged this live process dead.
+        moved = owners._legacy_incarnation(proc.pid)
+        assert moved is not None and moved != legacy.split(":")[2]
+        assert not owners.owner_is_dead(owner)
+        assert not owners.owner_is_dead(legacy)  # the legacy form is judged with a tolerance
+        assert ".k" in owner  # new owner ids carry the ticks
+    finally:
+        proc.kill()
+        proc.wait()
+    # Gone: provably dead in both forms, the clock moved or not.
+    assert owners.owner_is_dead(owner)
+    assert owners.owner_is_dead(legacy)
+    monkeypatch.undo()
+    assert owners.owner_is_dead(owner) and owners.owner_is_dead(legacy)
+
+
+def test_a_reused_pid_is_a_younger_process() -> None:
+    """The same pid with other start ticks is another process: the holder is dead."""
+    from langgraph_durable.leases import owners
+
+    proc = _live_child()
+    try:
+        host, _, _, namespace = owners.process_identity().split(":")
+        ticks = owners._start_ticks(proc.pid)
+        assert ticks is not None
+        boot = owners._incarnation(proc.pid).split(".")[0]  # type: ignore[union-attr]
+        assert owners.owner_is_dead(f"{host}:{proc.pid}:{boot}.k{int(ticks) - 1}:{namespace}:abcdef123456")
+        assert not owners.owner_is_dead(f"{host}:{proc.pid}:{boot}.k{ticks}:{namespace}:abcdef123456")
+        # An unparsable incarnation proves nothing.
+        assert not owners.owner_is_dead(f"{host}:{proc.pid}:{boot}.zz:{namespace}:abcdef123456")
+    finally:
+        proc.kill()
+        proc.wait()

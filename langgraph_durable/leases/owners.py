@@ -9,14 +9,62 @@ import socket
 import sys
 
 
-def _incarnation(pid: int) -> str | None:
-    """Boot time + start time of ``pid``: tells a live process from a reused pid."""
+def _start_ticks(pid: int) -> str | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22):
+    fixed for the life of the process, whatever the wall clock does. None: no such
+    process (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        # Field 2 (the command name) may hold spaces and parentheses: count from the
+        # last ')'; the field after it is field 3, so field 22 is the 20th.
+        return data[data.rindex(b")") + 2 :].split()[19].decode()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_HAS_PROC = _start_ticks(os.getpid()) is not None
+
+
+def _legacy_incarnation(pid: int) -> str | None:
+    """``<boot time>.<start time in centiseconds>`` from psutil: the form owner ids had
+    before 2026-12 and still have where there is no /proc. Both parts are wall-clock
+    times (psutil adds the process's ticks to the kernel's boot time, which moves when
+    the clock is stepped or slewed), so they are compared with a tolerance."""
     try:
         import psutil
 
         return f"{int(psutil.boot_time())}.{int(psutil.Process(pid).create_time() * 100)}"
     except Exception:  # no such process, or no permission to look
         return None
+
+
+def _incarnation(pid: int) -> str | None:
+    """Tells a live process from a reused pid: ``<boot time>.k<start ticks>``, where the
+    ticks since boot never change (the boot time, informational, can). Not psutil's
+    create time: that is boot time + ticks, and the kernel's boot time moves with the
+    wall clock (NTP slewing, a step), so a live process's create time read later could
+    differ from the one in its owner id, and it would look like a younger process on
+    the same pid, i.e. provably dead: its lease taken over while it runs."""
+    if not _HAS_PROC:
+        return _legacy_incarnation(pid)
+    ticks = _start_ticks(pid)
+    if ticks is None:
+        return None
+    try:
+        import psutil
+
+        boot = str(int(psutil.boot_time()))
+    except Exception:
+        boot = "1"
+    return f"{boot}.k{ticks}"
+
+
+# Two wall-clock readings of one boot or one process start (legacy owner ids) closer
+# than this are the same: a reboot, or a pid reused by a process started within 2 s of
+# the one that held it (which had to exit and the pid counter wrap meanwhile), does not
+# happen that fast; the kernel's boot time moves by far less between two readings.
+_LEGACY_TOLERANCE_S = 2
 
 
 _PROCESS_IDENTITY: str | None = None
@@ -91,14 +139,30 @@ def owner_is_dead(owner: str | None) -> bool:
         return False
     if recorded == "0" or "." not in recorded:
         return False
-    boot = recorded.split(".", 1)[0]
-    current = _incarnation(pid)
+    boot, _, started = recorded.partition(".")
+    if started.startswith("k"):
+        if not _HAS_PROC:
+            return False
+        current = _start_ticks(pid)
+        # No such process in our (the same) namespace of the same boot (the namespace
+        # part names the boot): gone. Else it is ours only if it started when ours did.
+        return current is None or current != started[1:]
+    return _legacy_is_dead(pid, boot, started)
+
+
+def _legacy_is_dead(pid: int, boot: str, started: str) -> bool:
+    """``owner_is_dead`` for an owner id of the legacy form (see _legacy_incarnation)."""
+    try:
+        boot_s, started_cs = int(boot), int(started)
+    except ValueError:
+        return False
+    current = _legacy_incarnation(pid)
     if current is None:
-        # No such process in our (the same) namespace. Conclusive if this is the same
-        # boot of the machine too.
-        mine_inc = _incarnation(os.getpid())
-        return mine_inc is not None and mine_inc.split(".", 1)[0] == boot
-    return current != recorded
+        # No such process. Conclusive if this is the same boot of the machine too.
+        mine = _legacy_incarnation(os.getpid())
+        return mine is not None and abs(int(mine.split(".", 1)[0]) - boot_s) <= _LEGACY_TOLERANCE_S
+    now_cs = int(current.split(".", 1)[1])
+    return abs(now_cs - started_cs) > _LEGACY_TOLERANCE_S * 100
 
 
 # The public name of the one owner-id maker (the ledger and the recovery worker make
