@@ -211,7 +211,7 @@ _LAZY: dict[str, str] = {
 
 
 # Modules that do not touch LangGraph: loading them needs no compatibility check.
-_NO_LANGGRAPH = frozenset({"langgraph_durable.errors", "langgraph_durable.embedded"})
+_NO_LANGGRAPH = frozenset({"langgraph_durable.errors", "langgraph_durable.embedded", "langgraph_durable.audit"})
 _checked = False
 
 

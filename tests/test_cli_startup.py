@@ -43,6 +43,20 @@ def test_help_loads_no_heavy_module_but_typers_rich_help() -> None:
     assert [m for m in _heavy(loaded) if not m.startswith("rich")] == []
 
 
+def test_the_entry_point_s_help_loads_no_heavy_module() -> None:
+    """What the installed ``langgraph-durable`` script runs: ``main()``, which sets up
+    auditing before the app. It once reached ``audit`` through the package's lazy
+    attribute, whose LangGraph check imported langgraph (~1 s before --help printed)."""
+    code = (
+        "import sys\nfrom langgraph_durable.cli import main\n"
+        "sys.argv = ['langgraph-durable', '--help']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass"
+    )
+    loaded = _loaded_after(code)
+    assert "langgraph_durable.audit" in loaded
+    assert [m for m in _heavy(loaded) if not m.startswith("rich")] == []
+
+
 def test_every_public_name_still_resolves() -> None:
     for name in langgraph_durable.__all__:
         assert getattr(langgraph_durable, name) is not None, name

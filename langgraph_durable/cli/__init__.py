@@ -41,7 +41,10 @@ for module in (
 
 
 def main() -> None:
-    from langgraph_durable import audit
+    # The submodule itself, not ``from langgraph_durable import audit``: that goes through
+    # the package's lazy __getattr__, which checks (so imports) LangGraph first, ~1 s
+    # before --help could print. audit imports nothing of LangGraph.
+    import langgraph_durable.audit as audit
 
     audit.set_default_via("cli")  # operator actions run from here are audited as such
     app()
