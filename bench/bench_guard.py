@@ -164,36 +164,24 @@ def variants() -> list[str]:
             "sql-share", "sql-share+exists"]
 
 
-def cp_sql(v: str) -> str:
+def _variant_sql(v: str, template: str, floor: str, new: str) -> str:
+    """Variant ``v`` of one write statement: the stock text (floor), the package's (new),
+    or ``template`` with that variant's guard as its WHERE."""
     if v == "floor":
-        return UPSERT_CHECKPOINTS_SQL
-    if v == "guard":
-        return _CP_INSERT.format(where="durable_put_guard(%s, %s::bigint, %s, false, %s, %s)")
+        return floor
     if v == "new":
-        return GUARDED_UPSERT_CHECKPOINT_SQL["lease"]
-    if v == "sql-adv":
-        return _CP_INSERT.format(where=_SQL_ADV)
-    if v == "sql-share":
-        return _CP_INSERT.format(where=_SQL_SHARE)
-    if v == "sql-share+exists":
-        return _CP_INSERT.format(where=_SQL_SHARE_EXISTS)
-    return _CP_INSERT.format(where=f"{FN[v]}(%s, %s::bigint, %s, %s, %s)")
+        return new
+    where = {"guard": "durable_put_guard(%s, %s::bigint, %s, false, %s, %s)", "sql-adv": _SQL_ADV,
+             "sql-share": _SQL_SHARE, "sql-share+exists": _SQL_SHARE_EXISTS}.get(v)
+    return template.format(where=where or f"{FN[v]}(%s, %s::bigint, %s, %s, %s)")
+
+
+def cp_sql(v: str) -> str:
+    return _variant_sql(v, _CP_INSERT, UPSERT_CHECKPOINTS_SQL, GUARDED_UPSERT_CHECKPOINT_SQL["lease"])
 
 
 def w_sql(v: str) -> str:
-    if v == "floor":
-        return UPSERT_CHECKPOINT_WRITES_SQL
-    if v == "guard":
-        return _W_INSERT.format(where="durable_put_guard(%s, %s::bigint, %s, false, %s, %s)")
-    if v == "new":
-        return GUARDED_UPSERT_WRITE_SQL["lease"]
-    if v == "sql-adv":
-        return _W_INSERT.format(where=_SQL_ADV)
-    if v == "sql-share":
-        return _W_INSERT.format(where=_SQL_SHARE)
-    if v == "sql-share+exists":
-        return _W_INSERT.format(where=_SQL_SHARE_EXISTS)
-    return _W_INSERT.format(where=f"{FN[v]}(%s, %s::bigint, %s, %s, %s)")
+    return _variant_sql(v, _W_INSERT, UPSERT_CHECKPOINT_WRITES_SQL, GUARDED_UPSERT_WRITE_SQL["lease"])
 
 
 def guard_params(v: str, thread: str, ns: str | None, cid: str | None) -> tuple[Any, ...]:

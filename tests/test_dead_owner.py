@@ -139,11 +139,11 @@ def test_other_machines_owner_is_not_judged(dsn: str) -> None:
 
 
 def _live_child() -> subprocess.Popen[bytes]:
+    from langgraph_durable.leases.owners import _start_ticks
+
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     deadline = time.monotonic() + 10
     while True:  # until its /proc entry shows it started (ticks readable)
-        from langgraph_durable.leases.owners import _start_ticks
-
         if _start_ticks(proc.pid) is not None:
             return proc
         assert time.monotonic() < deadline
