@@ -9,6 +9,8 @@ functions, so ``--help`` stays fast (tests/test_cli_startup.py checks it).
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from langgraph_durable.cli import (
@@ -38,6 +40,35 @@ for module in (
     _roles, _ui,
 ):
     module.register(app)
+
+
+def _one_line_summaries(typer_app: typer.Typer) -> None:
+    """A command's line in its group's list is its docstring's first paragraph as one line:
+    typer keeps the docstring's own line breaks there, which broke sentences mid-way."""
+    for info in typer_app.registered_commands:
+        doc = info.help or (info.callback.__doc__ if info.callback else None)
+        if info.short_help is None and doc:
+            info.short_help = " ".join(doc.split("\n\n", 1)[0].split())
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
+
+
+def _flags_without_placeholders() -> None:
+    """A flag takes no value, so its help row shows none (typer 0.29 prints ``--json <bool>``).
+    A test (tests/test_cli_help.py) fails if typer stops honouring this."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_one_line_summaries(app)
+_flags_without_placeholders()
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +29,8 @@ class _LazyConsole:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(**self._options)
+            stream = sys.stderr if self._options.get("stderr") else sys.stdout
+            self._console = Console(width=_off_terminal_width(stream), **self._options)
         return self._console
 
     def __getattr__(self, name: str) -> Any:
@@ -43,6 +45,25 @@ class _LazyConsole:
         self.resolve().__exit__(*exc)
 
 
+def escape(text: str) -> str:
+    """Text, not markup: an install hint's ``[console]`` extra, a thread id or a value with
+    brackets prints as it is (rich would take ``[console]`` for a style and drop it).
+    rich.markup is imported on use, as the consoles are."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def _off_terminal_width(stream: Any) -> int | None:
+    """Output piped to a file, ``less`` or ``grep`` is as wide as its rows: off a terminal rich
+    assumes 80 columns and crops a table's right-hand columns. ``COLUMNS``, if set, wins."""
+    isatty = getattr(stream, "isatty", None)
+    if os.environ.get("COLUMNS") or (isatty is not None and isatty()):
+        return None
+    return _PIPED_WIDTH
+
+
+_PIPED_WIDTH = 4096
 console: Any = _LazyConsole()
 err_console: Any = _LazyConsole(stderr=True)
 
@@ -82,7 +103,7 @@ def fail(json_out: bool, name: str, message: str, fields: dict[str, Any]) -> typ
     if json_out:
         print_json({"error": name, "message": message, **fields})
     else:
-        err_console.print(f"[red]error:[/] {message}", markup=True, highlight=False)
+        err_console.print(f"[red]error:[/] {escape(message)}", markup=True, highlight=False)
     return typer.Exit(1)
 
 

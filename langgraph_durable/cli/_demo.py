@@ -6,7 +6,14 @@ from typing import Annotated
 
 import typer
 
-from langgraph_durable.cli._common import DsnOption, JsonOption, console, err_console, print_json
+from langgraph_durable.cli._common import (
+    DsnOption,
+    JsonOption,
+    console,
+    err_console,
+    escape,
+    print_json,
+)
 
 
 def demo(
@@ -71,7 +78,7 @@ def demo(
     except demo_mod.DemoError as exc:
         if not json_out:
             console.print()  # end the live display's last line
-        err_console.print(f"[red]demo failed:[/] {exc}")
+        err_console.print(f"[red]demo failed:[/] {escape(str(exc))}")
         raise typer.Exit(1) from None
     if json_out:
         print_json(summary)

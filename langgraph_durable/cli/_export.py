@@ -20,6 +20,7 @@ from langgraph_durable.cli._common import (
     SchemaOption,
     console,
     err_console,
+    escape,
     fmt_bytes,
     open_saver,
     print_json,
@@ -150,11 +151,11 @@ def _print_report(
             f"verified with the stock saver: {len(before)} thread(s), {n} mismatch(es)"
         )
     for tid, err in report.failed.items():
-        err_console.print(f"[red]failed[/] {tid}: {err}")
+        err_console.print(f"[red]failed[/] {escape(tid)}: {escape(str(err))}")
     for tid in report.busy:
         err_console.print(f"[yellow]busy[/] {tid}: a live run holds it; run again later")
     for tid, problems in mismatches.items():
-        err_console.print(f"[red]mismatch[/] {tid}: {'; '.join(problems[:5])}")
+        err_console.print(f"[red]mismatch[/] {escape(tid)}: {escape('; '.join(problems[:5]))}")
 
 
 def register(app: typer.Typer) -> None:

@@ -20,6 +20,7 @@ from langgraph_durable.cli._common import (
     SchemaOption,
     console,
     err_console,
+    escape,
     fmt_bytes,
     open_saver,
     print_json,
@@ -68,7 +69,7 @@ def _progress(label: str, enabled: bool) -> Iterator[Callable[[int, int], None] 
 
 
 def _fail(exc: Exception) -> None:
-    err_console.print(f"[red]error:[/] {exc}")
+    err_console.print(f"[red]error:[/] {escape(str(exc))}")
     raise typer.Exit(1) from None
 
 

@@ -79,6 +79,33 @@ def _ago(ts: str | None) -> str:
     return when.strftime("%Y-%m-%d %H:%M")
 
 
+# threads list's optional columns: (narrowest width they need, rich options), in the order
+# shown; _LIST_DROP_ORDER is the order they are left out when the terminal is too narrow.
+_LIST_COLUMNS: dict[str, tuple[int, dict[str, Any]]] = {
+    "graph version": (10, {"max_width": 22, "overflow": "ellipsis"}),
+    "step": (4, {"justify": "right"}),
+    "ckpts": (5, {"justify": "right"}),
+    "bytes": (9, {"justify": "right", "no_wrap": True}),
+    "last activity": (8, {"justify": "right"}),
+}
+_LIST_DROP_ORDER = ("ckpts", "step", "graph version", "bytes", "last activity")
+
+
+def _list_columns(thread_width: int, width: int) -> list[str]:
+    """The optional columns that fit beside the thread id and the state (3 characters of
+    border and padding per column, 1 for the table's edge)."""
+    shown = list(_LIST_COLUMNS)
+
+    def needed() -> int:
+        return 1 + (thread_width + 3) + (11 + 3) + sum(_LIST_COLUMNS[c][0] + 3 for c in shown)
+
+    for name in _LIST_DROP_ORDER:
+        if needed() <= width:
+            break
+        shown.remove(name)
+    return shown
+
+
 def _state(state: str | None, status: str | None = None) -> Text:
     from rich.text import Text
     label = state or "-"
@@ -173,26 +200,24 @@ def threads_list(
         print_json(rows)
         return
     table = Table(title=f"threads ({len(rows)} shown)", title_justify="left")
-    # Thread ids and states are what people read and copy: never truncate them; the
-    # fingerprint-style version is the column that gives way on narrow terminals.
+    # Thread ids and states are what people read and copy: never truncate them. On a narrow
+    # terminal the version gives way first (shortened), then whole columns are left out,
+    # least useful first, rather than crop the table's right-hand side.
     widest = max((len(r["thread_id"]) for r in rows), default=6)
-    table.add_column("thread", no_wrap=True, min_width=min(widest, 40))
+    columns = _list_columns(widest, console.width)
+    table.add_column("thread", no_wrap=True, min_width=widest)
     table.add_column("state", min_width=11)
-    table.add_column("graph version", no_wrap=True, max_width=22, overflow="ellipsis")
-    table.add_column("step", justify="right")
-    table.add_column("ckpts", justify="right")
-    table.add_column("bytes", justify="right", no_wrap=True)
-    table.add_column("last activity", justify="right")
+    for name in columns:
+        table.add_column(name, **_LIST_COLUMNS[name][1])
     for r in rows:
-        table.add_row(
-            r["thread_id"],
-            _state(r["state"], r["status"]),
-            r["graph_version"] or "-",
-            "-" if r["step"] is None else str(r["step"]),
-            str(r["checkpoints"]),
-            fmt_bytes(r["bytes"]),
-            _ago(r["last_activity"]),
-        )
+        cells = {
+            "graph version": r["graph_version"] or "-",
+            "step": "-" if r["step"] is None else str(r["step"]),
+            "ckpts": str(r["checkpoints"]),
+            "bytes": fmt_bytes(r["bytes"]),
+            "last activity": _ago(r["last_activity"]),
+        }
+        table.add_row(r["thread_id"], _state(r["state"], r["status"]), *(cells[c] for c in columns))
     console.print(table)
     if not rows:
         console.print("[dim]no threads match[/]")

@@ -27,6 +27,7 @@ from langgraph_durable.cli._common import (
     SchemaOption,
     console,
     err_console,
+    escape,
     open_saver,
     print_json,
 )
@@ -168,7 +169,7 @@ def _label(version: str | None) -> str:
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err_console.print(f"[red]error:[/] {message}")
+    err_console.print(f"[red]error:[/] {escape(message)}")
     return typer.Exit(code)
 
 
@@ -415,7 +416,7 @@ def migrate_cmd(
             f"skipped {len(report.skipped)} ({' then '.join(report.steps)})"
         )
         for tid, err in report.failed.items():
-            err_console.print(f"[red]failed[/] {tid}: {err}")
+            err_console.print(f"[red]failed[/] {escape(tid)}: {escape(str(err))}")
         for tid in report.busy:
             err_console.print(f"[yellow]busy[/] {tid}: a live run holds it; run again later")
     if not report.ok:

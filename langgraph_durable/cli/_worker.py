@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from langgraph_durable.cli._common import DsnOption, SchemaOption, err_console
+from langgraph_durable.cli._common import DsnOption, SchemaOption, err_console, escape
 from langgraph_durable.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -142,7 +142,9 @@ def worker(
         bool, typer.Option("--async", help="Asyncio tasks and the async saver.")
     ] = False,
     pool_size: Annotated[
-        int, typer.Option("--pool-size", help="Connections (default max(10, concurrency + 2)).")
+        int, typer.Option(
+            "--pool-size", help="Connections (default max(10, concurrency + 2)).", show_default=False
+        )
     ] = 0,
     log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "INFO",
     no_migrate: Annotated[
@@ -208,7 +210,7 @@ def _load_graphs(specs: list[str]) -> list[tuple[str, Any]]:
     try:
         return [(spec, load_object(spec)) for spec in specs]
     except ConfigurationError as exc:
-        err_console.print(f"[red]{exc}[/red]")
+        err_console.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(2) from exc
 
 
