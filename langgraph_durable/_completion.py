@@ -78,6 +78,15 @@ def _newest(versions: Iterable[Any]) -> Any:
     return max(str(v) for v in vals)
 
 
+def _node_seen(seen: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The nodes' entries of ``versions_seen``. LangGraph also keeps one under
+    ``__interrupt__``: the versions of *every* channel when it last checked for an
+    interrupt, not a node's triggers. Counted as one, it made every channel (``messages``,
+    any state key) a trigger, so a finished thread that had ever been interrupted looked
+    unfinished and retention kept it forever (found by tests/test_edges_machine.py)."""
+    return [(n, s) for n, s in seen.items() if n != INTERRUPT_CHANNEL and isinstance(s, Mapping)]
+
+
 def has_next_tasks(head: Mapping[str, Any]) -> bool:
     """Whether the next step of this head checkpoint would run a node (True when the
     checkpoint cannot be read this way: never delete what is not understood)."""
@@ -85,7 +94,7 @@ def has_next_tasks(head: Mapping[str, Any]) -> bool:
     seen = head.get("versions_seen") or {}
     if not isinstance(versions, Mapping) or not isinstance(seen, Mapping):
         return True
-    known = {c for s in seen.values() if isinstance(s, Mapping) for c in s}
+    known = {c for n, s in _node_seen(seen) for c in s}
     holding = set(head.get("inline_channels") or ()) | set(head.get("blob_channels") or ())
     updated = head.get("updated_channels")
     if not isinstance(updated, list) or not updated:
@@ -121,7 +130,7 @@ def _unseen_trigger(
             continue
         if not (c in _TRIGGER_NAMES or c.startswith(_TRIGGER_PREFIXES) or c in known):
             continue
-        nodes = {n for n, s in seen.items() if isinstance(s, Mapping) and c in s}
+        nodes = {n for n, s in _node_seen(seen) if c in s}
         if c.startswith("branch:to:"):
             nodes.add(c[len("branch:to:") :])
         if c == "__start__":
