@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from langchain_core.runnables import RunnableConfig
 
@@ -57,6 +57,16 @@ from langgraph_durable.versioning import (
     describe_graph,
     graph_fingerprint,
 )
+
+if TYPE_CHECKING:
+    from langgraph.checkpoint.base import CheckpointTuple
+
+
+class _Reader(Protocol):
+    """What classifying a thread reads of a saver: its checkpoints (subgraphs')."""
+
+    def _op_get_tuple(self, config: RunnableConfig) -> Op[CheckpointTuple | None]: ...
+
 
 Verdict = Literal["identical", "compatible", "incompatible", "unknown"]
 
@@ -714,7 +724,7 @@ def classify_saved(
 
 
 def flow_classify_saved(
-    saver: SaverView,
+    saver: _Reader,
     saved: Any,
     stored_version: str,
     current_version: str,
@@ -743,7 +753,7 @@ def flow_classify_saved(
 
 
 def _flow_inner(
-    saver: SaverView,
+    saver: _Reader,
     thread_id: str,
     stored: Mapping[str, Any],
     running: Mapping[str, Any],
