@@ -337,7 +337,7 @@ def _mismatch_message(
     elif verdict == "unknown":
         why = "the old graph's topology is not stored, so the change cannot be judged: " + "; ".join(detail)
     else:
-        why = "the new graph cannot honour work the thread has stored: " + "; ".join(detail)
+        why = "the change is incompatible with work the thread has stored: " + "; ".join(detail)
     return (
         f"thread {thread_id!r} was not resumed: it was checkpointed by graph version "
         f"{stored!r}, the running graph is {current!r}, and {why}. "
