@@ -764,22 +764,9 @@ def _flow_inner(
     the classification of that task's subgraph checkpoint against the new subgraph
     (recursively), or None when the task has not started the subgraph. A node left
     out (old topology without subgraphs, task ids unknown) is refused by ``classify``."""
-    s_sub, r_sub = stored.get("subgraphs"), running.get("subgraphs")
-    if not isinstance(s_sub, Mapping) or not isinstance(r_sub, Mapping):
-        return {}
-    writes = list(saved.pending_writes or [])
-    pend = _pending(saved.checkpoint, writes)
-    owners = _task_ids(stored["description"], saved.checkpoint, saved.metadata, ns, pend)
     out: dict[str, Compatibility | None] = {}
-    for n in sorted(set(s_sub) & set(r_sub)):
-        old, new = s_sub[n], r_sub[n]
-        if not isinstance(old, Mapping) or old.get("fingerprint") == new.get("fingerprint"):
-            continue
-        if n not in pend.triggered and n not in pend.sends:
-            out[n] = None  # only routed to: its task starts the new subgraph afresh
-            continue
-        tids = sorted(t for t, node in owners.items() if node == n and t not in pend.finished)
-        for tid in sorted(tids, key=lambda t: t not in pend.started):
+    for n, old, new, tids in _inner_candidates(stored, running, saved, ns):
+        for tid in tids or ():
             sub_ns = f"{ns}|{n}:{tid}" if ns else f"{n}:{tid}"
             sub_cfg: RunnableConfig = {
                 "configurable": {"thread_id": thread_id, "checkpoint_ns": sub_ns}
@@ -788,21 +775,61 @@ def _flow_inner(
             if sub is None:
                 continue
             deeper = yield from _flow_inner(saver, thread_id, old, new, sub, sub_ns)
-            out[n] = classify(
-                old,
-                new,
-                sub.checkpoint,
-                list(sub.pending_writes or []),
-                automatic=True,
-                metadata=sub.metadata,
-                ns=sub_ns,
-                inner=deeper,
-            )
+            out[n] = _classify_sub(old, new, sub, sub_ns, deeper)
             break
         else:
-            if tids:
-                out[n] = None  # a task that never saved a subgraph checkpoint
+            out[n] = None  # not started: the task runs the new subgraph afresh
     return out
+
+
+def _inner_candidates(
+    stored: Mapping[str, Any], running: Mapping[str, Any], saved: Any, ns: str
+) -> list[tuple[str, Mapping[str, Any], Mapping[str, Any], list[str] | None]]:
+    """(node, old and new subgraph topology, the candidate task ids of its paused
+    task, or None when it is only routed to) for each changed subgraph with pending
+    work. Empty on a topology it cannot read (``classify`` then refuses)."""
+    try:
+        s_sub, r_sub = stored.get("subgraphs"), running.get("subgraphs")
+        if not isinstance(s_sub, Mapping) or not isinstance(r_sub, Mapping):
+            return []
+        pend = _pending(saved.checkpoint, list(saved.pending_writes or []))
+        owners = _task_ids(stored["description"], saved.checkpoint, saved.metadata, ns, pend)
+        found: list[tuple[str, Mapping[str, Any], Mapping[str, Any], list[str] | None]] = []
+        for n in sorted(set(s_sub) & set(r_sub)):
+            old, new = s_sub[n], r_sub[n]
+            if not isinstance(old, Mapping) or old.get("fingerprint") == new.get("fingerprint"):
+                continue
+            if n not in pend.triggered and n not in pend.sends:
+                found.append((n, old, new, None))
+                continue
+            tids = [t for t, node in owners.items() if node == n and t not in pend.finished]
+            if tids:  # an interrupted task's id first: it has the subgraph checkpoint
+                found.append((n, old, new, sorted(tids, key=lambda t: t not in pend.started)))
+        return found
+    except Exception:
+        return []
+
+
+def _classify_sub(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    sub: Any,
+    sub_ns: str,
+    deeper: Mapping[str, Compatibility | None],
+) -> Compatibility:
+    try:
+        return classify(
+            old,
+            new,
+            sub.checkpoint,
+            list(sub.pending_writes or []),
+            automatic=True,
+            metadata=sub.metadata,
+            ns=sub_ns,
+            inner=deeper,
+        )
+    except Exception as exc:  # a damaged topology: fail closed
+        return Compatibility("unknown", reasons=(f"could not classify: {type(exc).__name__}: {exc}",))
 
 
 # --- many threads (versions list) -----------------------------------------------------------
