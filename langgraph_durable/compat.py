@@ -10,18 +10,29 @@ the checkpoint's pending work:
 
 * **identical**: same topology (only the version name differs);
 * **compatible**: an added state key; a node added, removed, or changed where no pending
-  task, Send or interrupt needs it; ``DeltaChannel`` <-> plain reducer on the same key
-  (LangGraph reads either from the other); a reducer changed where the declared value
-  type is unchanged and the paused step holds no write to fold; definitions reordered;
-* **incompatible**: a removed/renamed/changed node with pending work or an interrupt; a
-  changed channel type (or reducer and declared type) of a key holding data; a reducer
-  change with writes of the paused step still to fold; a removed state key holding data;
-  a changed edge out of (or join into) a node with pending tasks;
+  task, Send or interrupt needs it; changed edges out of a node whose task has not
+  finished (an interrupt, a crash inside it: it re-runs and routes by the new edges, as
+  stock LangGraph does) or out of a node the thread has already passed (a node added
+  before the one it waits in); a changed subgraph whose own paused checkpoint is
+  compatible with the new subgraph (the same rules, one level down); ``DeltaChannel`` <->
+  plain reducer on the same key (LangGraph reads either from the other); a reducer
+  changed where the declared value type is unchanged and the paused step holds no write
+  to fold; definitions reordered;
+* **incompatible**: stored work the new graph cannot honour: pending work (a trigger, a
+  Send, an interrupt, a finished task's write) for a removed/renamed node; a task that
+  finished in the paused step whose stored routing decision (an edge's or a conditional
+  edge's ``branch:to:X``, a join write) is along a route the new graph no longer has
+  (LangGraph would replay it); a changed node (or, inside a changed subgraph, the same)
+  with pending work; a changed channel type (or reducer and declared type) of a key
+  holding data; a reducer change with writes of the paused step still to fold; a removed
+  state key holding data; a changed join into a node with pending tasks (its task id
+  changes);
 * **unknown**: no stored topology for the stored version (a thread written by the stock
   saver or before this table existed, or a version name used for two different graphs):
   the check falls back to refusing, as before.
 
-Everything but ``op_record_version`` / ``op_load_versions`` is pure.
+Everything but the ops and flows (``op_record_version``, ``op_load_versions``,
+``flow_classify_saved``: it reads the checkpoints of changed subgraphs) is pure.
 """
 
 from __future__ import annotations

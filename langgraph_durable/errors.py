@@ -335,7 +335,11 @@ def _mismatch_message(
             f"saver.migrations.register({stored!r}, {current!r})"
         )
     elif verdict == "unknown":
-        why = "the old graph's topology is not stored, so the change cannot be judged: " + "; ".join(detail)
+        why = (
+            "the old graph's topology is not stored, so the change cannot be judged ("
+            + "; ".join(detail)
+            + "; `langgraph-durable versions record --graph old_module:graph` stores it from the old code)"
+        )
     else:
         why = "the change is incompatible with work the thread has stored: " + "; ".join(detail)
     return (
