@@ -537,7 +537,8 @@ def _judge_routing(
     """The stored routing decisions of tasks that finished in the paused step: LangGraph
     replays their writes, so a ``branch:to:X`` (an edge's or a conditional edge's
     decision) or a join write along a route the running graph no longer has would take
-    the thread where the new graph does not go."""
+    the thread where the new graph does not go; and a static edge the running graph
+    added out of such a task's node would never be taken."""
     if "edges" not in s and "edges" not in r:
         return
     r_nodes: Mapping[str, Any] = r.get("nodes") or {}
@@ -550,6 +551,18 @@ def _judge_routing(
             why = _gone_route(s, r, src, chan, target, value)
             if why:
                 reasons.append(why)
+        if src is not None and (src == _START or src in r_nodes):
+            added = sorted(_static(r, src) - _static(s, src) - {_END})
+            if added:
+                reasons.append(
+                    f"node {src!r} finished in the paused step, and the running graph adds the "
+                    f"edge(s) {', '.join(f'{src!r} -> {t!r}' for t in added)}: LangGraph replays "
+                    "its stored writes instead of re-running it, so they would never be taken"
+                )
+
+
+def _static(desc: Mapping[str, Any], node: str) -> set[str]:
+    return {str(e[1]) for e in desc.get("edges") or () if e[0] == node}
 
 
 def _gone_route(

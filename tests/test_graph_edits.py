@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from conftest import drop_database, make_database
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from conftest import drop_database, make_database
 from langgraph_durable import DurablePostgresSaver, GraphVersionMismatchError
 
 Ran = list[str]
@@ -109,17 +109,18 @@ def chain(
     return b
 
 
-def fork(ran: Ran, a_to: str, *, extra: tuple[str, ...] = ()) -> StateGraph:
+def fork(ran: Ran, *a_to: str, extra: tuple[str, ...] = ()) -> StateGraph:
     """START -> [a, waiter]: a finishes and routes to ``a_to`` (its decision is stored
     in the paused step's writes) while waiter interrupts."""
     b = StateGraph(S)
     b.add_node("a", step("a", ran))
     b.add_node("waiter", asks("waiter", ran))
-    for n in sorted({a_to, *extra} - {END}):
+    for n in sorted({*a_to, *extra} - {END}):
         b.add_node(n, step(n, ran))
     b.add_edge(START, "a")
     b.add_edge(START, "waiter")
-    b.add_edge("a", a_to)
+    for t in a_to:
+        b.add_edge("a", t)
     return b
 
 
@@ -220,6 +221,21 @@ CASES = [
         stock_wrong=lambda out, ran: "X" in ran and "Y" not in ran,
         why="stock replays a's stored decision along the removed edge a -> X: X runs, the new "
         "a -> Y never does",
+    ),
+    Case(
+        "add-edge-out-of-a-finished-task",
+        lambda r: fork(r, "X"),
+        lambda r: fork(r, "X", "Y"),
+        refused="the running graph adds the edge(s) 'a' -> 'Y'",
+        stock_wrong=lambda out, ran: "X" in ran and "Y" not in ran,
+        why="a finished, so stock replays its stored writes (to X) and never re-runs it: "
+        "the new edge a -> Y is never taken",
+    ),
+    Case(
+        "add-edge-out-of-an-interrupted-node",
+        lambda r: chain(r, "ask", "finish"),
+        lambda r: chain(r, "ask", "finish").add_node("also", step("also", r)).add_edge("ask", "also"),
+        why="ask has not finished: it re-runs and takes both edges",
     ),
     Case(
         "rename-state-key",
