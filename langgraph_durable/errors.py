@@ -343,7 +343,7 @@ def _mismatch_message(
     else:
         why = "the change is incompatible with work the thread has stored: " + "; ".join(detail)
     return (
-        f"thread {thread_id!r} was not resumed: it was checkpointed by graph version "
+        f"thread {thread_id!r} did not run: it was checkpointed by graph version "
         f"{stored!r}, the running graph is {current!r}, and {why}. "
         "To run it on the new graph anyway (what stock LangGraph does, skipping or replaying "
         "that work), set version_policy='warn' (logs what it skips) or 'auto-upgrade' "

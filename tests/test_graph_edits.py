@@ -394,6 +394,35 @@ def _check_refusal(err: GraphVersionMismatchError, case: Case, tid: str) -> None
     assert str(again) == text and again.compatibility == compat and again.policies == err.policies
 
 
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.id.startswith("subgraph-")], ids=lambda c: c.id
+)
+async def test_graph_edit_against_stock_async(case: Case, dsn: str) -> None:
+    """The subgraph rows on the async saver: the subgraph's checkpoint is read in the
+    async run start as in the sync one."""
+    from langgraph_durable import AsyncDurablePostgresSaver
+
+    tid = f"aedit-{case.id}"
+    stock_ran: Ran = []
+    mem = InMemorySaver()
+    await case.v1([]).compile(checkpointer=mem).ainvoke({"log": []}, cfg(tid))
+    stock_out = await case.v2(stock_ran).compile(checkpointer=mem).ainvoke(Command(resume="yes"), cfg(tid))
+    ran: Ran = []
+    async with AsyncDurablePostgresSaver.from_conn_string(dsn) as saver:
+        assert "__interrupt__" in await case.v1([]).compile(checkpointer=saver).ainvoke(
+            {"log": []}, cfg(tid)
+        )
+        v2 = case.v2(ran).compile(checkpointer=saver)
+        if case.refused is None:
+            assert await v2.ainvoke(Command(resume="yes"), cfg(tid)) == stock_out
+            assert ran == stock_ran
+            return
+        with pytest.raises(GraphVersionMismatchError) as err:
+            await v2.ainvoke(Command(resume="yes"), cfg(tid))
+        _check_refusal(err.value, case, tid)
+        assert ran == []
+
+
 def test_strict_refusal_says_the_default_would_let_it_through(dsn: str) -> None:
     """Under version_policy='strict' a compatible edit is refused, and the error says
     that 'refuse' (the default) would let it go on."""
