@@ -287,7 +287,9 @@ class ArchiveConflictError(ArchiveError):
 
 
 class GraphVersionMismatchError(DurableError):
-    """A thread's latest checkpoint was written by another graph version."""
+    """A thread's latest checkpoint was written by another graph version, and the
+    version policy does not let this run go on. ``policies``: the ``version_policy``
+    values that would (``"warn"``, ``"auto-upgrade"``); ``policy``: the one in force."""
 
     def __init__(
         self,
@@ -295,24 +297,63 @@ class GraphVersionMismatchError(DurableError):
         stored: str | None,
         current: str | None,
         compatibility: dict[str, Any] | None = None,
+        policy: str | None = None,
     ) -> None:
         # compatibility: compat.Compatibility.as_dict() (verdict, changes, reasons), or
-        # None when it was not classified (unversioned thread, strict policy).
-        why = ""
-        if compatibility:
-            verdict = compatibility.get("verdict")
-            detail = compatibility.get("reasons") or compatibility.get("changes") or []
-            why = f" The difference is {verdict}" + (f": {'; '.join(detail)}." if detail else ".")
+        # None when it was not classified (unversioned thread).
         super().__init__(
-            f"thread {thread_id!r} was checkpointed by graph version {stored!r} but the "
-            f"running graph is {current!r}.{why} Register a migration "
-            f"(saver.migrations.register({stored!r}, {current!r}, fn)) or resume with the "
-            "old code. Reading the thread (get_state) still works.",
+            _mismatch_message(thread_id, stored, current, compatibility, policy),
             thread_id=thread_id,
             stored=stored,
             current=current,
             compatibility=compatibility,
+            policy=policy,
+            policies=("warn", "auto-upgrade"),
         )
+
+
+def _mismatch_message(
+    thread_id: str,
+    stored: str | None,
+    current: str | None,
+    compat: dict[str, Any] | None,
+    policy: str | None,
+) -> str:
+    """What was refused, why, and each way on, in the order a developer reads them."""
+    verdict = (compat or {}).get("verdict")
+    detail = list((compat or {}).get("reasons") or [])
+    if stored is None:
+        why = "it has no graph version (the stock saver wrote it) and unversioned_policy='refuse'"
+    elif compat is None:
+        why = "this process has no graph of that version"
+    elif policy == "strict" and verdict in ("identical", "compatible"):
+        why = "version_policy='strict' refuses any graph change (the default 'refuse' would let this compatible one through)"
+    elif verdict in ("identical", "compatible"):
+        why = (
+            "the version is a name you set (graph_version=...), a declaration that the change "
+            f"matters; register an identity migration to let it through: "
+            f"saver.migrations.register({stored!r}, {current!r})"
+        )
+    elif verdict == "unknown":
+        why = (
+            "the old graph's topology is not stored, so the change cannot be judged ("
+            + "; ".join(detail)
+            + "; `langgraph-durable versions record --graph old_module:graph` stores it from the old code)"
+        )
+    else:
+        why = "the change is incompatible with work the thread has stored: " + "; ".join(detail)
+    return (
+        f"thread {thread_id!r} did not run: it was checkpointed by graph version "
+        f"{stored!r}, the running graph is {current!r}, and {why}. "
+        "To run it on the new graph anyway (what stock LangGraph does, skipping or replaying "
+        "that work), set version_policy='warn' (logs what it skips) or 'auto-upgrade' "
+        "(silent): on the saver (from_conn_string(..., version_policy='warn'), the usual "
+        "choice for development with `langgraph dev`) or for one run "
+        "(config={'configurable': {'thread_id': ..., 'version_policy': 'auto-upgrade'}}). "
+        "To carry the work over, register a migration (saver.migrations.register("
+        f"{stored!r}, {current!r}, rename_nodes=..., drop_nodes=..., fn=...)); or resume with "
+        "the old code. Nothing ran; get_state still reads the thread."
+    )
 
 
 class MigrationError(DurableError):

@@ -26,7 +26,7 @@ from langgraph_durable._io import (
     Tx,
 )
 from langgraph_durable.compat import (
-    classify_saved,
+    flow_classify_saved,
     graph_topology,
     op_load_versions,
     op_record_version,
@@ -82,7 +82,7 @@ class VersionGate(VersionGateView):
         if stored is None:
             if self.unversioned_policy == "adopt" or policy in ("warn", "auto-upgrade"):
                 return saved
-            raise GraphVersionMismatchError(thread_id, None, current)
+            raise GraphVersionMismatchError(thread_id, None, current, policy=policy)
         chain = self.migrations.path(str(stored), current)
         if chain:
             reloaded = yield from flow_migrate(
@@ -92,9 +92,11 @@ class VersionGate(VersionGateView):
         if policy == "auto-upgrade":
             return saved
         rows = yield Tx(lambda: op_load_versions([str(stored), current]))
-        compat = classify_saved(saved, str(stored), current, rows, graph)
+        compat = yield from flow_classify_saved(self, saved, str(stored), current, rows, graph)
         if policy == "strict":
-            raise GraphVersionMismatchError(thread_id, str(stored), current, compat.as_dict())
+            raise GraphVersionMismatchError(
+                thread_id, str(stored), current, compat.as_dict(), policy=policy
+            )
         if policy == "warn":
             orphans = pending_orphans(saved, graph) if graph is not None else []
             logger.warning(
@@ -109,7 +111,9 @@ class VersionGate(VersionGateView):
                 compat.summary(),
             )
             return saved
-        raise GraphVersionMismatchError(thread_id, str(stored), current, compat.as_dict())
+        raise GraphVersionMismatchError(
+            thread_id, str(stored), current, compat.as_dict(), policy=policy
+        )
 
     def _flow_record_version(self, version: str | None, ctx: _RunContext) -> Flow[None]:
         """Store the running graph's topology once per version (per saver and its

@@ -9,7 +9,9 @@ compares that version with the running graph's and applies the policy:
   unless a migration path from the stored version to the current one is registered,
   in which case the checkpoint is migrated (atomically, in place) and the run goes on,
   or both versions are fingerprints and the difference is *compatible* for this
-  thread (``compat.py``: e.g. an added state key), in which case it simply goes on.
+  thread (``compat.py``: e.g. an added state key, or a node added after the one the
+  thread waits in: a task that has not finished routes by the new graph's edges), in
+  which case it simply goes on. The error names the policies that go on anyway.
 * ``"strict"``: as ``"refuse"`` but any difference without a migration is refused.
 * ``"warn"``: log a warning (naming pending work the new graph cannot run) and
   continue on the new graph (LangGraph's stock behaviour).
