@@ -288,13 +288,14 @@ def expected_log(spec: dict[str, Any], turns: int) -> list[str]:
     return log
 
 
-def _run(graph: Any, inputs: Any, config: Any, via_stream: bool) -> dict[str, Any]:
+def _run(graph: Any, inputs: Any, config: Any, spec: dict[str, Any]) -> dict[str, Any]:
     """``invoke``, or ``stream`` in values mode (an interrupt arrives as a chunk of its own)."""
-    if not via_stream:
-        return dict(graph.invoke(inputs, config))
+    durability = spec.get("durability", "async")
+    if not spec.get("via_stream"):
+        return dict(graph.invoke(inputs, config, durability=durability))
     last: dict[str, Any] = {}
     waiting = False
-    for chunk in graph.stream(inputs, config, stream_mode="values"):
+    for chunk in graph.stream(inputs, config, stream_mode="values", durability=durability):
         if "__interrupt__" in chunk:
             waiting = True
         else:
@@ -314,14 +315,14 @@ def child_main(dsn: str, thread_id: str, spec: dict[str, Any], action: str, turn
     try:
         if stock:
             with PostgresSaver.from_conn_string(dsn) as saver:
-                result = build(dsn, spec, stock=True).compile(checkpointer=saver).invoke(inputs, config)
+                result = _run(build(dsn, spec, stock=True).compile(checkpointer=saver), inputs, config, spec)
         else:
             policy = ReworkBudget(seconds=1.0) if spec.get("budget") else None
             with DurablePostgresSaver.from_conn_string(
                 dsn, checkpoint_policy=policy, lease_ttl=LEASE_TTL
             ) as saver:
                 graph = build(dsn, spec).compile(checkpointer=saver)
-                result = _run(graph, inputs, config, spec.get("via_stream", False))
+                result = _run(graph, inputs, config, spec)
         waiting = "__interrupt__" in result
         out = {"event": "interrupted" if waiting else "done", "log": result.get("log", [])}
     except Exception as exc:  # reported to the parent, which judges it
