@@ -824,12 +824,15 @@ class Store:
         limit = self.limits.max_file_bytes
         if self.local is not None:
             with open(self._path(name), "rb") as f:
-                data = f.read(limit + 1)
+                # read(n) allocates n bytes up front: ask for the file's size only.
+                size = os.fstat(f.fileno()).st_size
+                over = size > limit
+                data = b"" if over else f.read()
         else:
             size = self.fs.size(self._path(name))
             over = size is not None and size > limit
             data = b"" if over else bytes(self.fs.cat_file(self._path(name)))
-        if len(data) > limit or (self.local is None and over):
+        if over or len(data) > limit:
             raise ArchiveTooLargeError(
                 f"archive {self.url_of(name)} is over the limit of {limit} bytes "
                 "(ArchiveLimits.max_file_bytes); nothing was read from it",
