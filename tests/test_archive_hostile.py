@@ -176,20 +176,16 @@ def test_planted_artifact_is_refused_and_cannot_poison_a_later_thread(
         digest=digest,
         size=len(junk),
         data=zstandard.ZstdCompressor(dict_data=_zstd_dict(), write_dict_id=False).compress(junk),
+        created_at="2026-01-01T00:00:00+00:00",
+        last_used_at="2026-01-01T00:00:00+00:00",
     )
     forge(path, body)
-    before = _counts(dsn, schema)
 
-    with pytest.raises(ArchiveIntegrityError):
-        A.verify(str(path))
-    with pytest.raises(ArchiveIntegrityError) as info:
+    err: ArchiveIntegrityError | None = None
+    try:
         A.restore(saver, str(path))
-    err = info.value
-    print(f"refused: {err}")
-    assert err.fields["reason"] == "artifact_digest" and err.fields["thread_id"] == "attacker"
-    assert err.fields["url"].endswith(path.name) and digest.hex() in str(err)
-    _assert_nothing_restored(dsn, schema, before)
-
+    except ArchiveIntegrityError as exc:
+        err = exc
     # The later, unrelated thread stores its value and reads it back from a cold cache.
     _graph(saver, victim_value).invoke({"value": "v"}, _cfg("victim"))
     assert _q(dsn, schema, "SELECT count(*) FROM durable_artifacts WHERE digest = %s", digest)[0][0] == 1
@@ -199,6 +195,16 @@ def test_planted_artifact_is_refused_and_cannot_poison_a_later_thread(
         except ArtifactIntegrityError as exc:  # what 569be7e gave
             pytest.fail(f"the planted artifact poisoned the victim: {exc}")
         assert state.values["value"] == victim_value
+
+    assert err is not None, "restore accepted a file whose artifact does not hash to its digest"
+    print(f"refused: {err}")
+    assert err.fields["reason"] == "artifact_digest" and err.fields["thread_id"] == "attacker"
+    assert err.fields["url"].endswith(path.name) and digest.hex() in str(err)
+    # Nothing of the file came back (one transaction): no row of the attacker's thread.
+    for t in A.TABLES:
+        assert _q(dsn, schema, f"SELECT count(*) FROM {t} WHERE thread_id = 'attacker'")[0][0] == 0, t
+    with pytest.raises(ArchiveIntegrityError):
+        A.verify(str(path))
 
 
 def test_verify_checks_artifacts_too(dsn: str, schema: str, saver: DurablePostgresSaver, tmp_path: Path) -> None:
@@ -300,14 +306,11 @@ def test_planted_ledger_key_cannot_precomplete_another_workflows_call(
     _ledger_row(body, key, fp, planted)
     forge(path, body)
     before = _counts(dsn, schema)
-    with pytest.raises(ArchiveIntegrityError) as info:
+    err: ArchiveIntegrityError | None = None
+    try:
         A.restore(saver, str(path))
-    print(f"{target}: {info.value}")
-    assert info.value.fields["reason"] == "foreign_ledger_key" and info.value.fields["key"] == key
-    _assert_nothing_restored(dsn, schema, before)
-    with pytest.raises(ArchiveIntegrityError):
-        A.verify(str(path))
-
+    except ArchiveIntegrityError as exc:
+        err = exc
     # The victim's call runs its effect.
     REFUNDS.clear()
 
@@ -320,6 +323,13 @@ def test_planted_ledger_key_cannot_precomplete_another_workflows_call(
     g.add_edge("pay", END)
     g.compile(checkpointer=saver).invoke({"value": "x"}, _cfg("victim-thread"))
     assert REFUNDS == [42], "the refund was skipped: a planted ledger row answered for it"
+    assert err is not None, f"restore accepted a planted ledger key {key!r}"
+    print(f"{target}: {err}")
+    assert err.fields["reason"] == "foreign_ledger_key" and err.fields["key"] == key
+    assert _q(dsn, schema, "SELECT count(*) FROM checkpoints WHERE thread_id = 'planter'")[0][0] == 0
+    assert before["durable_ledger"] == 0
+    with pytest.raises(ArchiveIntegrityError):
+        A.verify(str(path))
 
 
 @tool
@@ -454,7 +464,10 @@ def test_an_artifact_bomb_is_refused(dsn: str, schema: str, saver: DurablePostgr
     with cctx.stream_writer(buf, size=600 * MiB, closefd=False) as w:
         for _ in range(600):
             w.write(b"\x00" * MiB)
-    add_row(body["artifacts"], digest=b"\x02" * 32, size=600 * MiB, data=buf.getvalue())
+    add_row(
+        body["artifacts"], digest=b"\x02" * 32, size=600 * MiB, data=buf.getvalue(),
+        created_at="2026-01-01T00:00:00+00:00", last_used_at="2026-01-01T00:00:00+00:00",
+    )
     forge(path, body)
     err, peak = _peak(lambda: A.verify(str(path)))
     print(f"verify: {type(err).__name__}: {err}; traced peak {peak / MiB:.1f} MiB")
