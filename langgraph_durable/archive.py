@@ -17,7 +17,8 @@ archive is then a stale copy of a thread that is still in the database; the next
 archives it again).
 
 File format (version 1; never pickle), one file per thread, named
-``<slug>-<sha256(thread_id)[:12]>--<head checkpoint id>.lgda.zst``:
+``<slug>-<sha256(thread_id)[:12]>--<head checkpoint id>.lgda.zst`` (see
+:func:`file_name` for ids that are not safe in a name):
 
 * a zstd *skippable frame* (magic ``0x184D2A5E``, little-endian u32 size) holding the
   manifest, UTF-8 JSON: ``format`` ("langgraph-durable-archive"), ``version``,
@@ -41,6 +42,15 @@ database. Restore re-inserts artifacts with ``ON CONFLICT DO NOTHING`` (one row 
 digest, shared with whatever already uses it) and columns filled by a sequence
 (``durable_migration_log.id``) are left to the target database's sequence, in the
 original order.
+
+A file is untrusted input (issue 23): whoever can write one can recompute its sha256.
+:func:`decode` (restore, verify and retention's read-back) bounds every size
+(:class:`ArchiveLimits`, decompression streamed) and :func:`check_dump` checks the
+content against the thread: artifact contents against their digests, ids, the head,
+and every ledger key against the thread's own key derivations (idempotency/call.py,
+journal.py: a key they change must be changed in ``_check_ledger`` too; the round trip
+of every key kind in tests/test_archive_hostile.py fails otherwise). A file that fails
+is refused whole (``ArchiveRejectedError``). URLs are shown redacted (``Store.url``).
 """
 
 from __future__ import annotations
@@ -605,7 +615,7 @@ def _check_artifacts(
             content = _bounded_zstd(data, limits.max_value_bytes, dict_data)
         except _TooLarge as exc:
             raise ArchiveTooLargeError(
-                f"archive of thread {dump.thread_id!r}: artifact {shown} decompresses to more "
+                f"archive {url} (thread {dump.thread_id!r}): artifact {shown} decompresses to more "
                 f"than {exc.limit} bytes (ArchiveLimits.max_value_bytes); refused",
                 url=url, thread_id=dump.thread_id, reason="value_too_large", limit=exc.limit, digest=shown,
             ) from None
