@@ -231,6 +231,8 @@ class ThreadDump:
     fingerprint: str
     tables: dict[str, dict[str, Any]]
     artifacts: dict[str, Any]
+    # Ledger keys check_dump found dead (see _check_ledger): not restored.
+    dropped_keys: set[str] = field(default_factory=set)
 
     def counts(self) -> dict[str, int]:
         out = {t: len(v["rows"]) for t, v in self.tables.items()}
@@ -546,7 +548,7 @@ def check_dump(
     ledger = tables.get("durable_ledger", [])
     keep = any(str(r.get("key", "")).startswith(_TOOL) for r in ledger)
     contents = _check_artifacts(dump, url, limits, serde, unverified, refuse, keep)
-    _check_ledger(dump.thread_id, ledger, lambda: _tool_call_ids(tables, contents, serde), refuse)
+    dump.dropped_keys = _check_ledger(dump.thread_id, ledger, lambda: _tool_call_ids(tables, contents, serde), refuse)
 
 
 _ID_COLUMNS = ("checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "task_id", "channel", "key")
@@ -670,40 +672,53 @@ def _check_ledger(
     rows: list[dict[str, Any]],
     tool_ids: Callable[[], set[str]],
     refuse: Callable[..., ArchiveRejectedError],
-) -> None:
-    """Every ledger row's key derives from this thread (see ``_KEY_SHAPE``'s comment)."""
+) -> set[str]:
+    """Every ledger row's key derives from this thread (see ``_KEY_SHAPE``'s comment),
+    else the file is refused. Returns the keys of rows that are left out of a restore
+    instead: tool calls whose ``tool_call_id`` the thread no longer stores anywhere
+    (its messages were removed and the checkpoints holding them trimmed), and calls
+    nested in them. No run of this thread can make those keys again (a tool key needs
+    the AI message that asked for the call), so the rows are dead; and a planted row
+    among them is then never inserted."""
     if not rows:
-        return
+        return set()
     for r in rows:
         key = r.get("key")
         if not isinstance(key, str) or len(key) > MAX_KEY_LENGTH or not _KEY_SHAPE.fullmatch(key):
             raise refuse("foreign_ledger_key", f"ledger key {str(key)[:80]!r} is not a key this thread's calls derive (a key= key is never archived)", key=str(key)[:MAX_KEY_LENGTH])
     pending = {r["key"]: r for r in rows}
     proven = _task_keys(tid, rows, set(pending))
-    if any(k.startswith(_TOOL) for k in set(pending) - proven):
+    tools = {k for k in pending if k.startswith(_TOOL)} - proven
+    if tools:
         ids = tool_ids()
-        for r in rows:
-            ns, task = str(r.get("checkpoint_ns") or ""), str(r.get("task_id") or "")
-            for c in ids:
-                for k in (_TOOL + _key_digest("tool-task", tid, ns, task, c), _TOOL + _key_digest("tool", tid, c)):
-                    if k in pending:
-                        proven.add(k)
-    # Nested calls: keyed by their parent's key, which is proven first.
-    frontier = set(proven)
-    while frontier and set(pending) - proven:
+        for k in tools:
+            ns, task = str(pending[k].get("checkpoint_ns") or ""), str(pending[k].get("task_id") or "")
+            if any(k in (_TOOL + _key_digest("tool-task", tid, ns, task, c), _TOOL + _key_digest("tool", tid, c)) for c in ids):
+                proven.add(k)
+    proven = _with_nested(proven, pending)
+    dead = _with_nested({k for k in tools if k not in proven}, {k: v for k, v in pending.items() if k not in proven})
+    foreign = sorted(set(pending) - proven - dead)
+    if foreign:
+        raise refuse("foreign_ledger_key", f"ledger key {foreign[0]!r} is not derived from this thread's calls (a planted key could pre-complete another workflow's call)", key=foreign[0])
+    return dead
+
+
+def _with_nested(parents: set[str], pending: dict[str, dict[str, Any]]) -> set[str]:
+    """``parents`` and the keys of ``pending`` nested in them, at any depth."""
+    out = set(parents)
+    frontier = set(parents)
+    while frontier and set(pending) - out:
         new: set[str] = set()
-        left = set(pending) - proven
+        left = set(pending) - out
         for parent in frontier:
             new |= _scan(partial(_key, _CALL, "nested", parent), left)
             for k in left:
                 if k.startswith(_LLM):
                     fp = str(pending[k].get("fingerprint") or "")
                     new |= _scan(partial(_key, _LLM, "journal-nested", parent, last=fp), {k})
-        proven |= new
+        out |= new
         frontier = new
-    foreign = sorted(set(pending) - proven)
-    if foreign:
-        raise refuse("foreign_ledger_key", f"ledger key {foreign[0]!r} is not derived from this thread's calls (a planted key could pre-complete another workflow's call)", key=foreign[0])
+    return out
 
 
 def _task_keys(tid: str, rows: list[dict[str, Any]], wanted: set[str]) -> set[str]:
@@ -726,25 +741,38 @@ def _task_keys(tid: str, rows: list[dict[str, Any]], wanted: set[str]) -> set[st
 def _tool_call_ids(tables: dict[str, list[dict[str, Any]]], contents: list[bytes], serde: Any) -> set[str]:
     """Every ``id`` / ``tool_call_id`` string in the thread's stored values (a tool
     key hashes the model's tool_call_id, which the ledger row does not keep): the
-    AI messages that asked for the calls and the tool messages that answered them."""
+    AI messages that asked for the calls and the tool messages that answered them,
+    wherever a resumed run would read them (blobs, writes, artifacts, inline items of
+    envelopes; decrypted with ``serde``'s cipher)."""
     _, cipher = _split_serde(serde) if serde is not None else (None, None)
     found: set[str] = set()
     for table in ("checkpoint_blobs", "checkpoint_writes"):
         for r in tables.get(table, []):
-            blob, typ = r.get("blob"), str(r.get("type") or "")
+            blob = r.get("blob")
             if isinstance(blob, bytes):
-                if cipher is not None and "+" in typ and typ != REF_TYPE:
-                    try:
-                        blob = cipher.decrypt(typ.rsplit("+", 1)[1], blob)
-                    except Exception:
-                        continue
-                _ids_in(blob, found, 0)
+                _ids_in(_plain(str(r.get("type") or ""), blob, cipher), found, cipher, 0)
     for content in contents:
-        _ids_in(content[1:] if content[:1] == b"C" else content.partition(b"\x00")[2], found, 0)
+        _ids_in(content[1:] if content[:1] == b"C" else content.partition(b"\x00")[2], found, cipher, 0)
+    # Recorded results too (a journaled model's answer holds its tool calls). Any
+    # source is safe: a candidate only counts if it hashes, with this thread's id, to
+    # the row's key.
+    for r in tables.get("durable_ledger", []):
+        if isinstance(r.get("result"), bytes):
+            _ids_in(_plain(str(r.get("result_type") or ""), r["result"], cipher), found, cipher, 0)
     return found
 
 
-def _ids_in(value: Any, found: set[str], depth: int) -> None:
+def _plain(tag: str, data: bytes, cipher: Any) -> bytes:
+    """``data`` of type ``tag`` decrypted when an EncryptedSerializer wrote it."""
+    if cipher is None or "+" not in tag or tag == REF_TYPE:
+        return data
+    try:
+        return bytes(cipher.decrypt(tag.split("+", 1)[1], data))
+    except Exception:
+        return data
+
+
+def _ids_in(value: Any, found: set[str], cipher: Any, depth: int) -> None:
     """Walk msgpack (ext types and bytes that are msgpack themselves included)."""
     if depth > 24:
         return
@@ -754,15 +782,19 @@ def _ids_in(value: Any, found: set[str], depth: int) -> None:
         except (ormsgpack.MsgpackDecodeError, ValueError, TypeError):
             return
     if isinstance(value, _Ext):
-        _ids_in(value.data, found, depth + 1)
+        _ids_in(value.data, found, cipher, depth + 1)
     elif isinstance(value, dict):
         for k, v in value.items():
             if k in ("id", "tool_call_id") and isinstance(v, str) and len(v) <= MAX_KEY_LENGTH:
                 found.add(v)
-            _ids_in(v, found, depth + 1)
+            _ids_in(v, found, cipher, depth + 1)
     elif isinstance(value, list | tuple):
+        if len(value) == 3 and isinstance(value[1], str) and isinstance(value[2], bytes):
+            # An envelope's inline item [kind, tag, data]: encrypted like a blob.
+            _ids_in(_plain(value[1], value[2], cipher), found, cipher, depth + 1)
+            return
         for v in value:
-            _ids_in(v, found, depth + 1)
+            _ids_in(v, found, cipher, depth + 1)
 
 
 @dataclass
@@ -948,6 +980,9 @@ class RestoreReport:
     artifacts_present: int = 0
     files: list[str] = field(default_factory=list)
     superseded: list[str] = field(default_factory=list)
+    # Dead ledger rows left out (tool calls whose tool_call_id the thread no longer
+    # stores; see archive._check_ledger).
+    ledger_rows_dropped: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -1039,6 +1074,10 @@ def _insert_stmts(dump: ThreadDump, current: dict[str, list[list[Any]]]) -> tupl
         # Columns this database has and fills itself (a sequence) are left to it.
         keep = [c[0] for c in part["columns"] if c[0] in have and not have[c[0]][2]]
         rows = _json_rows(part["columns"], part["rows"], keep)
+        if table == "durable_ledger" and dump.dropped_keys:
+            rows = [r for r in rows if r.get("key") not in dump.dropped_keys]
+            if not rows:
+                continue
         ignore = table == _ARTIFACTS or table in _ADDITIVE
         stmts.append(
             Stmt(
@@ -1117,6 +1156,7 @@ def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[Res
             else:
                 report.rows[table] = report.rows.get(table, 0) + len(rows)
         report.threads_restored += 1
+        report.ledger_rows_dropped += len(dump.dropped_keys)
         report.thread_ids.append(dump.thread_id)
         report.files.append(url)
         yield AfterCommit(partial(saver._known_refs.forget_thread, dump.thread_id))
@@ -1176,12 +1216,13 @@ def verify(url: str, *, serde: Any = None, limits: ArchiveLimits | None = None) 
     out = []
     for name in names:
         unverified: list[bytes] = []
-        manifest, _ = decode(
+        manifest, dump = decode(
             _read(store, name), store.url_of(name), limits=store.limits, serde=serde,
             unverified=unverified if serde is None else None,
         )
         manifest["url"] = store.url_of(name)
         manifest["unverified_artifacts"] = len(unverified)
+        manifest["ledger_rows_dropped"] = len(dump.dropped_keys)
         out.append(manifest)
     return out
 

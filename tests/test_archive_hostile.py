@@ -27,9 +27,10 @@ import psycopg
 import pytest
 import zstandard
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
 from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from langgraph_durable import DurablePostgresSaver, idempotent
@@ -584,3 +585,79 @@ def test_archive_url_credentials_never_reach_the_audit_trail(
     assert {r[0] for r in rows} >= {"storage.retain", "storage.restore"}, rows
     leaked = [r for r in rows if secret in r[1]]
     assert not leaked, f"credentials in durable_audit: {leaked}"
+
+
+class ForgetState(TypedDict, total=False):
+    messages: Annotated[list[Any], add_messages]
+    paid: str
+
+
+def test_tool_rows_of_forgotten_messages_are_left_out_not_refused(
+    dsn: str, schema: str, saver: DurablePostgresSaver, tmp_path: Path
+) -> None:
+    """A tool key hashes the model's tool_call_id, which the ledger row does not keep:
+    restore finds it in the thread's stored messages. A thread that removed its
+    messages and was trimmed (retain keep_last) stores it nowhere any more; such a
+    real archive must still restore: the dead tool row (no run of the thread can make
+    its key again) is left out and counted, every other row comes back."""
+    tcid = f"call_forgotten_{SEED % 9973}"
+    answers = iter(
+        [
+            AIMessage(content="", tool_calls=[{"name": "lookup", "args": {"q": "y"}, "id": tcid}]),
+            AIMessage(content="done"),
+        ]
+    )
+    model = GenericFakeChatModel(messages=answers)
+
+    def agent(s: ForgetState) -> dict[str, Any]:
+        return {"messages": [model.invoke(s["messages"])], "paid": charge("forgetful")}
+
+    def route(s: ForgetState) -> str:
+        return "tools" if getattr(s["messages"][-1], "tool_calls", None) else "forget"
+
+    def forget(s: ForgetState) -> dict[str, Any]:
+        return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES)]}
+
+    g = StateGraph(ForgetState)
+    g.add_node("agent", agent)
+    g.add_node("tools", ToolNode([idempotent(lookup)], handle_tool_errors=False))
+    g.add_node("forget", forget)
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", route, ["tools", "forget"])
+    g.add_edge("tools", "agent")
+    g.add_edge("forget", END)
+    g.compile(checkpointer=saver).invoke({"messages": [HumanMessage("hello")]}, _cfg("forgetful"))
+    retain(saver, older_than_days=30, keep_last=1)
+    gc(saver, grace=0)
+    stored = b"".join(
+        bytes(r[0]) for r in _q(dsn, schema, "SELECT blob FROM checkpoint_blobs UNION ALL SELECT blob FROM checkpoint_writes")
+    ) + b"".join(bytes(r[0]) for r in _q(dsn, schema, "SELECT data FROM durable_artifacts"))
+    assert tcid.encode() not in stored, "the trim kept the tool call id: the test proves nothing"
+    keys = sorted(r[0] for r in _q(dsn, schema, "SELECT key FROM durable_ledger WHERE thread_id = 'forgetful'"))
+    assert any(k.startswith("tool:") for k in keys), keys
+    _backdate(dsn, schema)
+    url = str(tmp_path / "arch")
+    report = retain(saver, older_than_days=30, archive=url)
+    assert report.threads_archived == 1 and not report.archive_failed, report
+    assert A.verify(url)[0]["ledger_rows_dropped"] == 1
+    restored = A.restore(saver, url)
+    print(restored.as_dict())
+    assert restored.ledger_rows_dropped == 1
+    back = sorted(r[0] for r in _q(dsn, schema, "SELECT key FROM durable_ledger WHERE thread_id = 'forgetful'"))
+    assert back == [k for k in keys if not k.startswith("tool:")]
+
+
+def test_a_planted_tool_key_is_never_inserted(
+    dsn: str, schema: str, saver: DurablePostgresSaver, tmp_path: Path
+) -> None:
+    """A tool-shaped key the thread cannot prove (another thread's tool call, say) is
+    one of the dead rows: the restore goes on, and the row is not in the ledger."""
+    path = archived(dsn, schema, saver, tmp_path, "tooler")
+    key = "tool:" + key_digest("tool-task", "victim-thread", "", str(uuid.uuid4()), "call_0")
+    body = read_body(path)
+    _ledger_row(body, key, "f" * 64, saver.serde.dumps_typed("planted"))
+    forge(path, body)
+    restored = A.restore(saver, str(path))
+    assert restored.thread_ids == ["tooler"] and restored.ledger_rows_dropped == 1
+    assert _q(dsn, schema, "SELECT count(*) FROM durable_ledger WHERE key = %s", key)[0][0] == 0
+    assert _q(dsn, schema, "SELECT count(*) FROM durable_ledger WHERE thread_id = 'tooler'")[0][0] == 1
