@@ -661,3 +661,56 @@ def test_a_planted_tool_key_is_never_inserted(
     assert restored.thread_ids == ["tooler"] and restored.ledger_rows_dropped == 1
     assert _q(dsn, schema, "SELECT count(*) FROM durable_ledger WHERE key = %s", key)[0][0] == 0
     assert _q(dsn, schema, "SELECT count(*) FROM durable_ledger WHERE thread_id = 'tooler'")[0][0] == 1
+
+
+def test_encrypted_archive_round_trips_and_is_checked_with_the_cipher(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """With an EncryptedSerializer, artifacts are checked after decryption (their
+    digests live in the cipher's namespace) and tool keys are proven from decrypted
+    messages: a real encrypted archive with every key kind restores. Without the
+    cipher, verify() counts what it could not check and restore refuses."""
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    serde = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
+    answers = iter(
+        [
+            AIMessage(content="", tool_calls=[{"name": "lookup", "args": {"q": big("q", 400)}, "id": "call_enc"}]),
+            AIMessage(content=big("final", 600)),
+        ]
+    )
+    model = GenericFakeChatModel(messages=answers)
+
+    def agent(s: ForgetState) -> dict[str, Any]:
+        return {"messages": [model.invoke(s["messages"])], "paid": charge("enc")}
+
+    with DurablePostgresSaver.from_conn_string(dsn, schema=schema, serde=serde, artifact_threshold=256) as enc:
+        enc.setup()
+        g = StateGraph(ForgetState)
+        g.add_node("agent", agent)
+        g.add_node("tools", ToolNode([idempotent(lookup)], handle_tool_errors=False))
+        g.add_edge(START, "agent")
+        g.add_conditional_edges("agent", tools_condition)
+        g.add_edge("tools", "agent")
+        g.compile(checkpointer=enc).invoke({"messages": [HumanMessage(big("hello", 500))]}, _cfg("enc"))
+        keys = sorted(r[0] for r in _q(dsn, schema, "SELECT key FROM durable_ledger WHERE thread_id = 'enc'"))
+        assert any(k.startswith("tool:") for k in keys)
+        sealed = _q(dsn, schema, "SELECT count(*) FROM durable_artifacts WHERE substring(data from 1 for 1) <> '\\x28'::bytea")
+        assert sealed[0][0] > 0, "no encrypted artifact: the test proves nothing"
+        _backdate(dsn, schema)
+        url = str(tmp_path / "arch")
+        report = retain(enc, older_than_days=30, archive=url)
+        assert report.threads_archived == 1 and not report.archive_failed, report
+        gc(enc, grace=0)
+        (m,) = A.verify(url, serde=serde)
+        assert m["unverified_artifacts"] == 0 and m["ledger_rows_dropped"] == 0
+        (blind,) = A.verify(url)
+        assert blind["unverified_artifacts"] > 0
+        with DurablePostgresSaver.from_conn_string(dsn, schema=schema, artifact_threshold=256) as plain:
+            with pytest.raises(ArchiveIntegrityError) as info:
+                A.restore(plain, url)
+            assert info.value.fields["reason"] == "unverifiable_artifact"
+        restored = A.restore(enc, url)
+        assert restored.ledger_rows_dropped == 0
+        back = sorted(r[0] for r in _q(dsn, schema, "SELECT key FROM durable_ledger WHERE thread_id = 'enc'"))
+        assert back == keys
