@@ -510,7 +510,12 @@ def decode(
             raise bad("durable_artifacts: a row of the wrong width")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise bad(f"payload structure ({exc!r})", exc) from exc
-    check_dump(dump, url, lim, serde, unverified)
+    try:
+        check_dump(dump, url, lim, serde, unverified)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        # A value of an unexpected type where the checks compare or hash (an int id,
+        # a missing column): damaged or hostile, and never an untyped error.
+        raise bad(f"payload values ({exc!r})", exc) from exc
     return manifest, dump
 
 

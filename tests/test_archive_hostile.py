@@ -227,7 +227,7 @@ def test_verify_checks_artifacts_too(dsn: str, schema: str, saver: DurablePostgr
     _assert_nothing_restored(dsn, schema, before)
 
 
-@pytest.mark.parametrize("edit", ["nul_checkpoint_id", "dangling_ref", "head_not_newest"])
+@pytest.mark.parametrize("edit", ["nul_checkpoint_id", "int_checkpoint_id", "dangling_ref", "head_not_newest"])
 def test_rows_the_thread_could_not_have_are_refused_typed(
     dsn: str, schema: str, saver: DurablePostgresSaver, tmp_path: Path, edit: str
 ) -> None:
@@ -243,6 +243,10 @@ def test_rows_the_thread_could_not_have_are_refused_typed(
         w = tables["checkpoint_writes"]
         names = [c[0] for c in w["columns"]]
         w["rows"][0][names.index("checkpoint_id")] = "bad\x00id"
+    elif edit == "int_checkpoint_id":
+        cps = tables["checkpoints"]
+        names = [col[0] for col in cps["columns"]]
+        cps["rows"][0][names.index("checkpoint_id")] = 12345
     elif edit == "dangling_ref":
         add_row(tables["durable_artifact_refs"], thread_id=body["thread_id"], digest=b"\x01" * 32)
     else:
