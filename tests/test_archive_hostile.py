@@ -662,8 +662,8 @@ def test_a_planted_tool_key_is_never_inserted(
     _ledger_row(body, key, "f" * 64, saver.serde.dumps_typed("planted"))
     forge(path, body)
     restored = A.restore(saver, str(path))
+    assert _q(dsn, schema, "SELECT count(*) FROM durable_ledger WHERE key = %s", key)[0][0] == 0, "planted row inserted"
     assert restored.thread_ids == ["tooler"] and restored.ledger_rows_dropped == 1
-    assert _q(dsn, schema, "SELECT count(*) FROM durable_ledger WHERE key = %s", key)[0][0] == 0
     assert _q(dsn, schema, "SELECT count(*) FROM durable_ledger WHERE thread_id = 'tooler'")[0][0] == 1
 
 
