@@ -17,7 +17,8 @@ archive is then a stale copy of a thread that is still in the database; the next
 archives it again).
 
 File format (version 1; never pickle), one file per thread, named
-``<slug>-<sha256(thread_id)[:12]>--<head checkpoint id>.lgda.zst``:
+``<slug>-<sha256(thread_id)[:12]>--<head checkpoint id>.lgda.zst`` (see
+:func:`file_name` for ids that are not safe in a name):
 
 * a zstd *skippable frame* (magic ``0x184D2A5E``, little-endian u32 size) holding the
   manifest, UTF-8 JSON: ``format`` ("langgraph-durable-archive"), ``version``,
@@ -41,6 +42,15 @@ database. Restore re-inserts artifacts with ``ON CONFLICT DO NOTHING`` (one row 
 digest, shared with whatever already uses it) and columns filled by a sequence
 (``durable_migration_log.id``) are left to the target database's sequence, in the
 original order.
+
+A file is untrusted input (issue 23): whoever can write one can recompute its sha256.
+:func:`decode` (restore, verify and retention's read-back) bounds every size
+(:class:`ArchiveLimits`, decompression streamed) and :func:`check_dump` checks the
+content against the thread: artifact contents against their digests, ids, the head,
+and every ledger key against the thread's own key derivations (idempotency/call.py,
+journal.py: a key they change must be changed in ``_check_ledger`` too; the round trip
+of every key kind in tests/test_archive_hostile.py fails otherwise). A file that fails
+is refused whole (``ArchiveRejectedError``). URLs are shown redacted (``Store.url``).
 """
 
 from __future__ import annotations
@@ -68,15 +78,20 @@ from langgraph_durable import audit as _audit
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable._refs import artifact_lock, op_closure
 from langgraph_durable._view import SaverView
-from langgraph_durable.artifacts import REF_TYPE
+from langgraph_durable.artifacts import _SEALED, REF_TYPE, _digest, _space, _split_serde, _zstd_dict
+from langgraph_durable.audit import redact_text, redact_url
 from langgraph_durable.errors import (
     ArchiveConflictError,
     ArchiveError,
     ArchiveIntegrityError,
+    ArchiveRejectedError,
+    ArchiveTooLargeError,
     ArchiveVersionError,
     ArtifactError,
     ConfigurationError,
 )
+from langgraph_durable.idempotency.keys import MAX_KEY_LENGTH
+from langgraph_durable.idempotency.keys import _digest as _key_digest
 from langgraph_durable.sql.archive import (
     ARTIFACT_ROWS_SQL,
     RESTORED_ROOT_CHECK_SQL,
@@ -94,9 +109,35 @@ FORMAT = "langgraph-durable-archive"
 VERSION = 1
 SUFFIX = ".lgda.zst"
 _SKIPPABLE_MAGIC = 0x184D2A5E
-# Upper bound of a payload's decompressed size (a damaged size field must not make
-# restore allocate without limit).
-_MAX_PAYLOAD = 4 * 1024**3
+_MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    """What one archive file may make restore/verify (and retention's read-back) hold
+    in memory; a file over a limit is refused (``ArchiveTooLargeError``) before it is
+    decompressed further. A file is untrusted input: a 100 KB zstd frame can claim, and
+    expand to, gigabytes. ``max_file_bytes``: the file as stored; ``max_payload_bytes``:
+    its decompressed payload (msgpack); ``max_value_bytes``: one artifact's content.
+    Raise them (``restore(..., limits=)``, ``retain(..., archive_limits=)``) for threads
+    larger than that; retention skips (``skipped["archive_failed"]``), never deletes, a
+    thread whose archive would be refused."""
+
+    max_file_bytes: int = 256 * _MiB
+    max_payload_bytes: int = 256 * _MiB
+    max_value_bytes: int = 256 * _MiB
+
+    def __post_init__(self) -> None:
+        for name in ("max_file_bytes", "max_payload_bytes", "max_value_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigurationError(f"ArchiveLimits.{name} must be a positive int, not {v!r}", **{name: v})
+
+
+DEFAULT_LIMITS = ArchiveLimits()
+# zstd's own default window limit (2^27), said explicitly: a frame asking for a larger
+# window is refused instead of allocated.
+_MAX_WINDOW = 1 << 27
 
 # Every per-thread table, the stock ones first (the order restore inserts them in is
 # _restore_order's).
@@ -190,6 +231,8 @@ class ThreadDump:
     fingerprint: str
     tables: dict[str, dict[str, Any]]
     artifacts: dict[str, Any]
+    # Ledger keys check_dump found dead (see _check_ledger): not restored.
+    dropped_keys: set[str] = field(default_factory=set)
 
     def counts(self) -> dict[str, int]:
         out = {t: len(v["rows"]) for t, v in self.tables.items()}
@@ -291,10 +334,24 @@ def _op_dump(saver: SaverView, ids: list[str]) -> Op[list[ThreadDump]]:
 # --------------------------------------------------------------------------- file format
 
 
+_SAFE_HEAD = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
 def file_name(thread_id: str, head: str | None) -> str:
+    """``<slug>-<sha256(thread id)[:12]>--<head>.lgda.zst``. Both ids are anyone's
+    strings (a checkpoint id may hold ``/``, ``..``, NUL or 10 KB): the thread id only
+    as a slug beside its hash, the head checkpoint id verbatim only when it is a short
+    run of ``[A-Za-z0-9_-]`` (LangGraph's uuids are), else as ``h`` + its sha256[:32].
+    The name is always one path component, the same for the same thread and head."""
     slug = re.sub(r"[^A-Za-z0-9_.-]", "_", thread_id)[:40].lstrip(".") or "thread"
-    h = hashlib.sha256(thread_id.encode()).hexdigest()[:12]
-    return f"{slug}-{h}--{head or 'none'}{SUFFIX}"
+    h = hashlib.sha256(thread_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    if head is None:
+        shown = "none"
+    elif _SAFE_HEAD.fullmatch(head):
+        shown = head
+    else:
+        shown = "h" + hashlib.sha256(head.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{slug}-{h}--{shown}{SUFFIX}"
 
 
 def encode(dump: ThreadDump, *, created_at: str | None = None) -> bytes:
@@ -354,10 +411,56 @@ def read_manifest(data: bytes, url: str = "") -> dict[str, Any]:
     return manifest
 
 
-def decode(data: bytes, url: str = "") -> tuple[dict[str, Any], ThreadDump]:
-    """Verify and decode an archive file: manifest, sha256 of the payload, payload
-    decodes, header equals manifest, row counts match, every row is the thread's.
-    Raises ``ArchiveIntegrityError`` (``ArchiveVersionError``) otherwise."""
+def _bounded_zstd(data: bytes, limit: int, dict_data: Any = None) -> bytes:
+    """Decompress one zstd frame to at most ``limit`` bytes; ``ArchiveTooLargeError``'s
+    reason ``too_large`` (raised as ``_TooLarge``) past it. A frame that declares its
+    size is refused before anything is allocated; one that does not is read in 1 MiB
+    steps, so a bomb costs at most ``limit``."""
+    declared = zstandard.frame_content_size(data)
+    if declared > limit:
+        raise _TooLarge(declared, limit)
+    dctx = zstandard.ZstdDecompressor(dict_data=dict_data, max_window_size=_MAX_WINDOW)
+    if declared >= 0:
+        return dctx.decompress(data)
+    out = bytearray()
+    with dctx.stream_reader(data) as reader:
+        while chunk := reader.read(_MiB):
+            out += chunk
+            if len(out) > limit:
+                raise _TooLarge(len(out), limit)
+    return bytes(out)
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(size, limit)
+        self.size, self.limit = size, limit
+
+
+def decode(
+    data: bytes,
+    url: str = "",
+    *,
+    limits: ArchiveLimits | None = None,
+    serde: Any = None,
+    unverified: list[bytes] | None = None,
+) -> tuple[dict[str, Any], ThreadDump]:
+    """Verify and decode an archive file, which is untrusted input: manifest, sha256 of
+    the payload, sizes within ``limits``, payload decodes, header equals manifest, row
+    counts match, every row is the thread's (:func:`check_dump`: ids, ledger keys,
+    artifact contents against their digests). Raises ``ArchiveIntegrityError``
+    (``ArchiveVersionError``, ``ArchiveRejectedError``, ``ArchiveTooLargeError``).
+    ``serde``: the saver's serializer (its cipher verifies encrypted artifacts);
+    ``unverified``: when given, encrypted artifacts that no cipher can check are
+    listed there instead of refused (``verify`` without a saver)."""
+    lim = limits or DEFAULT_LIMITS
+    url = redact_url(url)
+    if len(data) > lim.max_file_bytes:
+        raise ArchiveTooLargeError(
+            f"archive {url} is {len(data)} bytes, over the limit of {lim.max_file_bytes} "
+            "(ArchiveLimits.max_file_bytes); nothing was read from it",
+            url=url, thread_id=None, reason="file_too_large", limit=lim.max_file_bytes,
+        )
     manifest = read_manifest(data, url)
     tid = manifest.get("thread_id")
 
@@ -372,12 +475,19 @@ def decode(data: bytes, url: str = "") -> tuple[dict[str, Any], ThreadDump]:
     if hashlib.sha256(payload).hexdigest() != manifest.get("payload_sha256"):
         raise bad("payload sha256 does not match the manifest")
     try:
-        body = ormsgpack.unpackb(
-            zstandard.ZstdDecompressor().decompress(payload, max_output_size=_MAX_PAYLOAD)
-        )
+        body = ormsgpack.unpackb(_bounded_zstd(payload, lim.max_payload_bytes))
+    except _TooLarge as exc:
+        raise ArchiveTooLargeError(
+            f"archive {url} (thread {tid!r}): its payload decompresses to more than "
+            f"{exc.limit} bytes (ArchiveLimits.max_payload_bytes); refused unread",
+            url=url, thread_id=tid if isinstance(tid, str) else None,
+            reason="payload_too_large", limit=exc.limit,
+        ) from None
     except (zstandard.ZstdError, ormsgpack.MsgpackDecodeError, ValueError) as exc:
         raise bad(f"payload does not decode ({exc})", exc) from exc
     try:
+        if not isinstance(body, dict):
+            raise TypeError(f"payload is a {type(body).__name__}, not a map")
         for key in ("format", "version", "thread_id", "head_checkpoint_id", "fingerprint", "created_at"):
             if body.get(key) != manifest.get(key):
                 raise bad(f"payload {key} {body.get(key)!r} != manifest {manifest.get(key)!r}")
@@ -395,9 +505,306 @@ def decode(data: bytes, url: str = "") -> tuple[dict[str, Any], ThreadDump]:
             at = names.index("thread_id")
             if any(len(r) != len(names) or r[at] != tid for r in v["rows"]):
                 raise bad(f"table {t}: a row of another thread or of the wrong width")
+        names = [c[0] for c in dump.artifacts["columns"]]
+        if any(len(r) != len(names) for r in dump.artifacts["rows"]):
+            raise bad("durable_artifacts: a row of the wrong width")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise bad(f"payload structure ({exc!r})", exc) from exc
+    try:
+        check_dump(dump, url, lim, serde, unverified)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        # A value of an unexpected type where the checks compare or hash (an int id,
+        # a missing column): damaged or hostile, and never an untyped error.
+        raise bad(f"payload values ({exc!r})", exc) from exc
     return manifest, dump
+
+
+# --------------------------------------------------------------------------- trust
+
+
+def _rows(part: dict[str, Any]) -> list[dict[str, Any]]:
+    names = [c[0] for c in part["columns"]]
+    return [dict(zip(names, r, strict=True)) for r in part["rows"]]
+
+
+def check_dump(
+    dump: ThreadDump,
+    url: str,
+    limits: ArchiveLimits = DEFAULT_LIMITS,
+    serde: Any = None,
+    unverified: list[bytes] | None = None,
+) -> None:
+    """Everything in a decoded archive belongs to its thread (issue 23): ids are short
+    strings without NUL, the head is the newest root checkpoint of the rows, every
+    artifact's content hashes to its digest (encrypted ones with ``serde``'s cipher),
+    and every ledger row's key is one this thread's own calls derive. Raises
+    ``ArchiveRejectedError`` naming the file, the thread and the reason."""
+
+    def refuse(reason: str, why: str, **fields: Any) -> ArchiveRejectedError:
+        return ArchiveRejectedError(
+            f"archive {url} (thread {dump.thread_id!r}) is refused, {why}; nothing was restored",
+            url=url, thread_id=dump.thread_id, reason=reason, **fields,
+        )
+
+    if not _is_id(dump.thread_id):
+        raise refuse("bad_id", f"its thread id {str(dump.thread_id)[:80]!r} is not a short string without NUL")
+    tables = {t: _rows(v) for t, v in dump.tables.items()}
+    _check_ids(dump, tables, refuse)
+    ledger = tables.get("durable_ledger", [])
+    keep = any(str(r.get("key", "")).startswith(_TOOL) for r in ledger)
+    contents = _check_artifacts(dump, url, limits, serde, unverified, refuse, keep)
+    dump.dropped_keys = _check_ledger(dump.thread_id, ledger, lambda: _tool_call_ids(tables, contents, serde), refuse)
+
+
+_ID_COLUMNS = ("checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "task_id", "channel", "key")
+_MAX_ID = 1024
+
+
+def _is_id(v: object) -> bool:
+    return isinstance(v, str) and 0 < len(v) <= _MAX_ID and "\x00" not in v
+
+
+def _check_ids(dump: ThreadDump, tables: dict[str, list[dict[str, Any]]], refuse: Callable[..., ArchiveRejectedError]) -> None:
+    for table, rows in tables.items():
+        for r in rows:
+            for col in _ID_COLUMNS:
+                v = r.get(col)
+                if v is None or (v == "" and col != "key"):
+                    continue
+                if not _is_id(v):
+                    raise refuse("bad_id", f"table {table} has a {col} {str(v)[:80]!r} that is not a short string without NUL", table=table)
+    cps = tables.get("checkpoints", [])
+    for c in cps:
+        body = c.get("checkpoint")
+        if isinstance(body, dict) and body.get("id") not in (None, c.get("checkpoint_id")):
+            raise refuse("bad_checkpoint", f"checkpoint {c.get('checkpoint_id')!r} says its id is {body.get('id')!r}")
+    root = [c["checkpoint_id"] for c in cps if c.get("checkpoint_ns") == ""] or [c["checkpoint_id"] for c in cps]
+    if dump.head_checkpoint_id != (max(root) if root else None):
+        raise refuse("bad_head", f"its head checkpoint {dump.head_checkpoint_id!r} is not the newest of its rows")
+    if len(tables.get("durable_threads", [])) > 1:
+        raise refuse("bad_rows", "it holds more than one durable_threads row")
+
+
+def _check_artifacts(
+    dump: ThreadDump,
+    url: str,
+    limits: ArchiveLimits,
+    serde: Any,
+    unverified: list[bytes] | None,
+    refuse: Callable[..., ArchiveRejectedError],
+    keep: bool,
+) -> list[bytes]:
+    """Verify each artifact as a read does (content hashes to the digest, in its
+    cipher's namespace), with decompression bounded; the plaintext contents of the
+    ones that hold a serialized value are returned for the tool-key check."""
+    _, cipher = _split_serde(serde) if serde is not None else (None, None)
+    dict_data = _zstd_dict()
+    contents: list[bytes] = []
+    for row in _rows(dump.artifacts):
+        digest, data = row.get("digest"), row.get("data")
+        if not isinstance(digest, bytes) or len(digest) != 32 or not isinstance(data, bytes):
+            raise refuse("bad_artifact", "an artifact row has no 32-byte digest or no data")
+        shown = digest.hex()
+        space = b""
+        if data[:1] == _SEALED:
+            if cipher is None:
+                if unverified is not None:
+                    unverified.append(digest)
+                    continue
+                raise refuse("unverifiable_artifact", f"artifact {shown} is encrypted and the saver has no cipher to verify it", digest=shown)
+            name, _, ciphertext = data[1:].partition(b"\x00")
+            try:
+                data = cipher.decrypt(name.decode(), ciphertext)
+            except Exception:
+                raise refuse("bad_artifact", f"artifact {shown} does not decrypt", digest=shown) from None
+            space = _space(name.decode())
+        try:
+            content = _bounded_zstd(data, limits.max_value_bytes, dict_data)
+        except _TooLarge as exc:
+            raise ArchiveTooLargeError(
+                f"archive {url} (thread {dump.thread_id!r}): artifact {shown} decompresses to more "
+                f"than {exc.limit} bytes (ArchiveLimits.max_value_bytes); refused",
+                url=url, thread_id=dump.thread_id, reason="value_too_large", limit=exc.limit, digest=shown,
+            ) from None
+        except zstandard.ZstdError:
+            raise refuse("bad_artifact", f"artifact {shown} does not decompress", digest=shown) from None
+        if _digest(content, space) != digest:
+            raise refuse("artifact_digest", f"artifact {shown}'s content does not hash to its digest", digest=shown)
+        if row.get("size") is not None and row.get("size") != len(content):
+            raise refuse("bad_artifact", f"artifact {shown} says it is {row.get('size')} bytes, its content is {len(content)}", digest=shown)
+        if keep:
+            contents.append(content)
+    return contents
+
+
+# Ledger keys (idempotency/call.py, journal.py). Every row an archive can hold has the
+# thread's id (rows of key= calls have none, so they are never archived), and every
+# key such a row can have is a hash over that thread id, directly or through its
+# parent call's key: a row whose key is not, is a planted one. A restored row with the
+# key of another workflow's key= call, or of another thread's call, would make that
+# call replay the planted result and skip its effect (issue 23).
+_CALL, _TOOL, _LLM = "call:", "tool:", "llm:"
+_KEY_SHAPE = re.compile(r"(call|tool|llm):[0-9a-f]{40}")
+# Call indices are counted per task (and per parent call) from 0; a forgotten key
+# leaves a gap. The scan stops this many indices past the last one found.
+_INDEX_GAP = 64
+
+
+def _key(prefix: str, *parts_and_index: Any, last: str | None = None) -> str:
+    """``prefix`` + the key digest of the parts, the call index last (or before
+    ``last``: a nested journal key ends with its fingerprint)."""
+    *parts, index = parts_and_index
+    tail = (str(index),) if last is None else (str(index), last)
+    return prefix + _key_digest(*parts, *tail)
+
+
+def _scan(make: Callable[[int], str], wanted: set[str]) -> set[str]:
+    """Keys ``make(0), make(1), ...`` that are in ``wanted``, up to ``_INDEX_GAP``
+    indices past the last one found."""
+    found: set[str] = set()
+    i = last = 0
+    while i - last < _INDEX_GAP and wanted - found:
+        k = make(i)
+        if k in wanted:
+            found.add(k)
+            last = i + 1
+        i += 1
+    return found
+
+
+def _check_ledger(
+    tid: str,
+    rows: list[dict[str, Any]],
+    tool_ids: Callable[[], set[str]],
+    refuse: Callable[..., ArchiveRejectedError],
+) -> set[str]:
+    """Every ledger row's key derives from this thread (see ``_KEY_SHAPE``'s comment),
+    else the file is refused. Returns the keys of rows that are left out of a restore
+    instead: tool calls whose ``tool_call_id`` the thread no longer stores anywhere
+    (its messages were removed and the checkpoints holding them trimmed), and calls
+    nested in them. No run of this thread can make those keys again (a tool key needs
+    the AI message that asked for the call), so the rows are dead; and a planted row
+    among them is then never inserted."""
+    if not rows:
+        return set()
+    for r in rows:
+        key = r.get("key")
+        if not isinstance(key, str) or len(key) > MAX_KEY_LENGTH or not _KEY_SHAPE.fullmatch(key):
+            raise refuse("foreign_ledger_key", f"ledger key {str(key)[:80]!r} is not a key this thread's calls derive (a key= key is never archived)", key=str(key)[:MAX_KEY_LENGTH])
+    pending = {r["key"]: r for r in rows}
+    proven = _task_keys(tid, rows, set(pending))
+    tools = {k for k in pending if k.startswith(_TOOL)} - proven
+    if tools:
+        ids = tool_ids()
+        for k in tools:
+            ns, task = str(pending[k].get("checkpoint_ns") or ""), str(pending[k].get("task_id") or "")
+            if any(k in (_TOOL + _key_digest("tool-task", tid, ns, task, c), _TOOL + _key_digest("tool", tid, c)) for c in ids):
+                proven.add(k)
+    proven = _with_nested(proven, pending)
+    dead = _with_nested({k for k in tools if k not in proven}, {k: v for k, v in pending.items() if k not in proven})
+    foreign = sorted(set(pending) - proven - dead)
+    if foreign:
+        raise refuse("foreign_ledger_key", f"ledger key {foreign[0]!r} is not derived from this thread's calls (a planted key could pre-complete another workflow's call)", key=foreign[0])
+    return dead
+
+
+def _with_nested(parents: set[str], pending: dict[str, dict[str, Any]]) -> set[str]:
+    """``parents`` and the keys of ``pending`` nested in them, at any depth."""
+    out = set(parents)
+    frontier = set(parents)
+    while frontier and set(pending) - out:
+        new: set[str] = set()
+        left = set(pending) - out
+        for parent in frontier:
+            new |= _scan(partial(_key, _CALL, "nested", parent), left)
+            for k in left:
+                if k.startswith(_LLM):
+                    fp = str(pending[k].get("fingerprint") or "")
+                    new |= _scan(partial(_key, _LLM, "journal-nested", parent, last=fp), {k})
+        out |= new
+        frontier = new
+    return out
+
+
+def _task_keys(tid: str, rows: list[dict[str, Any]], wanted: set[str]) -> set[str]:
+    """The keys of calls made directly in one of the rows' tasks (by call index)."""
+    proven: set[str] = set()
+    groups: dict[tuple[str, str], set[str]] = {}
+    for r in rows:
+        groups.setdefault((str(r.get("checkpoint_ns") or ""), str(r.get("task_id") or "")), set()).add(r["key"])
+    for (ns, task), keys in groups.items():
+        calls = {k for k in keys if k.startswith(_CALL)}
+        proven |= _scan(partial(_key, _CALL, "task", tid, ns, task), calls)
+        for r in rows:
+            k = r["key"]
+            if k in keys and k.startswith(_LLM):
+                fp = str(r.get("fingerprint") or "")
+                proven |= _scan(partial(_key, _LLM, "journal", tid, ns, task, fp), {k})
+    return proven & wanted
+
+
+def _tool_call_ids(tables: dict[str, list[dict[str, Any]]], contents: list[bytes], serde: Any) -> set[str]:
+    """Every ``id`` / ``tool_call_id`` string in the thread's stored values (a tool
+    key hashes the model's tool_call_id, which the ledger row does not keep): the
+    AI messages that asked for the calls and the tool messages that answered them,
+    wherever a resumed run would read them (blobs, writes, artifacts, inline items of
+    envelopes; decrypted with ``serde``'s cipher)."""
+    _, cipher = _split_serde(serde) if serde is not None else (None, None)
+    found: set[str] = set()
+    for table in ("checkpoint_blobs", "checkpoint_writes"):
+        for r in tables.get(table, []):
+            blob = r.get("blob")
+            if isinstance(blob, bytes):
+                _ids_in(_plain(str(r.get("type") or ""), blob, cipher), found, cipher, 0)
+    for content in contents:
+        _ids_in(content[1:] if content[:1] == b"C" else content.partition(b"\x00")[2], found, cipher, 0)
+    # Recorded results too (a journaled model's answer holds its tool calls). Any
+    # source is safe: a candidate only counts if it hashes, with this thread's id, to
+    # the row's key.
+    for r in tables.get("durable_ledger", []):
+        if isinstance(r.get("result"), bytes):
+            _ids_in(_plain(str(r.get("result_type") or ""), r["result"], cipher), found, cipher, 0)
+    return found
+
+
+def _plain(tag: str, data: bytes, cipher: Any) -> bytes:
+    """``data`` of type ``tag`` decrypted when an EncryptedSerializer wrote it."""
+    if cipher is None or "+" not in tag or tag == REF_TYPE:
+        return data
+    try:
+        return bytes(cipher.decrypt(tag.split("+", 1)[1], data))
+    except Exception:
+        return data
+
+
+def _ids_in(value: Any, found: set[str], cipher: Any, depth: int) -> None:
+    """Walk msgpack (ext types and bytes that are msgpack themselves included)."""
+    if depth > 24:
+        return
+    if isinstance(value, bytes | memoryview):
+        try:
+            value = ormsgpack.unpackb(value, ext_hook=lambda _code, data: _Ext(data))
+        except (ormsgpack.MsgpackDecodeError, ValueError, TypeError):
+            return
+    if isinstance(value, _Ext):
+        _ids_in(value.data, found, cipher, depth + 1)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if k in ("id", "tool_call_id") and isinstance(v, str) and len(v) <= MAX_KEY_LENGTH:
+                found.add(v)
+            _ids_in(v, found, cipher, depth + 1)
+    elif isinstance(value, list | tuple):
+        if len(value) == 3 and isinstance(value[1], str) and isinstance(value[2], bytes):
+            # An envelope's inline item [kind, tag, data]: encrypted like a blob.
+            _ids_in(_plain(value[1], value[2], cipher), found, cipher, depth + 1)
+            return
+        for v in value:
+            _ids_in(v, found, cipher, depth + 1)
+
+
+@dataclass
+class _Ext:
+    data: bytes
 
 
 # --------------------------------------------------------------------------- storage
@@ -406,10 +813,13 @@ def decode(data: bytes, url: str = "") -> tuple[dict[str, Any], ThreadDump]:
 class Store:
     """A directory: local (``/path``, ``file://``) or any fsspec URL."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, limits: ArchiveLimits | None = None, serde: Any = None) -> None:
         if not isinstance(url, str) or not url:
-            raise ConfigurationError(f"archive URL must be a non-empty string, not {url!r}", url=url)
-        self.url = url.rstrip("/") if len(url) > 1 else url
+            raise ConfigurationError(f"archive URL must be a non-empty string, not {redact_url(url)!r}", url=redact_url(url))
+        self.limits = limits or DEFAULT_LIMITS
+        self.serde = serde  # the saver's: its cipher verifies encrypted artifacts on read-back
+        # What errors, reports, logs and the audit trail show: never the credentials.
+        self.url = redact_url(url.rstrip("/") if len(url) > 1 else url)
         self.local: str | None = None
         self.fs: Any = None
         if "://" not in url or url.startswith("file://"):
@@ -420,8 +830,8 @@ class Store:
                 from fsspec.core import url_to_fs
             except ImportError as exc:
                 raise ConfigurationError(
-                    f"archive URL {url!r} needs fsspec: pip install 'langgraph-durable[archive]'",
-                    url=url,
+                    f"archive URL {self.url!r} needs fsspec: pip install 'langgraph-durable[archive]'",
+                    url=self.url,
                 ) from exc
             self.fs, self.root = url_to_fs(url)
             self.root = self.root.rstrip("/")
@@ -457,10 +867,25 @@ class Store:
             self.fs.mv(tmp, final)
 
     def read(self, name: str) -> bytes:
+        """The file, refused unread (``ArchiveTooLargeError``) over ``max_file_bytes``."""
+        limit = self.limits.max_file_bytes
         if self.local is not None:
             with open(self._path(name), "rb") as f:
-                return f.read()
-        return bytes(self.fs.cat_file(self._path(name)))
+                # read(n) allocates n bytes up front: ask for the file's size only.
+                size = os.fstat(f.fileno()).st_size
+                over = size > limit
+                data = b"" if over else f.read()
+        else:
+            size = self.fs.size(self._path(name))
+            over = size is not None and size > limit
+            data = b"" if over else bytes(self.fs.cat_file(self._path(name)))
+        if over or len(data) > limit:
+            raise ArchiveTooLargeError(
+                f"archive {self.url_of(name)} is over the limit of {limit} bytes "
+                "(ArchiveLimits.max_file_bytes); nothing was read from it",
+                url=self.url_of(name), thread_id=None, reason="file_too_large", limit=limit,
+            )
+        return data
 
     def names(self) -> list[str]:
         if self.local is not None:
@@ -492,11 +917,13 @@ def _store_verified(store: Store, dump: ThreadDump) -> dict[str, Any]:
         back = store.read(name)
     except OSError as exc:
         raise ArchiveError(
-            f"cannot write archive {store.url_of(name)} of thread {dump.thread_id!r}: {exc}",
+            f"cannot write archive {store.url_of(name)} of thread {dump.thread_id!r}: {redact_text(str(exc))}",
             url=store.url_of(name),
             thread_id=dump.thread_id,
-        ) from exc
-    manifest, check = decode(back, store.url_of(name))
+        ) from None
+    # Read back as restore will read it (same checks, same limits): a thread whose file
+    # restore would refuse is never deleted.
+    manifest, check = decode(back, store.url_of(name), limits=store.limits, serde=store.serde)
     # Not a byte comparison: two retention runs archiving the same thread write the same
     # rows under the same name (only created_at differs), and either file is good.
     if (
@@ -524,16 +951,23 @@ def _call(aio: bool, fn: Callable[..., Any], *args: Any) -> Any:
 
 def op_archive_batch(
     saver: SaverView, store: Store, ids: list[str], aio: bool
-) -> Flow[dict[str, dict[str, Any]]]:
-    """Flow fragment of retention: archive ``ids``; thread id -> verified manifest.
-    Raises (and so deletes nothing) if any file cannot be written or verified."""
+) -> Flow[tuple[dict[str, dict[str, Any]], dict[str, ArchiveError]]]:
+    """Flow fragment of retention: archive ``ids``. Returns thread id -> verified
+    manifest, and thread id -> the ``ArchiveError`` of each thread whose file could not
+    be written or verified: those are not deleted, and the others still are (one
+    thread's bad file, an odd id or a full disk for one file, must not stop retention
+    of every other thread on every run)."""
     out: dict[str, dict[str, Any]] = {}
+    failed: dict[str, ArchiveError] = {}
     # One thread at a time: a batch of large threads is never all in memory at once.
     for tid in ids:
         dumps: list[ThreadDump] = yield Tx(partial(_op_dump, saver, [tid]))
         for d in dumps:
-            out[d.thread_id] = yield Hook(_call, (aio, _store_verified, store, d))
-    return out
+            try:
+                out[d.thread_id] = yield Hook(_call, (aio, _store_verified, store, d))
+            except ArchiveError as exc:
+                failed[d.thread_id] = exc
+    return out, failed
 
 
 # --------------------------------------------------------------------------- restore
@@ -551,25 +985,39 @@ class RestoreReport:
     artifacts_present: int = 0
     files: list[str] = field(default_factory=list)
     superseded: list[str] = field(default_factory=list)
+    # Dead ledger rows left out (tool calls whose tool_call_id the thread no longer
+    # stores; see archive._check_ledger).
+    ledger_rows_dropped: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _files(url: str) -> tuple[Store, list[str]]:
+def _files(url: str, limits: ArchiveLimits | None = None) -> tuple[Store, list[str]]:
     """The store and file names ``url`` names: one archive file, or every file under a
     directory (or fsspec URL)."""
     if url.endswith(SUFFIX):
         parent, _, name = url.rpartition("/")
-        return Store(parent or "."), [name]
-    store = Store(url)
+        return Store(parent or ".", limits), [name]
+    store = Store(url, limits)
     return store, store.names()
 
 
-def _load(url: str, thread_ids: Sequence[str] | None) -> tuple[list[tuple[str, ThreadDump]], list[str]]:
+def _read(store: Store, name: str) -> bytes:
+    try:
+        return store.read(name)
+    except OSError as exc:
+        raise ArchiveError(
+            f"cannot read archive {store.url_of(name)}: {redact_text(str(exc))}", url=store.url_of(name)
+        ) from None
+
+
+def _load(
+    url: str, thread_ids: Sequence[str] | None, serde: Any, limits: ArchiveLimits | None
+) -> tuple[list[tuple[str, ThreadDump]], list[str]]:
     """Read and verify the files to restore: a single file, or the newest archive of
     each thread under a directory. (url, dump) pairs, and the older files skipped."""
-    store, names = _files(url)
+    store, names = _files(url, limits)
     if not url.endswith(SUFFIX) and thread_ids is not None:
         # Only the files named after the requested threads are read.
         prefixes = tuple(file_name(t, None).rsplit("--", 1)[0] + "--" for t in thread_ids)
@@ -577,11 +1025,8 @@ def _load(url: str, thread_ids: Sequence[str] | None) -> tuple[list[tuple[str, T
     newest: dict[str, tuple[tuple[str, str], str, ThreadDump]] = {}
     superseded: list[str] = []
     for name in names:
-        try:
-            data = store.read(name)
-        except OSError as exc:
-            raise ArchiveError(f"cannot read archive {store.url_of(name)}: {exc}", url=store.url_of(name)) from exc
-        manifest, dump = decode(data, store.url_of(name))
+        data = _read(store, name)
+        manifest, dump = decode(data, store.url_of(name), limits=store.limits, serde=serde)
         if thread_ids is not None and dump.thread_id not in thread_ids:
             continue
         rank = (dump.head_checkpoint_id or "", str(manifest.get("created_at")))
@@ -596,7 +1041,7 @@ def _load(url: str, thread_ids: Sequence[str] | None) -> tuple[list[tuple[str, T
         absent = [t for t in thread_ids if t not in newest]
         if absent:
             raise ArchiveError(
-                f"thread(s) {absent} not found in archive {url}", url=url, thread_id=absent[0]
+                f"thread(s) {absent} not found in archive {store.url}", url=store.url, thread_id=absent[0]
             )
     return [(u, d) for _, u, d in sorted(newest.values(), key=lambda x: x[2].thread_id)], superseded
 
@@ -634,6 +1079,10 @@ def _insert_stmts(dump: ThreadDump, current: dict[str, list[list[Any]]]) -> tupl
         # Columns this database has and fills itself (a sequence) are left to it.
         keep = [c[0] for c in part["columns"] if c[0] in have and not have[c[0]][2]]
         rows = _json_rows(part["columns"], part["rows"], keep)
+        if table == "durable_ledger" and dump.dropped_keys:
+            rows = [r for r in rows if r.get("key") not in dump.dropped_keys]
+            if not rows:
+                continue
         ignore = table == _ARTIFACTS or table in _ADDITIVE
         stmts.append(
             Stmt(
@@ -693,6 +1142,18 @@ def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[Res
                 url=url,
                 thread_id=dump.thread_id,
             ) from exc
+        except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
+            # Rows the database itself refuses (a reference to an artifact neither the
+            # file nor the database has, a value of the wrong type): the transaction
+            # is rolled back, so nothing was restored.
+            raise ArchiveRejectedError(
+                f"archive {url} (thread {dump.thread_id!r}) is refused, the database "
+                f"rejects its rows ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                "nothing was restored",
+                url=url,
+                thread_id=dump.thread_id,
+                reason="rows_rejected",
+            ) from exc
         for table, rows in zip(plan, out, strict=True):
             if table == _ARTIFACTS:
                 report.artifacts_inserted += len(rows)
@@ -700,14 +1161,17 @@ def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[Res
             else:
                 report.rows[table] = report.rows.get(table, 0) + len(rows)
         report.threads_restored += 1
+        report.ledger_rows_dropped += len(dump.dropped_keys)
         report.thread_ids.append(dump.thread_id)
         report.files.append(url)
         yield AfterCommit(partial(saver._known_refs.forget_thread, dump.thread_id))
     return report
 
 
-def _flow_restore(saver: SaverView, url: str, thread_ids: Sequence[str] | None, aio: bool) -> Flow[RestoreReport]:
-    items, superseded = yield Hook(_call, (aio, _load, url, thread_ids))
+def _flow_restore(
+    saver: SaverView, url: str, thread_ids: Sequence[str] | None, aio: bool, limits: ArchiveLimits | None
+) -> Flow[RestoreReport]:
+    items, superseded = yield Hook(_call, (aio, _load, url, thread_ids, saver.serde, limits))
     if not items:
         return RestoreReport(superseded=superseded)
     report: RestoreReport = yield Tx(partial(_op_restore, saver, items))
@@ -722,37 +1186,61 @@ def _check(url: str, thread_ids: Sequence[str] | None) -> list[str] | None:
     return None if thread_ids is None else list(thread_ids)
 
 
-def restore(saver: SaverView, url: str, thread_ids: Sequence[str] | None = None) -> RestoreReport:
+def restore(
+    saver: SaverView,
+    url: str,
+    thread_ids: Sequence[str] | None = None,
+    *,
+    limits: ArchiveLimits | None = None,
+) -> RestoreReport:
     """Load archived threads back (all under ``url``, or ``thread_ids``), in one
-    transaction: every file is verified first, and a thread that already exists
-    refuses the whole restore (``ArchiveConflictError``). ``url``: a directory or
-    fsspec URL (the newest archive of each thread), or one ``.lgda.zst`` file."""
+    transaction: every file is verified first, as untrusted input (:func:`decode`), and
+    a file that fails, or a thread that already exists (``ArchiveConflictError``),
+    refuses the whole restore. ``url``: a directory or fsspec URL (the newest archive
+    of each thread), or one ``.lgda.zst`` file. ``limits``: ``ArchiveLimits``."""
     ids = _check(url, thread_ids)
-    return saver.run_flow(_flow_restore(saver, url, ids, False))
+    return saver.run_flow(_flow_restore(saver, url, ids, False, limits))
 
 
-async def arestore(saver: SaverView, url: str, thread_ids: Sequence[str] | None = None) -> RestoreReport:
+async def arestore(
+    saver: SaverView,
+    url: str,
+    thread_ids: Sequence[str] | None = None,
+    *,
+    limits: ArchiveLimits | None = None,
+) -> RestoreReport:
     ids = _check(url, thread_ids)
-    return await saver.arun_flow(_flow_restore(saver, url, ids, True))
+    return await saver.arun_flow(_flow_restore(saver, url, ids, True, limits))
 
 
-def verify(url: str) -> list[dict[str, Any]]:
-    """Verify every archive file under ``url`` (or one file); their manifests."""
-    store, names = _files(url)
+def verify(url: str, *, serde: Any = None, limits: ArchiveLimits | None = None) -> list[dict[str, Any]]:
+    """Verify every archive file under ``url`` (or one file) with the checks restore
+    makes; their manifests. ``serde``: the saver's serializer, whose cipher verifies
+    encrypted artifacts; without one they are counted in ``unverified_artifacts``."""
+    store, names = _files(url, limits)
     out = []
     for name in names:
-        manifest, _ = decode(store.read(name), store.url_of(name))
+        unverified: list[bytes] = []
+        manifest, dump = decode(
+            _read(store, name), store.url_of(name), limits=store.limits, serde=serde,
+            unverified=unverified if serde is None else None,
+        )
         manifest["url"] = store.url_of(name)
+        manifest["unverified_artifacts"] = len(unverified)
+        manifest["ledger_rows_dropped"] = len(dump.dropped_keys)
         out.append(manifest)
     return out
 
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "FORMAT",
     "VERSION",
+    "ArchiveLimits",
     "RestoreReport",
     "ThreadDump",
     "arestore",
+    "check_dump",
     "decode",
     "encode",
     "file_name",

@@ -34,7 +34,9 @@ import functools
 import getpass
 import json
 import os
+import re
 import socket
+import urllib.parse
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +54,8 @@ __all__ = [
     "audited",
     "audited_flow",
     "list_audit",
+    "redact_text",
+    "redact_url",
     "set_default_via",
 ]
 
@@ -336,10 +340,62 @@ def describe_migrate(result: Any, *args: Any, **kwargs: Any) -> AuditRecord | No
     )
 
 
+# Query parameters whose value is a credential in the URLs people give as archive
+# targets (presigned S3/GCS/Azure URLs, HTTP tokens): matched as a part of the name.
+_SECRET_PARAM = re.compile(
+    r"token|key|password|passwd|pwd|secret|signature|sig|credential|auth|session|sas", re.I
+)
+REDACTED = "***"
+
+
+def redact_url(url: object) -> str:
+    """``url`` with its credentials replaced by ``***``: the user-info part
+    (``user:password@``, also a bare ``token@``) and the value of every query parameter
+    whose name looks like a secret (``token``, ``key``, ``password``, ``secret``,
+    ``signature``, ``X-Amz-Credential``...). Every URL that is logged, audited or put in
+    an error goes through this (issue 23); a plain path comes back unchanged."""
+    text = str(url)
+    if "://" not in text and "?" not in text and "@" not in text:
+        return text
+    try:
+        parts = urllib.parse.urlsplit(text)
+    except ValueError:
+        # Unparseable (e.g. a bad IPv6 literal): keep the scheme, hide the rest.
+        return text.split("://", 1)[0] + "://" + REDACTED if "://" in text else REDACTED
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = REDACTED + "@" + netloc.rsplit("@", 1)[1]
+    query = parts.query
+    if query:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+        query = "&".join(
+            f"{urllib.parse.quote(k, safe='-_.~')}="
+            + (REDACTED if _SECRET_PARAM.search(k) else urllib.parse.quote(v, safe="-_.~/"))
+            for k, v in pairs
+        )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def redact_text(text: str) -> str:
+    """``text`` (an exception message, a log line) with every URL in it redacted."""
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+
+
+def _redact_all(urls: Any) -> list[str]:
+    return [redact_url(u) for u in urls]
+
+
 def describe_retain(result: Any, *args: Any, **kwargs: Any) -> AuditRecord | None:
     if result.dry_run:
         return None
     detail = result.as_dict()
+    if "archive_files" in detail:
+        detail["archive_files"] = _redact_all(detail["archive_files"][:_MAX_IDS])
+    if "archive_failed" in detail:
+        detail["archive_failed"] = detail["archive_failed"][:_MAX_IDS]
     detail["deleted_thread_ids"] = detail["deleted_thread_ids"][:_MAX_IDS]
     detail["damaged"] = detail["damaged"][:_MAX_IDS]
     deleted = result.deleted_thread_ids
@@ -368,7 +424,7 @@ def describe_restore(result: Any, saver: SaverView, items: Any) -> AuditRecord |
         detail={
             "thread_ids": ids[:_MAX_IDS],
             "threads_restored": result.threads_restored,
-            "files": [f for f, _dump in items][:_MAX_IDS],
+            "files": _redact_all(f for f, _dump in items[:_MAX_IDS]),
             "rows": result.rows,
         },
     )

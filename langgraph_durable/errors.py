@@ -703,3 +703,25 @@ __all__ = [
     "UnsupportedConnectionError",
     "UnsupportedLangGraphError",
 ]
+
+
+# --- archive branch ---
+
+
+class ArchiveRejectedError(ArchiveIntegrityError):
+    """An archive file decodes but its content cannot be trusted (issue 23): an
+    artifact whose content does not hash to its digest, a row of another thread, a
+    ledger key this thread could not have made, a record or total over the limits.
+    ``reason`` says which; ``url`` names the file, ``thread_id`` the thread. Nothing
+    was restored from it (restore is one transaction)."""
+
+    def __init__(self, message: str, *, url: str, thread_id: str | None, reason: str, **fields: Any) -> None:
+        super().__init__(message, url=url, thread_id=thread_id, reason=reason, **fields)
+
+
+class ArchiveTooLargeError(ArchiveRejectedError):
+    """An archive file, its decompressed payload or one of its records is larger than
+    ``limit`` bytes (``ArchiveLimits``): refused before it is held in memory."""
+
+
+__all__ += ["ArchiveRejectedError", "ArchiveTooLargeError"]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from langgraph_durable.audit import redact_url
 from langgraph_durable.cli._common import (
     DsnOption,
     JsonOption,
@@ -233,8 +234,10 @@ def _retain_table(
     table.add_row(f"expired idempotency keys ({verb})", str(report.ledger_keys_expired), "-")
     if archive is not None and not dry_run:
         table.add_row(
-            f"threads archived to {archive}", str(report.threads_archived), fmt_bytes(report.archive_bytes)
+            f"threads archived to {redact_url(archive)}", str(report.threads_archived), fmt_bytes(report.archive_bytes)
         )
+    for failed in getattr(report, "archive_failed", [])[:20]:
+        table.add_row(f"[red]not archived, kept: {failed['thread_id']}[/]", "", failed["error"][:200])
     for reason, n in sorted(report.skipped.items()):
         table.add_row(f"[dim]threads skipped: {reason}[/]", str(n), "")
     return table
@@ -274,7 +277,7 @@ def restore_command(
         if as_json:
             print_json({"files": manifests})
             return
-        listing = Table(title=f"{url} (verified)", header_style="bold")
+        listing = Table(title=f"{redact_url(url)} (verified)", header_style="bold")
         for col in ("thread", "head checkpoint", "created", "checkpoints", "bytes"):
             listing.add_column(col)
         for m in manifests:
@@ -296,7 +299,7 @@ def restore_command(
     if as_json:
         print_json(report.as_dict())
         return
-    table = Table(title=f"restore {url}", header_style="bold")
+    table = Table(title=f"restore {redact_url(url)}", header_style="bold")
     table.add_column("what")
     table.add_column("rows", justify="right")
     table.add_row("threads restored", str(report.threads_restored))

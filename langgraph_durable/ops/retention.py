@@ -342,6 +342,9 @@ class RetentionReport:
     threads_archived: int = 0
     archive_bytes: int = 0
     archive_files: list[str] = field(default_factory=list)
+    # Threads whose archive could not be written or verified (skipped["archive_failed"]
+    # counts them; they stay in the database): thread_id, file and error.
+    archive_failed: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -474,9 +477,22 @@ def _flow_delete_batch(job: _Retain, part: list[str], report: RetentionReport) -
     # first (archive.py); the delete below then skips a thread whose rows changed.
     expect: dict[str, str] | None = None
     manifests: dict[str, Any] = {}
+    n_failed = 0
     if job.archive is not None and not job.dry_run:
-        manifests = yield from _archive.op_archive_batch(job.saver, job.archive, part, job.aio)
+        manifests, failed = yield from _archive.op_archive_batch(job.saver, job.archive, part, job.aio)
         expect = {t: m["fingerprint"] for t, m in manifests.items()}
+        for tid, exc in failed.items():
+            # Kept, and the rest of the batch still goes: one thread's file must not
+            # block retention of the others on every run. The error names the file.
+            logger.error("retain: thread %r not archived, kept: %s", tid, exc)
+            report._skip("archive_failed")
+            report.archive_failed.append(
+                {"thread_id": tid, "url": getattr(exc, "url", ""), "error": f"{type(exc).__name__}: {exc}"}
+            )
+        part = [t for t in part if t not in failed]
+        n_failed = len(failed)
+        if not part:
+            return n_failed
     changed: list[str] = []
     ids: list[str] = []
     skipped: list[str] = []
@@ -507,7 +523,7 @@ def _flow_delete_batch(job: _Retain, part: list[str], report: RetentionReport) -
             report.threads_archived += 1
             report.archive_bytes += int(manifests[archived]["payload_bytes"])
             report.archive_files.append(manifests[archived]["url"])
-    return len(part) + len(changed)
+    return len(part) + len(changed) + n_failed
 
 
 def _op_delete(
@@ -734,6 +750,7 @@ def retain(
     batch_size: int = 100,
     progress: Progress | None = None,
     archive: str | None = None,
+    archive_limits: Any = None,
 ) -> RetentionReport:
     """Apply the retention policy (see the module docstring).
 
@@ -748,9 +765,11 @@ def retain(
     ``archive``: a directory or fsspec URL (``s3://bucket/prefix``); each thread is
     written there (one verified file, see :mod:`langgraph_durable.archive`) before it
     is deleted, and :func:`langgraph_durable.archive.restore` loads it back. Threads
-    trimmed by ``keep_last`` are not archived."""
+    trimmed by ``keep_last`` are not archived. A thread whose file cannot be written or
+    verified (``archive_limits``: an ``ArchiveLimits``) is kept and listed in
+    ``report.archive_failed``; the others are archived and deleted."""
     args = _retain_args(older_than_days, keep_last, statuses, batch_size)
-    store = _store(archive)
+    store = _store(archive, archive_limits, saver.serde)
     with _canceled_as_typed("retain", None):
         return saver.run_flow(
             _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, False)
@@ -767,21 +786,22 @@ async def aretain(
     batch_size: int = 100,
     progress: Progress | None = None,
     archive: str | None = None,
+    archive_limits: Any = None,
 ) -> RetentionReport:
     args = _retain_args(older_than_days, keep_last, statuses, batch_size)
-    store = _store(archive)
+    store = _store(archive, archive_limits, saver.serde)
     with _canceled_as_typed("retain", None):
         return await saver.arun_flow(
             _flow_retain(saver, *args[:3], dry_run, args[3], progress, store, True)
         )
 
 
-def _store(archive: str | None) -> Any:
+def _store(archive: str | None, limits: Any, serde: Any) -> Any:
     if archive is None:
         return None
     from langgraph_durable.archive import Store
 
-    return Store(archive)
+    return Store(archive, limits, serde)
 
 
 __all__ = [
