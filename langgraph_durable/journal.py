@@ -81,6 +81,7 @@ _PREVIEW_CHARS = 500
 # A stream whose chunks cannot be added up is recorded as the list of its chunks.
 _CHUNKS = "$journal_chunks"
 
+
 @dataclass
 class _Execution:
     """This run's execution of one task, kept through its ``RetryPolicy`` attempts."""

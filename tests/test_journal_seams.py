@@ -385,3 +385,33 @@ def test_an_answer_rejected_after_an_effect_used_it_is_kept_and_said(
     warnings = [r.getMessage() for r in caplog.records if r.name == "langgraph_durable.journal"]
     assert len(warnings) == 2  # attempts 2 and 3
     assert all(".send'" in w and "kept" in w for w in warnings), warnings
+
+
+def test_a_rejected_answer_inside_an_effect_is_asked_again(saver: DurablePostgresSaver, dsn: str) -> None:
+    """The journaled call runs inside an @idempotent function (keyed under it) that
+    parses the answer before its effect: the parse fails, the function raises (nothing
+    sent, its claim released), the node raises. The retry runs the function again and
+    its journaled call asks the model again; the function's own claim, in flight, pins
+    nothing (base: 'not json' replayed inside it for ever)."""
+    _effects_table(dsn)
+    thread = new_thread()
+    model = answers("not json", '{"ok": 1}')
+    jm, parser = journaled(model), JsonOutputParser()
+
+    @idempotent
+    def send_summary(text: str) -> str:
+        summary = str(parser.invoke(jm.invoke([HumanMessage(text)])))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO seam_effects (thread, body) VALUES (%s, %s)", (thread, summary))
+        return summary
+
+    def node(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(send_summary("q"))]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("n", node, retry_policy=RETRY)
+    builder.add_edge(START, "n")
+    builder.add_edge("n", END)
+    out = builder.compile(checkpointer=saver).invoke(HELLO, cfg(thread))
+    assert last(out) == "{'ok': 1}" and _effects(dsn, thread) == ["{'ok': 1}"]
+    assert model.given == ["not json", '{"ok": 1}']

@@ -190,12 +190,15 @@ SELECT EXISTS (
 # itself (its owners end in '#<attempt tag>'), except those recorded before the task's
 # latest durable effect (an @idempotent or tool call claimed or completed after them may
 # depend on them: they are kept, so the effect and the answers it saw stay consistent).
-# Returns what was superseded and kept, and the effect that pins the kept ones.
+# A claim still in flight is not such an effect: the failed attempt released or
+# abandoned its own, so a live one is this attempt's (the @idempotent call a nested
+# journaled call runs in). Returns what was superseded and kept, and the pinning effect.
 JOURNAL_SUPERSEDE_SQL = """
 WITH pin AS (
     SELECT e.key, e.name, GREATEST(e.created_at, e.completed_at) AS at
     FROM durable_ledger e
     WHERE e.thread_id = %(thread_id)s AND e.task_id = %(task_id)s AND e.key NOT LIKE 'llm:%%'
+      AND NOT (e.status = 'started' AND e.claim_expires_at IS NOT NULL AND e.claim_expires_at > now())
     ORDER BY 3 DESC LIMIT 1
 ), gone AS (
     DELETE FROM durable_ledger l
