@@ -415,3 +415,63 @@ def test_a_rejected_answer_inside_an_effect_is_asked_again(saver: DurablePostgre
     out = builder.compile(checkpointer=saver).invoke(HELLO, cfg(thread))
     assert last(out) == "{'ok': 1}" and _effects(dsn, thread) == ["{'ok': 1}"]
     assert model.given == ["not json", '{"ok": 1}']
+
+
+async def test_concurrent_calls_of_a_retry_keep_each_other_s_answers(asaver: AsyncDurablePostgresSaver) -> None:
+    """Attempt 2 runs two journaled calls at once (asyncio.gather): both are prepared
+    before either has superseded attempt 1's records, so both supersede. Attempt 2's two
+    answers are the ones kept, and the re-execution after the interrupt replays them
+    (the interleaving where one supersedes after the other recorded is forced below)."""
+    import asyncio
+
+    model, thread = answers("a1", "b1", "a2", "b2"), new_thread()
+    jm = journaled(model)
+    attempts: list[int] = []
+
+    async def node(state: MessagesState) -> dict[str, Any]:
+        attempts.append(1)
+        msgs = await asyncio.gather(jm.ainvoke([HumanMessage("a")]), jm.ainvoke([HumanMessage("b")]))
+        if len(attempts) == 1:
+            raise OutputParserException("attempt 1 rejects both")
+        interrupt("re-execute me")
+        return {"messages": [AIMessage(" ".join(sorted(str(m.content) for m in msgs)))]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("n", node, retry_policy=RETRY)
+    builder.add_edge(START, "n")
+    builder.add_edge("n", END)
+    app: Any = builder.compile(checkpointer=asaver)
+    await app.ainvoke(HELLO, cfg(thread))
+    ledger = Ledger(asaver)
+    kept = sorted([str((await ledger.aresult(e.key)).content) for e in await ledger.aentries(thread_id=thread)])
+    assert len(kept) == 2 and kept != ["a1", "b1"]  # attempt 2's two answers, both kept
+    out = await app.ainvoke(Command(resume=True), cfg(thread))
+    assert last(out) == " ".join(kept) and len(model.given) == 4
+
+
+def test_a_late_supersede_spares_the_records_of_its_own_attempt(saver: DurablePostgresSaver) -> None:
+    """The interleaving gather cannot force: call b of attempt 2 was prepared before call
+    a superseded, and its lookup (which supersedes again) runs after a recorded its
+    answer. Attempt 1's record goes, a's stays: every record of an attempt carries the
+    attempt's tag in its owner, and supersede spares it."""
+    from langgraph_durable import journal as J
+
+    execution, thread, task = J._Execution(), new_thread(), str(uuid.uuid4())
+
+    def entry(key: str, attempt: int) -> Any:
+        guard = J._Guard(
+            execution=execution, attempt=attempt, thread_id=thread, graph_ns="", checkpoint_id="cp",
+            task_id=task, supersede=attempt > 1, check_failed_run=False,
+        )
+        return J._Entry(
+            ledger=saver, key=key, name="m", fingerprint="f", preview="p", thread_id=thread, origin=thread,
+            checkpoint_ns=f"n:{task}", task_id=task, ttl=None, taken=None, guard=guard,
+        )
+
+    first = entry(f"llm:{thread}-1", 1)
+    saver.run_op(lambda: J._op_store(first, AIMessage("attempt 1")))
+    a, b = entry(f"llm:{thread}-a", 2), entry(f"llm:{thread}-b", 2)
+    assert saver.run_op(lambda: J._op_lookup(a)) == (False, None)  # supersedes attempt 1
+    saver.run_op(lambda: J._op_store(a, AIMessage("attempt 2, a")))
+    assert saver.run_op(lambda: J._op_lookup(b)) == (False, None)  # supersedes again
+    assert recorded(saver, thread) == ["attempt 2, a"]
