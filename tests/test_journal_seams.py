@@ -475,3 +475,23 @@ def test_a_late_supersede_spares_the_records_of_its_own_attempt(saver: DurablePo
     saver.run_op(lambda: J._op_store(a, AIMessage("attempt 2, a")))
     assert saver.run_op(lambda: J._op_lookup(b)) == (False, None)  # supersedes again
     assert recorded(saver, thread) == ["attempt 2, a"]
+
+
+def test_a_retried_subgraph_asks_its_inner_node_again(saver: DurablePostgresSaver) -> None:
+    """A control (it passes on 569be7e too): the RetryPolicy sits on the parent's
+    subgraph node, the inner node parses the journaled answer. The retried subgraph runs
+    its inner node as a new task, which asks the model again; the failed-run check must
+    not get in the way."""
+    model, thread = answers("not json", '{"ok": 1}'), new_thread()
+    chain = journaled(model) | JsonOutputParser()
+    inner = StateGraph(MessagesState)
+    inner.add_node("n", lambda s: {"messages": [AIMessage(f"parsed {chain.invoke(s['messages'])}")]})
+    inner.add_edge(START, "n")
+    inner.add_edge("n", END)
+    parent = StateGraph(MessagesState)
+    parent.add_node("sub", inner.compile(), retry_policy=RETRY)
+    parent.add_edge(START, "sub")
+    parent.add_edge("sub", END)
+    app: Any = parent.compile(checkpointer=saver)
+    assert last(app.invoke(HELLO, cfg(thread))) == "parsed {'ok': 1}"
+    assert model.given == ["not json", '{"ok": 1}']
