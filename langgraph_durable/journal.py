@@ -269,8 +269,12 @@ def _log_superseded(name: str, guard: _Guard, outcome: Mapping[str, Any]) -> Non
         )
 
 
-def _guard(site: _Site, execution: _Execution) -> _Guard | None:
+def _guard(site: _Site) -> _Guard | None:
     if not site.thread_id or not site.checkpoint_id:
+        return None
+    try:
+        execution = _execution(site)
+    except TypeError:  # an anchor we cannot track (unknown runtime): no attempts to tell
         return None
     with _EXECUTIONS_LOCK:
         supersede = site.attempt > execution.settled_attempt
@@ -553,7 +557,7 @@ class JournaledRunnable(Runnable[Any, Any]):
             task_id=site.task_id,
             ttl=ttl,
             taken=taken,
-            guard=_guard(site, _execution(site)),
+            guard=_guard(site),
         )
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
