@@ -22,16 +22,25 @@ thread. The choices specific to the journal:
 - a failed call records nothing and gives its position back, so a retry of the same
   call takes the same key and a resume replays the retry's answer;
 - when two executions record the same key (only if two processes ran the same task),
-  the first record wins and both return it.
+  the first record wins and both return it;
+- a node attempt that *raised* rejected what it got: before the next attempt (a
+  ``RetryPolicy`` retry, or a resume of a run that ended with the task's error) looks
+  anything up, the task's records are superseded (deleted), except those recorded before
+  a durable effect of the task (an ``@idempotent`` or tool call), which may depend on
+  them. A crash (no exception) is not a rejection: its records are replayed;
+- only a stream that ran to its end is recorded: one its consumer stopped (``break``,
+  ``close()``, an exception while consuming) did not complete and records nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import secrets
 import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.language_models import BaseLanguageModel
@@ -44,7 +53,7 @@ from langchain_core.runnables import (
     RunnableSequence,
 )
 
-from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
+from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import ConfigurationError, NoLedgerError, SerializationError
 from langgraph_durable.idempotency.keys import (
@@ -56,30 +65,60 @@ from langgraph_durable.idempotency.keys import (
     _Parent,
     _Site,
 )
-from langgraph_durable.idempotency.protocol import ASYNC, SYNC, Mode, _op_one, within
+from langgraph_durable.idempotency.protocol import ASYNC, SYNC, Mode, within
 from langgraph_durable.leases.owners import new_owner_id
-from langgraph_durable.sql.ledger import JOURNAL_RECORD_SQL, LEDGER_READ_SQL
+from langgraph_durable.sql.ledger import (
+    JOURNAL_RECORD_SQL,
+    JOURNAL_SUPERSEDE_SQL,
+    JOURNAL_TASK_FAILED_SQL,
+    LEDGER_READ_SQL,
+)
+
+logger = logging.getLogger("langgraph_durable.journal")
 
 KEY_PREFIX = "llm:"
 _PREVIEW_CHARS = 500
 # A stream whose chunks cannot be added up is recorded as the list of its chunks.
 _CHUNKS = "$journal_chunks"
 
-# Per-execution counts of calls by input: {anchor: {(node attempt, fingerprint): n}}.
-# The anchor is the one idempotency uses (the task's read function, one per task per
-# run, kept through RetryPolicy retries), so a resume (a new run) counts from 0 again.
-_COUNTS: weakref.WeakKeyDictionary[Any, dict[tuple[int, str], int]] = weakref.WeakKeyDictionary()
-_COUNTS_LOCK = threading.Lock()
+
+@dataclass
+class _Execution:
+    """This run's execution of one task, kept through its ``RetryPolicy`` attempts."""
+
+    uid: str = field(default_factory=lambda: secrets.token_hex(8))
+    # Calls by input: {(node attempt, fingerprint): n}. Attempts count from 0 each, so a
+    # retry takes the keys of the attempt before it.
+    counts: dict[tuple[int, str], int] = field(default_factory=dict)
+    # Whether a lookup of this execution checked the task's last run for a failure.
+    failed_run_checked: bool = False
+    # The latest attempt whose lookups saw the records of the attempts before it
+    # superseded: a later attempt (the one before it raised) supersedes first.
+    settled_attempt: int = 1
+
+
+# One per task execution. The anchor is the one idempotency uses (the task's read
+# function, one per task per run, kept through RetryPolicy retries), so a resume (a new
+# run) starts a new execution: it counts from 0 again and checks for a failed run.
+_EXECUTIONS: weakref.WeakKeyDictionary[Any, _Execution] = weakref.WeakKeyDictionary()
+_EXECUTIONS_LOCK = threading.Lock()
+
+
+def _execution(site: _Site) -> _Execution:
+    with _EXECUTIONS_LOCK:
+        found = _EXECUTIONS.get(site.anchor)
+        if found is None:
+            found = _EXECUTIONS[site.anchor] = _Execution()
+        return found
+
 
 def _take_slot(site: _Site, fingerprint: str) -> tuple[Any, tuple[int, str], int]:
-    with _COUNTS_LOCK:
-        counts = _COUNTS.get(site.anchor)
-        if counts is None:
-            counts = _COUNTS[site.anchor] = {}
+    execution = _execution(site)
+    with _EXECUTIONS_LOCK:
         slot = (site.attempt, fingerprint)
-        n = counts.get(slot, 0)
-        counts[slot] = n + 1
-        return site.anchor, slot, n
+        n = execution.counts.get(slot, 0)
+        execution.counts[slot] = n + 1
+        return execution, slot, n
 
 
 def _give_back(taken: tuple[Any, tuple[int, str], int] | None) -> None:
@@ -88,11 +127,10 @@ def _give_back(taken: tuple[Any, tuple[int, str], int] | None) -> None:
     retry's answer instead of calling the model for the first try)."""
     if taken is None:
         return
-    anchor, slot, n = taken
-    with _COUNTS_LOCK:
-        counts = _COUNTS.get(anchor)
-        if counts is not None and counts.get(slot) == n + 1:
-            counts[slot] = n
+    execution, slot, n = taken
+    with _EXECUTIONS_LOCK:
+        if execution.counts.get(slot) == n + 1:
+            execution.counts[slot] = n
 
 
 def _safe_canonical(value: Any, path: str, serde: Any) -> Any:
@@ -115,10 +153,9 @@ def _preview(value: Any, canon: Any) -> str:
 
 
 def _assemble(chunks: list[Any]) -> Any:
-    """What a stream records: the sum of its chunks (an ``AIMessageChunk`` for a chat
-    model), as LangChain's own ``Runnable.transform`` adds them up. A consumer that
-    stopped early gets the sum of the chunks it saw: the same code re-executed stops at
-    the same place, and the next call keeps its position."""
+    """What a stream that ran to its end records: the sum of its chunks (an
+    ``AIMessageChunk`` for a chat model), as LangChain's own ``Runnable.transform`` adds
+    them up; the list of the chunks if they cannot be added."""
     if len(chunks) == 1 and not (isinstance(chunks[0], Mapping) and _CHUNKS in chunks[0]):
         return chunks[0]
     if chunks:
@@ -163,6 +200,97 @@ def _journal_model_part(runnable: Runnable[Any, Any], make: Callable[[Runnable[A
     return make(runnable)
 
 
+@dataclass(frozen=True)
+class _Guard:
+    """What a lookup must settle first about earlier attempts of its task that raised.
+
+    An attempt that raised rejected what it got (an answer a parser refused, a tool
+    call that failed validation...): if the next attempt replayed it, it would fail
+    the same way for ever. Two signs that an earlier attempt raised: this attempt is a
+    ``RetryPolicy`` retry (``supersede``), or the task's last run ended with its
+    ``__error__`` write (``check_failed_run``, asked once per execution). Either way
+    the task's records are superseded before this lookup, in its transaction."""
+
+    execution: _Execution
+    attempt: int
+    thread_id: str
+    graph_ns: str  # the namespace of the graph that runs the task (its writes' ns)
+    checkpoint_id: str
+    task_id: str
+    supersede: bool
+    check_failed_run: bool
+
+    @property
+    def tag(self) -> str:
+        """Ends the owner of every record this attempt makes (spared by supersede)."""
+        return f"{self.execution.uid}.{self.attempt}"
+
+    def statement(self) -> Stmt | None:
+        if self.supersede:
+            return self.supersede_stmt()
+        if self.check_failed_run:
+            params = {
+                "thread_id": self.thread_id,
+                "graph_ns": self.graph_ns,
+                "checkpoint_id": self.checkpoint_id,
+                "task_id": self.task_id,
+            }
+            return Stmt(JOURNAL_TASK_FAILED_SQL, params, fetch=True, name="failed")
+        return None
+
+    def supersede_stmt(self) -> Stmt:
+        params = {"thread_id": self.thread_id, "task_id": self.task_id, "mine": "%#" + self.tag}
+        return Stmt(JOURNAL_SUPERSEDE_SQL, params, fetch=True, name="superseded")
+
+    def settled(self, name: str, outcome: Mapping[str, Any] | None) -> None:
+        """Once committed: later lookups of this attempt need not check again."""
+        with _EXECUTIONS_LOCK:
+            self.execution.failed_run_checked = True
+            self.execution.settled_attempt = max(self.execution.settled_attempt, self.attempt)
+        if outcome is not None:
+            _log_superseded(name, self, outcome)
+
+
+def _log_superseded(name: str, guard: _Guard, outcome: Mapping[str, Any]) -> None:
+    why = f"attempt {guard.attempt - 1} raised" if guard.supersede else "its last run raised"
+    superseded, kept = int(outcome["superseded"]), int(outcome["kept"])
+    if superseded:
+        logger.info(
+            "journaled %s: task %s of thread %s %s; %d recorded answer(s) superseded, "
+            "the model is asked again", name, guard.task_id, guard.thread_id, why, superseded,
+        )
+    if kept:
+        logger.warning(
+            "journaled %s: task %s of thread %s %s, but %d answer(s) it got are kept and "
+            "replayed: they were recorded before %r (ledger key %r) ran, which may depend "
+            "on them. If the node rejects one of them it fails again: validate a model's "
+            "answer before acting on it (docs/journal.md)",
+            name, guard.task_id, guard.thread_id, why, kept, outcome["pin_name"], outcome["pin_key"],
+        )
+
+
+def _guard(site: _Site) -> _Guard | None:
+    if not site.thread_id or not site.checkpoint_id:
+        return None
+    try:
+        execution = _execution(site)
+    except TypeError:  # an anchor we cannot track (unknown runtime): no attempts to tell
+        return None
+    with _EXECUTIONS_LOCK:
+        supersede = site.attempt > execution.settled_attempt
+        check = not execution.failed_run_checked
+    return _Guard(
+        execution=execution,
+        attempt=site.attempt,
+        thread_id=site.thread_id,
+        graph_ns=site.checkpoint_ns.rpartition("|")[0],
+        checkpoint_id=site.checkpoint_id,
+        task_id=site.task_id,
+        supersede=supersede,
+        check_failed_run=check,
+    )
+
+
 @dataclass
 class _Entry:
     """One journaled call: where its record lives and what identifies it."""
@@ -178,10 +306,13 @@ class _Entry:
     task_id: str
     ttl: float | None
     taken: tuple[Any, tuple[int, str], int] | None  # the position, given back on failure
+    guard: _Guard | None = None
     owner: str = ""
 
     def __post_init__(self) -> None:
         self.owner = new_owner_id()
+        if self.guard is not None:
+            self.owner += "#" + self.guard.tag
 
     def params(self, result_type: str, result: bytes) -> dict[str, Any]:
         return {
@@ -245,10 +376,23 @@ def _decode(entry: _Entry, row: Mapping[str, Any]) -> Any:
 
 
 def _op_lookup(entry: _Entry) -> Op[tuple[bool, Any]]:
-    """(True, the recorded value) when this call is recorded, else (False, None)."""
-    rows = yield from _op_one(LEDGER_READ_SQL, (entry.key,))
-    if rows and rows[0]["status"] == "completed" and not rows[0]["expired"]:
-        return True, _decode(entry, rows[0])
+    """(True, the recorded value) when this call is recorded, else (False, None). The
+    records of earlier attempts that raised are superseded first, in the same
+    transaction (``_Guard``); no extra round trip unless there is something to supersede."""
+    guard = entry.guard
+    read = Stmt(LEDGER_READ_SQL, (entry.key,), fetch=True, name="row")
+    first = guard.statement() if guard is not None else None
+    rows = yield Batch([read] if first is None else [first, read])
+    if guard is not None and first is not None:
+        superseding = first.name == "superseded"
+        if not superseding and rows["failed"][0]["failed"]:
+            rows = yield Batch([guard.supersede_stmt(), read])
+            superseding = True
+        outcome = rows["superseded"][0] if superseding else None
+        yield AfterCommit(lambda: guard.settled(entry.name, outcome))
+    found = rows["row"]
+    if found and found[0]["status"] == "completed" and not found[0]["expired"]:
+        return True, _decode(entry, found[0])
     return False, None
 
 
@@ -413,6 +557,7 @@ class JournaledRunnable(Runnable[Any, Any]):
             task_id=site.task_id,
             ttl=ttl,
             taken=taken,
+            guard=_guard(site),
         )
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
@@ -445,27 +590,30 @@ class JournaledRunnable(Runnable[Any, Any]):
             yield from self.bound.stream(input, config, **kwargs)
             return
         try:
+            SYNC.before_effect()
             found, value = entry.ledger.run_op(lambda: _op_lookup(entry))
-            if not found:
-                chunks: list[Any] = []
-                inner = _under(entry, self.bound.stream(input, config, **kwargs))
-                try:
-                    for chunk in inner:
-                        chunks.append(chunk)
-                        try:
-                            yield chunk
-                        except GeneratorExit:
-                            # The consumer stopped early: record what it saw, so a
-                            # re-execution sees the same (see _assemble).
-                            break
-                finally:
-                    inner.close()
-                entry.ledger.run_op(lambda: _op_store(entry, _assemble(chunks)))
         except Exception:
             _give_back(entry.taken)
             raise
         if found:
             yield from _replayed_chunks(value)
+            return
+        chunks: list[Any] = []
+        inner = _under(entry, self.bound.stream(input, config, **kwargs))
+        try:
+            for chunk in inner:
+                chunks.append(chunk)
+                # GeneratorExit here (the consumer's break, close() or exception: they
+                # cannot be told apart) leaves: the call did not complete, so nothing is
+                # recorded and a re-execution calls the model again. The position stays
+                # taken: the calls after this one keep their keys.
+                yield chunk
+            entry.ledger.run_op(lambda: _op_store(entry, _assemble(chunks)))
+        except Exception:
+            _give_back(entry.taken)
+            raise
+        finally:
+            inner.close()
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
@@ -476,26 +624,27 @@ class JournaledRunnable(Runnable[Any, Any]):
                 yield chunk
             return
         try:
+            await ASYNC.before_effect()
             found, value = await entry.ledger.arun_op(lambda: _op_lookup(entry))
-            if not found:
-                chunks: list[Any] = []
-                ainner = _aunder(entry, self.bound.astream(input, config, **kwargs))
-                try:
-                    async for chunk in ainner:
-                        chunks.append(chunk)
-                        try:
-                            yield chunk
-                        except GeneratorExit:
-                            break
-                finally:
-                    await ainner.aclose()
-                await entry.ledger.arun_op(lambda: _op_store(entry, _assemble(chunks)))
         except Exception:
             _give_back(entry.taken)
             raise
         if found:
             for chunk in _replayed_chunks(value):
                 yield chunk
+            return
+        chunks: list[Any] = []
+        ainner = _aunder(entry, self.bound.astream(input, config, **kwargs))
+        try:
+            async for chunk in ainner:
+                chunks.append(chunk)
+                yield chunk  # GeneratorExit: not recorded, as in stream()
+            await entry.ledger.arun_op(lambda: _op_store(entry, _assemble(chunks)))
+        except Exception:
+            _give_back(entry.taken)
+            raise
+        finally:
+            await ainner.aclose()
 
 
 def _under(entry: _Entry, it: Iterator[Any]) -> Generator[Any, None, None]:

@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.types import RetryPolicy
+from langgraph.types import Command, RetryPolicy, interrupt
 from pydantic import BaseModel
 
 from langgraph_durable import (
@@ -181,7 +181,10 @@ def test_a_fork_calls_the_model_anew(saver: DurablePostgresSaver, tables: str) -
     assert Ledger(saver).entries(thread_id=thread) == []
 
 
-# --- in-process re-executions (RetryPolicy) ----------------------------------------------
+# --- in-process re-executions (an interrupt, then Command(resume=...)) ------------------
+# A node attempt that raises rejects its answers (a RetryPolicy retry asks the model
+# again: tests/test_journal_seams.py), so the re-execution that replays in process is the
+# one after an interrupt, as after a crash.
 
 
 class Scripted(BaseChatModel):
@@ -220,6 +223,23 @@ def _graph(saver: Any, node: Any, *, retry: bool = True) -> Any:
     return builder.compile(checkpointer=saver)
 
 
+def _interrupted_node(body: Any) -> Any:
+    """A node that runs ``body``, then interrupts: ``Command(resume=...)`` re-executes
+    it from its first line (``_run_twice``)."""
+
+    def node(state: MessagesState) -> dict[str, Any]:
+        out = body(state)
+        interrupt("re-execute me")
+        return out
+
+    return node
+
+
+def _run_twice(app: Any, inputs: Any, config: dict[str, Any]) -> Any:
+    app.invoke(inputs, config)
+    return app.invoke(Command(resume=True), config)
+
+
 def _flaky_node(body: Any) -> Any:
     """A node that runs ``body`` and fails after it on its first execution only."""
     runs: list[int] = []
@@ -234,7 +254,7 @@ def _flaky_node(body: Any) -> Any:
     return node
 
 
-def test_retry_policy_replays_and_identical_calls_keep_their_order(saver: DurablePostgresSaver) -> None:
+def test_a_re_execution_replays_and_identical_calls_keep_their_order(saver: DurablePostgresSaver) -> None:
     """Two calls with the same input in one node get two answers; the re-executed node
     gets them back in the same order, and a call with another input is independent of
     their position."""
@@ -247,9 +267,9 @@ def test_retry_policy_replays_and_identical_calls_keep_their_order(saver: Durabl
         b = jm.invoke(state["messages"])
         return {"messages": [a, other, b]}
 
-    out = _graph(saver, _flaky_node(body)).invoke({"messages": [HumanMessage("hi")]}, cfg(k()))
+    out = _run_twice(_graph(saver, _interrupted_node(body)), {"messages": [HumanMessage("hi")]}, cfg(k()))
     assert [m.content for m in out["messages"][1:]] == ["answer 1", "answer 2", "answer 3"]
-    assert model.calls == ["hi", "other", "hi"]  # the retry replayed all three
+    assert model.calls == ["hi", "other", "hi"]  # the re-execution replayed all three
 
 
 def test_a_failed_call_gives_its_position_back(saver: DurablePostgresSaver) -> None:
@@ -265,7 +285,7 @@ def test_a_failed_call_gives_its_position_back(saver: DurablePostgresSaver) -> N
             msg = jm.invoke(state["messages"])
         return {"messages": [msg]}
 
-    out = _graph(saver, _flaky_node(body)).invoke({"messages": [HumanMessage("hi")]}, cfg(k()))
+    out = _run_twice(_graph(saver, _interrupted_node(body)), {"messages": [HumanMessage("hi")]}, cfg(k()))
     assert out["messages"][-1].content == "answer 2"
     assert len(model.calls) == 2
 
@@ -277,7 +297,7 @@ def test_batch_replays(saver: DurablePostgresSaver) -> None:
     def body(state: MessagesState) -> dict[str, Any]:
         return {"messages": jm.batch([[HumanMessage("a")], [HumanMessage("b")]])}
 
-    out = _graph(saver, _flaky_node(body)).invoke({"messages": [HumanMessage("hi")]}, cfg(k()))
+    out = _run_twice(_graph(saver, _interrupted_node(body)), {"messages": [HumanMessage("hi")]}, cfg(k()))
     assert sorted(model.calls) == ["a", "b"]
     assert sorted(str(m.content) for m in out["messages"][1:]) == ["answer 1", "answer 2"]
 
@@ -298,7 +318,7 @@ def test_with_structured_output_journals_the_message(saver: DurablePostgresSaver
         return {"messages": [AIMessage(w.city)]}
 
     thread = k()
-    _graph(saver, _flaky_node(body)).invoke({"messages": [HumanMessage("hi")]}, cfg(thread))
+    _run_twice(_graph(saver, _interrupted_node(body)), {"messages": [HumanMessage("hi")]}, cfg(thread))
     assert seen == ["city 1", "city 1"] and len(model.calls) == 1
     (entry,) = Ledger(saver).entries(thread_id=thread)
     # The record is the model's message (re-parsed on replay), not the user's class.
@@ -348,13 +368,13 @@ def test_a_non_durable_checkpointer_needs_ledger(saver: DurablePostgresSaver) ->
         app.invoke({"messages": [HumanMessage("hi")]}, cfg(k()))
     assert model.calls == []
     jm = journaled(model, ledger=saver)
-    app = _graph(InMemorySaver(), _flaky_node(lambda s: {"messages": [jm.invoke(s["messages"])]}))
+    app = _graph(InMemorySaver(), _interrupted_node(lambda s: {"messages": [jm.invoke(s["messages"])]}))
     thread = k()
-    app.invoke({"messages": [HumanMessage("hi")]}, cfg(thread))
+    _run_twice(app, {"messages": [HumanMessage("hi")]}, cfg(thread))
     assert len(model.calls) == 1 and len(Ledger(saver).entries(thread_id=thread)) == 1
 
 
-def test_a_stream_stopped_early_records_what_was_seen(saver: DurablePostgresSaver) -> None:
+def test_a_stream_stopped_early_records_nothing(saver: DurablePostgresSaver) -> None:
     class Words(Scripted):
         def _stream(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> Iterator[Any]:
             from langchain_core.messages import AIMessageChunk
@@ -376,11 +396,11 @@ def test_a_stream_stopped_early_records_what_was_seen(saver: DurablePostgresSave
         return {"messages": [AIMessage(seen[-1])]}
 
     thread = k()
-    _graph(saver, _flaky_node(body)).invoke({"messages": [HumanMessage("hi")]}, cfg(thread))
-    # The early stop recorded the chunks its consumer saw; the re-execution replays
-    # both calls as they were seen, calling nothing.
+    _run_twice(_graph(saver, _interrupted_node(body)), {"messages": [HumanMessage("hi")]}, cfg(thread))
+    # The stream stopped early did not complete: nothing recorded, the re-execution
+    # calls the model for it again; the complete one is replayed.
     assert seen == ["a ", "a b c", "a ", "a b c"]
-    assert model.calls == ["stream", "stream"]
+    assert model.calls == ["stream", "stream", "stream"]
 
 
 def test_interrupt_after_the_model_call_replays_it_on_resume(saver: DurablePostgresSaver) -> None:
@@ -419,16 +439,17 @@ async def test_async_calls_with_different_inputs_replay_in_any_order(asaver: Asy
         questions = ["a", "b"] if len(runs) == 1 else ["b", "a"]
         msgs = await asyncio.gather(*(jm.ainvoke([HumanMessage(q)]) for q in questions))
         answers = dict(zip(questions, (str(m.content) for m in msgs), strict=True))
-        if len(runs) == 1:
-            raise RuntimeError("died after the model calls")
+        interrupt("re-execute me")
         return {"messages": [AIMessage(f"{answers['a']} / {answers['b']}")]}
 
-    out = await _graph(asaver, node).ainvoke({"messages": [HumanMessage("hi")]}, cfg(k()))
+    app, thread = _graph(asaver, node), cfg(k())
+    await app.ainvoke({"messages": [HumanMessage("hi")]}, thread)
+    out = await app.ainvoke(Command(resume=True), thread)
     assert len(model.calls) == 2
     assert sorted(str(out["messages"][-1].content).split(" / ")) == ["answer 1", "answer 2"]
 
 
-async def test_astream_stopped_early_records_what_was_seen(asaver: AsyncDurablePostgresSaver) -> None:
+async def test_astream_stopped_early_records_nothing(asaver: AsyncDurablePostgresSaver) -> None:
     from langchain_core.messages import AIMessageChunk
     from langchain_core.outputs import ChatGenerationChunk
 
@@ -441,7 +462,6 @@ async def test_astream_stopped_early_records_what_was_seen(asaver: AsyncDurableP
     model = Words(calls=[])
     jm = journaled(model)
     seen: list[str] = []
-    runs: list[int] = []
 
     async def node(state: MessagesState) -> dict[str, Any]:
         stream = jm.astream(state["messages"])
@@ -449,14 +469,14 @@ async def test_astream_stopped_early_records_what_was_seen(asaver: AsyncDurableP
         await stream.aclose()  # type: ignore[attr-defined]
         seen.append(str(first.content))
         seen.append("".join([str(c.content) async for c in jm.astream(state["messages"])]))
-        runs.append(1)
-        if len(runs) == 1:
-            raise RuntimeError("died after the model calls")
+        interrupt("re-execute me")
         return {"messages": [AIMessage(seen[-1])]}
 
-    await _graph(asaver, node).ainvoke({"messages": [HumanMessage("hi")]}, cfg(k()))
+    app, thread = _graph(asaver, node), cfg(k())
+    await app.ainvoke({"messages": [HumanMessage("hi")]}, thread)
+    await app.ainvoke(Command(resume=True), thread)
     assert seen == ["a ", "a b c", "a ", "a b c"]
-    assert model.calls == ["astream", "astream"]
+    assert model.calls == ["astream", "astream", "astream"]  # the stopped one is asked again
 
 
 def test_structured_output_include_raw_and_subgraph(saver: DurablePostgresSaver) -> None:
@@ -470,13 +490,13 @@ def test_structured_output_include_raw_and_subgraph(saver: DurablePostgresSaver)
         seen.append(out["parsed"].city)
         return {"messages": [AIMessage(out["parsed"].city)]}
 
-    inner = _graph(None, _flaky_node(body))  # a subgraph: inherits the parent's saver
+    inner = _graph(None, _interrupted_node(body))  # a subgraph: inherits the parent's saver
     parent = StateGraph(MessagesState)
     parent.add_node("sub", inner)
     parent.add_edge(START, "sub")
     parent.add_edge("sub", END)
     thread = k()
-    parent.compile(checkpointer=saver).invoke({"messages": [HumanMessage("hi")]}, cfg(thread))
+    _run_twice(parent.compile(checkpointer=saver), {"messages": [HumanMessage("hi")]}, cfg(thread))
     assert seen == ["city 1", "city 1"] and len(model.calls) == 1
     (entry,) = Ledger(saver).entries(thread_id=thread)
     assert isinstance(Ledger(saver).result(entry.key), AIMessage)
@@ -487,20 +507,16 @@ def test_functional_api_entrypoint_replays(saver: DurablePostgresSaver) -> None:
 
     model = Scripted(calls=[])
     jm = journaled(model)
-    runs: list[int] = []
 
     @entrypoint(checkpointer=saver)
     def flow(q: str) -> str:
         answer = str(jm.invoke([HumanMessage(q)]).content)
-        runs.append(1)
-        if len(runs) == 1:
-            raise RuntimeError("died after the model call")
+        interrupt("re-execute me")
         return answer
 
     thread = k()
-    with pytest.raises(RuntimeError):
-        flow.invoke("x", cfg(thread))
-    assert flow.invoke(None, cfg(thread)) == "answer 1" and model.calls == ["x"]
+    flow.invoke("x", cfg(thread))
+    assert flow.invoke(Command(resume=True), cfg(thread)) == "answer 1" and model.calls == ["x"]
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

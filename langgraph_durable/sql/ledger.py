@@ -162,3 +162,55 @@ ON CONFLICT (key) DO UPDATE SET
     expires_at = EXCLUDED.expires_at, created_at = now(), completed_at = now()
 WHERE l.expires_at IS NOT NULL AND l.expires_at <= now()
 """
+
+# --- journal: answers of a node attempt that raised (journal.py) ------------------------
+# Did the last run of this task raise? LangGraph stores a raised task's exception as its
+# ``__error__`` write (idx -1, upserted: a new failure rewrites the row, so its xmin is
+# the transaction of the latest failure). It raised *after* the journal's newest record
+# of the task when no journal row of the task is younger than that write: then the
+# records are answers the failed run got, and are superseded. A journal row younger
+# than the write was recorded by a later run (one that crashed, or stopped at an
+# interrupt): it stands. Transaction ids are compared as a signed 32-bit difference,
+# which is right whatever their age as long as the two are < 2^31 transactions apart.
+JOURNAL_TASK_FAILED_SQL = """
+SELECT EXISTS (
+    SELECT 1 FROM checkpoint_writes e
+    WHERE e.thread_id = %(thread_id)s AND e.checkpoint_ns = %(graph_ns)s
+      AND e.checkpoint_id = %(checkpoint_id)s AND e.task_id = %(task_id)s
+      AND e.idx = -1 AND e.channel = '__error__'
+      AND NOT EXISTS (
+          SELECT 1 FROM durable_ledger l
+          WHERE l.thread_id = %(thread_id)s AND l.task_id = %(task_id)s AND l.key LIKE 'llm:%%'
+            AND (l.xmin::text::bigint - e.xmin::text::bigint + 6442450944) %% 4294967296 > 2147483648)
+) AS failed
+"""
+
+# Supersede the journal records of a task before an attempt that follows a failed one
+# looks anything up: delete the task's journal rows that this attempt did not record
+# itself (its owners end in '#<attempt tag>'), except those recorded before the task's
+# latest durable effect (an @idempotent or tool call claimed or completed after them may
+# depend on them: they are kept, so the effect and the answers it saw stay consistent).
+# A claim still in flight is not such an effect: the failed attempt released or
+# abandoned its own, so a live one is this attempt's (the @idempotent call a nested
+# journaled call runs in). Returns what was superseded and kept, and the pinning effect.
+JOURNAL_SUPERSEDE_SQL = """
+WITH pin AS (
+    SELECT e.key, e.name, GREATEST(e.created_at, e.completed_at) AS at
+    FROM durable_ledger e
+    WHERE e.thread_id = %(thread_id)s AND e.task_id = %(task_id)s AND e.key NOT LIKE 'llm:%%'
+      AND NOT (e.status = 'started' AND e.claim_expires_at IS NOT NULL AND e.claim_expires_at > now())
+    ORDER BY 3 DESC LIMIT 1
+), gone AS (
+    DELETE FROM durable_ledger l
+    WHERE l.thread_id = %(thread_id)s AND l.task_id = %(task_id)s AND l.key LIKE 'llm:%%'
+      AND l.status = 'completed' AND l.owner NOT LIKE %(mine)s
+      AND l.created_at > COALESCE((SELECT at FROM pin), '-infinity'::timestamptz)
+    RETURNING l.key
+)
+SELECT (SELECT count(*) FROM gone) AS superseded,
+       (SELECT count(*) FROM durable_ledger k
+        WHERE k.thread_id = %(thread_id)s AND k.task_id = %(task_id)s AND k.key LIKE 'llm:%%'
+          AND k.status = 'completed' AND k.owner NOT LIKE %(mine)s
+          AND k.created_at <= (SELECT at FROM pin)) AS kept,
+       (SELECT name FROM pin) AS pin_name, (SELECT key FROM pin) AS pin_key
+"""
