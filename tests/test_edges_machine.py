@@ -131,6 +131,7 @@ class Thread:
         self.outcomes: list[dict[str, Any]] = []  # what each child said, this turn
         self.kills = 0
         self.snapshot: Any = None
+        self.started = False  # the last drive started the turn (it ran join, where a steal is)
 
 
 class EdgesMachine(RuleBasedStateMachine):
@@ -157,7 +158,7 @@ class EdgesMachine(RuleBasedStateMachine):
 
     # --- running a turn to its end, resuming after each kill ------------------------------
     def _drive(self, t: Thread, action: str) -> None:
-        t.outcomes = []
+        t.outcomes, t.started = [], action == "start"
         for _ in range(len(ce.KILL_POINTS) + 4):
             code, out = _child(self.dsn, t.tid, t.spec, action, t.turns, self.stock)
             if out is None:
@@ -231,7 +232,7 @@ class EdgesMachine(RuleBasedStateMachine):
         effects = self._q("SELECT count(*) FROM edges_effects WHERE thread_id = %s AND turn = %s", t.tid, turn)[0][0]
         if effects > 1:
             self.problems.append(f"{t.tid} turn {turn}: the effect happened {effects} times")
-        if spec.get("steal") and turn == 1 and not self.stock:
+        if spec.get("steal") and not self.stock and t.started:
             first = t.outcomes[0] if t.outcomes else None
             if spec.get("kill_at") in (None, "prep", "charge", "work", "model", "join") and (
                 first is None or first.get("type") != "LeaseLostError"
@@ -303,7 +304,7 @@ class EdgesMachine(RuleBasedStateMachine):
         ))
         kill = spec.get("kill_at")
         retries = bool(spec.get("parser_fail")) + bool(spec.get("stream") and spec.get("consumer_raise"))
-        steal = bool(spec.get("steal") and turn == 1 and not self.stock)
+        steal = bool(spec.get("steal") and not self.stock)
         exact = {
             "charge": 1 + (kill == "charge"),
             "work": 1 + (kill in ("work", "model")) + retries,
