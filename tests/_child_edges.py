@@ -103,14 +103,7 @@ def _record(dsn: str, table: str, turn: int, node: str | None = None) -> int:
 
 
 def _kill_once(dsn: str, spec: dict[str, Any], turn: int, point: str) -> None:
-    if spec.get("kill_at") != point:
-        return
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(
-            "INSERT INTO edges_kills VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (_thread(), turn, point)
-        )
-        first = cur.rowcount == 1
-    if first:
+    if spec.get("kill_at") == point and _first(dsn, turn, point):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -149,6 +142,7 @@ class CountingModel(BaseChatModel):
         turn = int(str(messages[-1].content))
         n = _record(self.dsn, "edges_calls", turn)
         if self.kill:
+            _wait_for_writes(self.dsn, turn, "charge")  # the sibling branch finished: exact counts
             _kill_once(self.dsn, {"kill_at": "model"}, turn, "model")
         if self.parser_fail and n == 1:
             return "{not json " + WORDS
@@ -163,7 +157,14 @@ class CountingModel(BaseChatModel):
             yield ChatGenerationChunk(message=AIMessageChunk(content=text[i : i + 8]))
 
 
-_RAISED: set[tuple[str, int]] = set()  # (thread, turn) whose stream consumer raised already
+def _first(dsn: str, turn: int, point: str) -> bool:
+    """Whether this is the first time ``point`` is reached in this (thread, turn), across
+    processes."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(
+            "INSERT INTO edges_kills VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (_thread(), turn, point)
+        )
+        return cur.rowcount == 1
 
 
 def build(dsn: str, spec: dict[str, Any], *, stock: bool = False) -> StateGraph:
@@ -191,7 +192,9 @@ def build(dsn: str, spec: dict[str, Any], *, stock: bool = False) -> StateGraph:
     def charge(s: State) -> dict[str, Any]:
         _record(dsn, "edges_runs", s["turn"], "charge")
         paid = effect(s["turn"]) if stock else charge_effect(s["turn"])
-        _kill_once(dsn, spec, s["turn"], "charge")
+        if spec.get("kill_at") == "charge":
+            _wait_for_writes(dsn, s["turn"], "work")  # the sibling branch finished: exact counts
+            _kill_once(dsn, spec, s["turn"], "charge")
         return {"log": [paid]}
 
     def work(s: State) -> dict[str, Any]:
@@ -202,8 +205,7 @@ def build(dsn: str, spec: dict[str, Any], *, stock: bool = False) -> StateGraph:
             parts = []
             for i, chunk in enumerate(model.stream(msgs)):
                 parts.append(str(chunk.content))
-                if spec.get("consumer_raise") and i == 1 and (_thread(), turn) not in _RAISED:
-                    _RAISED.add((_thread(), turn))
+                if spec.get("consumer_raise") and i == 1 and _first(dsn, turn, "consumer"):
                     raise ConsumerError("the consumer failed after two chunks")
             text = "".join(parts)
         else:
@@ -265,11 +267,8 @@ def build(dsn: str, spec: dict[str, Any], *, stock: bool = False) -> StateGraph:
 def _steal_once(dsn: str, turn: int) -> None:
     """Another owner takes the lease (token moved on; its expiry in the past, so the next
     run may take it over): this run's next fenced write must fail, loudly."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(
-            "INSERT INTO edges_kills VALUES (%s, %s, 'steal') ON CONFLICT DO NOTHING", (_thread(), turn)
-        )
-        if cur.rowcount == 1:
+    if _first(dsn, turn, "steal"):
+        with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(
                 "UPDATE durable_threads SET lease_owner = 'thief', lease_token = lease_token + 1, "
                 "lease_expires_at = now() - interval '1 second' WHERE thread_id = %s",
