@@ -5,9 +5,9 @@ scripted model -> ``ToolNode`` -> model) whose ``@idempotent`` tool ``charge`` r
 its effect in ``safety_effects`` and then hangs, so the parent SIGKILLs the process
 inside the tool: between the effect and its record (the claim stays behind).
 
-``python _child_safety.py keyed DSN KEY NAME ORDER``: outside a run, an
-``@idempotent(key=KEY, name=NAME)`` call with an hour-long claim lease, hanging inside the
-function (see ``keyed``).
+``python _child_safety.py keyed DSN KEY NAME ORDER CLAIM_TTL``: outside a run, an
+``@idempotent(key=KEY, name=NAME, claim_ttl=CLAIM_TTL)`` call hanging inside the function
+(see ``keyed``).
 
 ``python _child_safety.py slow DSN THREAD``: a one-node graph whose node signals that it
 runs (a row in ``safety_effects``) and hangs there; the parent SIGKILLs it holding the
@@ -122,13 +122,12 @@ def slow_builder(dsn: str, *, hang: bool) -> StateGraph:
     return builder
 
 
-def keyed(saver: Any, dsn: str, *, key: str, name: str, order: str) -> None:
-    """Outside a run: an ``@idempotent(key=...)`` call named ``name`` with an hour-long
-    claim lease, SIGKILLed by the parent inside the function (its effect row is tagged
-    with the key as thread id)."""
+def keyed(saver: Any, dsn: str, *, key: str, name: str, order: str, claim_ttl: float) -> None:
+    """Outside a run: an ``@idempotent(key=...)`` call named ``name``, SIGKILLed by the
+    parent inside the function (its effect row is tagged with the key as thread id)."""
     from langgraph_durable import idempotent
 
-    @idempotent(ledger=saver, key=lambda order: key, name=name, claim_ttl=3600)
+    @idempotent(ledger=saver, key=lambda order: key, name=name, claim_ttl=claim_ttl)
     def call(order: str) -> str:
         _effect(dsn, key, name)
         time.sleep(600)
@@ -160,7 +159,7 @@ def main() -> None:
             app = slow_builder(dsn, hang=True).compile(checkpointer=saver)
             app.invoke({"n": 1}, config)
         elif mode == "keyed":
-            keyed(saver, dsn, key=thread_id, name=sys.argv[4], order=sys.argv[5])
+            keyed(saver, dsn, key=thread_id, name=sys.argv[4], order=sys.argv[5], claim_ttl=float(sys.argv[6]))
         else:
             raise SystemExit(f"unknown mode {mode!r}")
 

@@ -85,12 +85,14 @@ def db(dsn: str) -> str:
     return dsn
 
 
-@pytest.fixture
-def frozen(db: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+@pytest.fixture(scope="module")
+def frozen(dsn: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A thread whose owner is alive but frozen (SIGSTOP) inside its node; its lease
-    (600 s) outlives the test. Never judged dead, never claimed, shown running."""
+    (600 s) outlives the module. Never judged dead, never claimed, shown running."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(child.TABLE_DDL)
     tid = f"frozen-{uuid.uuid4().hex[:6]}"
-    proc = _start(db, "slow", tid, lease_ttl=600)
+    proc = _start(dsn, "slow", tid, lease_ttl=600)
     os.kill(proc.pid, signal.SIGSTOP)
     yield tid, proc
     os.kill(proc.pid, signal.SIGKILL)
@@ -113,13 +115,16 @@ def _thread_row(dsn: str, thread_id: str) -> dict[str, Any]:
     return row
 
 
-def _killed_claim(dsn: str, name: str, order: str) -> str:
+def _killed_claim(dsn: str, name: str, order: str, *, ran_out: bool = False) -> str:
     """The key of an ``@idempotent(key=..., name=name)`` call of ``order`` whose process
-    was SIGKILLed inside the function, its claim lease (an hour) still running."""
+    was SIGKILLed inside the function: its claim lease (an hour) still running, or, with
+    ``ran_out``, run out (a 1 s claim lease, waited for)."""
     key = f"{name}:{uuid.uuid4().hex[:8]}"
-    _sigkill(_start(dsn, "keyed", key, name, order))
-    [row] = _q(dsn, "SELECT status, claim_expires_at > now() AS running FROM durable_ledger WHERE key = %s", key)
-    assert row == {"status": "started", "running": True}
+    _sigkill(_start(dsn, "keyed", key, name, order, "1" if ran_out else "3600"))
+    sql = "SELECT status, claim_expires_at > now() AS running FROM durable_ledger WHERE key = %s"
+    if ran_out:
+        _wait_for("the claim lease to run out", lambda: _q(dsn, sql, key)[0]["running"] is False)
+    assert _q(dsn, sql, key) == [{"status": "started", "running": not ran_out}]
     return key
 
 
@@ -202,13 +207,13 @@ class Two(TypedDict):
 
 def test_unknown_outcome_past_the_start_checkpoint_counts_no_attempt(db: str) -> None:
     """The run moves past the checkpoint it started from, then meets an unknown outcome
-    (a claim of a SIGKILLed process, its claim lease still an hour long): no attempt is
-    counted at the new head either, however often it is resumed; Ledger.resolve (API),
-    then invoke(None) finishes it. Before: the live-looking claim was waited for
-    (CallInFlightError after wait_timeout), each a counted attempt, then quarantine."""
+    (a claim of a SIGKILLed process whose claim lease ran out): no attempt is counted at
+    the new head, however often it is resumed; Ledger.resolve (API), then invoke(None)
+    finishes it. Before: each resume was a counted attempt, the 4th raised
+    PoisonCheckpointError."""
     from langgraph.graph import END, START, StateGraph
 
-    key = _killed_claim(db, "pay", "o-9")
+    key = _killed_claim(db, "pay", "o-9", ran_out=True)
     ran: list[str] = []
 
     @idempotent(key=lambda order: key, name="pay", wait_timeout=1.0)
@@ -293,7 +298,10 @@ def test_views_show_a_dead_owners_lease_as_recoverable(db: str, frozen: tuple[st
     _sigkill(proc)
     note = f"owner pid {pid} on host {os.uname().nodename} is dead; takeover pending"
     v = _views(db, tid)
-    assert v["status"]["running"] == 1 and v["status"]["recoverable"] == 1, v["status"]  # frozen: running
+    # The counts agree with the list, thread by thread (other tests' threads included).
+    by_state = [r["state"] for r in v["listed"].values()]
+    for state in ("running", "recoverable"):
+        assert v["status"][state] == by_state.count(state), (state, v["status"], v["listed"])
     assert f"recoverable: {note}  thread {tid}" in v["text"], v["text"]
     assert v["listed"][tid]["state"] == "recoverable" and v["listed"][tid]["note"] == note
     assert v["listed"][frozen_tid]["state"] == "running" and v["listed"][frozen_tid]["note"] is None
@@ -306,7 +314,8 @@ def test_views_show_a_dead_owners_lease_as_recoverable(db: str, frozen: tuple[st
 
     with DurablePostgresSaver.from_conn_string(db) as saver, TestClient(create_app(saver, sample_interval=0)) as web:
         overview = web.get("/").text
-        assert 'id="count-running"><span class="n">1<' in overview, overview
+        running = by_state.count("running")
+        assert f'id="count-running"><span class="n">{running}<' in overview, overview
         assert note in overview
         assert note in web.get("/threads").text
         assert note in web.get("/threads?prefix=slow-&newer_than_h=1").text  # the filtered query
