@@ -307,6 +307,8 @@ def test_views_show_a_dead_owners_lease_as_recoverable(db: str, frozen: tuple[st
     assert v["listed"][frozen_tid]["state"] == "running" and v["listed"][frozen_tid]["note"] is None
     assert f"recoverable: {note}  thread {tid}" in v["list_text"], v["list_text"]
     assert v["shown"]["state"] == "recoverable" and v["shown"]["lease"]["note"] == note
+    running = json.loads(_cli("threads", "list", "--status", "running", "--json", "--dsn", db).stdout)
+    assert frozen_tid in [r["thread_id"] for r in running] and tid not in [r["thread_id"] for r in running]
 
     from starlette.testclient import TestClient
 

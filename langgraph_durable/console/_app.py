@@ -228,7 +228,7 @@ class Console:
         counts["untracked"] = "not counted"
         with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.WORKERS_SQL)
-            workers = cur.fetchall()
+            workers = [{**w, "note": dead_owner_note(w["owner"])} for w in cur.fetchall()]
             cur.execute(q.LEASES_SQL, (20,))
             # A lease whose owner is a dead process of this machine: noted (see
             # inspection.mark_dead_owner), as the counts above already count it.
