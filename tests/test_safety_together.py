@@ -348,3 +348,31 @@ def test_worker_cli_until_idle_claims_a_dead_owners_thread_at_once(db: str, froz
     # The frozen owner is alive: its thread was neither claimed nor touched.
     assert _thread_row(db, frozen_tid)["status"] == "running"
     assert child.effects(db, frozen_tid) == 1
+
+
+def test_a_killed_but_unreaped_owner_is_dead(db: str) -> None:
+    """A SIGKILLed process whose parent has not reaped it yet (a zombie) keeps its /proc
+    entry, start ticks included: it looked alive, so its lease and claims waited out
+    their ttl although it holds nothing any more."""
+    from langgraph_durable.leases.owners import owner_is_dead
+
+    tid = f"zombie-{uuid.uuid4().hex[:6]}"
+    proc = _start(db, "slow", tid)
+    owner = _thread_row(db, tid)["lease_owner"]
+    assert not owner_is_dead(owner)  # alive
+    os.kill(proc.pid, signal.SIGKILL)
+    _wait_for("the killed child to be a zombie", lambda: _proc_state(proc.pid) == "Z")
+    try:
+        assert owner_is_dead(owner)
+        with DurablePostgresSaver.from_conn_string(db) as saver:
+            app = child.slow_builder(db, hang=False).compile(checkpointer=saver)
+            assert app.invoke(None, {"configurable": {"thread_id": tid}}) == {"n": 2}
+    finally:
+        proc.wait()
+
+
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return data[data.rindex(b")") + 2 :].split()[0].decode()
+
