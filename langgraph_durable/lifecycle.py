@@ -48,8 +48,8 @@ from langgraph_durable.errors import (
 from langgraph_durable.leases.model import _RUN_LEASE, Lease, _Handoff
 from langgraph_durable.leases.owners import _owner_id
 from langgraph_durable.pooler import session_schema
-from langgraph_durable.quarantine import PoisonRecord
-from langgraph_durable.sql.threads import ATTEMPT_AT_HEAD_SQL
+from langgraph_durable.quarantine import PoisonRecord, needs_operator
+from langgraph_durable.sql.threads import ATTEMPT_AT_HEAD_SQL, ATTEMPT_UNCOUNTED_AT_HEAD_SQL
 from langgraph_durable.versioning import (
     POLICY_KEY,
     RUN_GRAPH,
@@ -320,7 +320,8 @@ class RunLifecycle(RunLifecycleView):
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | GeneratorExit):
             return "stopped", False, True, None
         text = f"{type(exc).__name__}: {exc}"[:4000]
-        return "error", False, False, text
+        # An operator's decision pending (an unknown outcome): not an attempt.
+        return "error", False, needs_operator(exc), text
 
     def _head(self, loop: Any) -> str | None:
         cfg = getattr(loop, "checkpoint_config", None) or {}
@@ -338,9 +339,9 @@ class RunLifecycle(RunLifecycleView):
         head = self._head(loop)
         if error is not None and head is not None and head != lease.checkpoint_id:
             # The failure happened past the checkpoint the run started from: it is the
-            # first failed attempt at the new head.
+            # first failed attempt at the new head (none, if an operator must decide).
             moved_to = Stmt(
-                ATTEMPT_AT_HEAD_SQL,
+                ATTEMPT_UNCOUNTED_AT_HEAD_SQL if undo else ATTEMPT_AT_HEAD_SQL,
                 (head, lease.thread_id, lease.token, lease.owner),
             )
             return partial(

@@ -20,7 +20,12 @@ from langgraph_durable._io import (
     Tx,
 )
 from langgraph_durable.core.view import QuarantineView
-from langgraph_durable.errors import PoisonCheckpointError
+from langgraph_durable.errors import (
+    IdempotencyConflictError,
+    IdempotentCallFailedError,
+    OutcomeUnknownError,
+    PoisonCheckpointError,
+)
 from langgraph_durable.leases.model import Lease
 from langgraph_durable.sql.quarantine import QUARANTINE_ROW_SQL, QUARANTINE_THREAD_SQL
 
@@ -28,6 +33,25 @@ logger = logging.getLogger("langgraph_durable")
 
 
 PoisonHook = Callable[["PoisonRecord"], Any]
+
+
+# Errors that stop a run on a decision only an operator can make: the ledger's answer
+# for one key (Ledger.resolve / forget, `langgraph-durable ledger resolve|forget`). Such
+# a run is no failed attempt at its checkpoint: no retry could change its outcome and
+# no node's code is at fault. Counted, a SIGKILL inside an @idempotent tool and two
+# resumes quarantined the thread, and the documented answer (resolve, then
+# invoke(None)) met PoisonCheckpointError. The run ends with status 'error' (the error
+# is last_error) and its attempt undone; the run after the answer counts as usual.
+OPERATOR_DECISIONS: tuple[type[BaseException], ...] = (
+    OutcomeUnknownError,
+    IdempotencyConflictError,
+    IdempotentCallFailedError,
+)
+
+
+def needs_operator(exc: BaseException | None) -> bool:
+    """Whether ``exc`` stops a run on a decision only an operator can make."""
+    return isinstance(exc, OPERATOR_DECISIONS)
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,10 @@ from langgraph_durable.errors import (
     PoisonCheckpointError,
     ThreadBusyError,
 )
+from langgraph_durable.leases.dead import op_dead_leases
 from langgraph_durable.leases.model import claim_handoff
 from langgraph_durable.leases.owners import process_identity
+from langgraph_durable.quarantine import needs_operator
 from langgraph_durable.sql.recovery import (
     CLAIM_PLAN_SQL,
     RECOVERY_FINISH_SQL,
@@ -109,7 +111,9 @@ class RecoveryResult:
     waiting, stopped, error, quarantined, ...); ``outcome`` says what happened to this
     run: ``finished`` (the run ended on its own), ``handed_back`` (stopped at a step
     boundary on shutdown), ``lease_lost`` (fenced out by a takeover), ``refused``
-    (poison / version / busy before any node ran) or ``failed`` (the graph raised)."""
+    (poison / version / busy before any node ran), ``needs_operator`` (an
+    ``@idempotent`` call's outcome is unknown, or kin: ``quarantine.needs_operator``;
+    not counted toward poison) or ``failed`` (the graph raised)."""
 
     thread_id: str
     checkpoint_id: str
@@ -229,9 +233,12 @@ def _op_claim(
     rows = yield Batch(
         [Stmt(CLAIM_PLAN_SQL), Stmt(claim_sql(statuses, retry_errors), params, fetch=True, prepare=False, name="claim")]
     )
-    if not rows["claim"]:
+    found = rows["claim"]
+    if not found and any(t.saver.takeover_dead_owners for t in targets):
+        found = yield from _op_claim_dead(params, statuses, retry_errors)
+    if not found:
         return None
-    r = rows["claim"][0]
+    r = found[0]
     return Claim(
         thread_id=r["thread_id"],
         owner=owner,
@@ -241,6 +248,32 @@ def _op_claim(
         previous_status=r["prev_status"],
         attempt=int(r["attempt"]),
     )
+
+
+def _op_claim_dead(
+    params: dict[str, Any], statuses: Sequence[str], retry_errors: bool
+) -> Op[list[dict[str, Any]]]:
+    """Nothing else to claim: the live leases of this machine whose owner is a dead
+    process, judged as a run start judges them (``leases.dead``, ``owner_is_dead``),
+    claimed now instead of after ``lease_ttl`` (the takeover bumps the fencing token
+    like any claim). Only on a poll that found nothing: a busy worker's claim stays one
+    statement; a dead owner's thread waits at most until the worker's queue runs dry,
+    never longer than its lease would have."""
+    dead = yield from op_dead_leases()
+    if not dead:
+        return []
+    owners = sorted({r["lease_owner"] for r in dead})
+    rows = yield Batch(
+        [Stmt(claim_sql(statuses, retry_errors, dead=True), {**params, "dead": owners}, fetch=True, prepare=False)]
+    )
+    for r in rows[0]:
+        holder = next((d["lease_owner"] for d in dead if d["thread_id"] == r["thread_id"]), None)
+        logger.warning(
+            "thread %s: lease holder %s is a dead process of this machine and pid namespace; "
+            "claiming it now", r["thread_id"], holder,
+        )
+        _telemetry.count("leases_taken_over", reason="dead_owner")
+    return cast("list[dict[str, Any]]", rows[0])
 
 
 def _op_finish(claim: Claim) -> Op[dict[str, Any] | None]:
@@ -516,8 +549,11 @@ class RecoveryWorker:
             outcome = "lease_lost"
         elif isinstance(
             exc, PoisonCheckpointError | GraphVersionMismatchError | MigrationError | ThreadBusyError
-        ):
-            outcome = "refused"
+        ) or needs_operator(exc):
+            # needs_operator: an unknown outcome of an @idempotent call (and kin) waits
+            # for `ledger resolve` / `forget`; its runs do not count toward poison, so
+            # do not spin on it either.
+            outcome = "needs_operator" if needs_operator(exc) else "refused"
             with self._lock:
                 self._skip[claim.thread_id] = time.monotonic() + max(60.0, self.poll_interval)
         else:

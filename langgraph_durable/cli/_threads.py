@@ -106,11 +106,13 @@ def _list_columns(thread_width: int, width: int) -> list[str]:
     return shown
 
 
-def _state(state: str | None, status: str | None = None) -> Text:
+def _state(state: str | None, status: str | None = None, note: str | None = None) -> Text:
     from rich.text import Text
     label = state or "-"
     if status and status not in (state, "running"):
         label += f" ({status})"
+    if note:  # e.g. a lease whose owner is dead: "recoverable: owner pid N ... takeover pending"
+        label += f": {note}"
     return Text(label, style=STATE_STYLE.get(state or "", ""))
 
 
@@ -126,7 +128,8 @@ def _lease(lease: dict[str, Any] | None) -> str:
         return "none"
     left = lease.get("expires_in")
     when = f"expires in {left:.1f}s" if left is not None and left > 0 else "expired"
-    return f"token {lease['token']}, {when}, held by {lease['owner']}"
+    text = f"token {lease['token']}, {when}, held by {lease['owner']}"
+    return text + f" ({lease['note']})" if lease.get("note") else text
 
 
 # Untracked threads (checkpoints, no durable_threads row) are found only by reading every
@@ -219,10 +222,27 @@ def threads_list(
         }
         table.add_row(r["thread_id"], _state(r["state"], r["status"]), *(cells[c] for c in columns))
     console.print(table)
+    _print_notes(rows)
     if not rows:
         console.print("[dim]no threads match[/]")
     elif len(rows) == limit:
         console.print(f"[dim]next page: --after {rows[-1]['thread_id']}[/]", highlight=False)
+
+
+def _print_notes(rows: list[dict[str, Any]], limit: int = 20) -> None:
+    """One line per thread whose state needs its reason (a lease whose owner is dead:
+    ``recoverable: owner pid N on host H is dead; takeover pending``), below a table:
+    a table cell would wrap it into pieces."""
+    from rich.text import Text
+
+    noted = [r for r in rows if r.get("note")]
+    for r in noted[:limit]:
+        console.print(
+            Text.assemble(_state(r.get("state") or "recoverable", None, r["note"]), f"  thread {r['thread_id']}"),
+            highlight=False, soft_wrap=True,
+        )
+    if len(noted) > limit:
+        console.print(f"[dim]... and {len(noted) - limit} more whose owner is dead[/]")
 
 
 @threads_app.command("show")
@@ -268,7 +288,7 @@ def _show_summary(info: dict[str, Any]) -> Any:
     grid.add_column(style="bold")
     grid.add_column()
     grid.add_row("thread", info["thread_id"])
-    grid.add_row("state", _state(info["state"], info["status"]))
+    grid.add_row("state", _state(info["state"], info["status"], (info["lease"] or {}).get("note")))
     grid.add_row("graph version", info["graph_version"] or "-")
     grid.add_row(
         "checkpoint",
@@ -471,6 +491,7 @@ def _print_status(dsn: str | None, schema: str | None, json_out: bool, untracked
     from langgraph_durable.ops import inspection as lgi
     with _saver(dsn, schema) as saver:
         counts: dict[str, int | None] = dict(lgi.thread_status_counts(saver, untracked=untracked))
+        pending = [] if json_out else lgi.takeover_pending(saver)
     if not untracked:
         counts["untracked"] = None  # not counted (JSON null), never a 0 that was not measured
     if json_out:
@@ -482,7 +503,8 @@ def _print_status(dsn: str | None, schema: str | None, json_out: bool, untracked
     table.add_column("meaning")
     meaning = {
         "running": "a live lease: a worker is executing it now",
-        "recoverable": "unfinished, no live lease: invoke(None, config) or a worker resumes it",
+        "recoverable": "unfinished, no live lease (or its owner is dead): invoke(None, config) "
+        "or a worker resumes it",
         "waiting": "interrupted, waiting for Command(resume=...)",
         "quarantined": "poisoned: not resumed until an operator releases it",
         "done": "finished",
@@ -499,6 +521,7 @@ def _print_status(dsn: str | None, schema: str | None, json_out: bool, untracked
     total = "total" if untracked else "total tracked"
     table.add_row(Text(total, style="bold"), str(counts["total"]), "")
     console.print(table)
+    _print_notes(pending)  # leases this machine knows to be dead (counted recoverable)
 
 
 @threads_app.command("status")

@@ -40,6 +40,7 @@ from langgraph_durable.console import _svg
 from langgraph_durable.console._security import COOKIE, Session, Sessions, csrf_ok
 from langgraph_durable.errors import DurableError
 from langgraph_durable.idempotency import Ledger
+from langgraph_durable.leases.dead import dead_owner_note
 from langgraph_durable.ops import inspection as lgi
 from langgraph_durable.ops import migrations as versioning
 from langgraph_durable.ops import retention
@@ -227,9 +228,11 @@ class Console:
         counts["untracked"] = "not counted"
         with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.WORKERS_SQL)
-            workers = cur.fetchall()
+            workers = [{**w, "note": dead_owner_note(w["owner"])} for w in cur.fetchall()]
             cur.execute(q.LEASES_SQL, (20,))
-            leases = cur.fetchall()
+            # A lease whose owner is a dead process of this machine: noted (see
+            # inspection.mark_dead_owner), as the counts above already count it.
+            leases = [{**r, "note": dead_owner_note(r["owner"])} for r in cur.fetchall()]
         self.sampler.sample(min_age=2.0)
         bars = [
             (s, float(counts[s]), f"/threads?state={s}") for s in STATES if isinstance(counts.get(s), int)
@@ -275,7 +278,7 @@ class Console:
             }
             with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
                 cur.execute(q.THREADS_SQL, params)
-                rows = cur.fetchall()
+                rows = [lgi.mark_dead_owner(dict(r)) for r in cur.fetchall()]
         more = len(rows) > limit
         rows = rows[:limit]
         next_url = None

@@ -26,6 +26,7 @@ from langgraph_durable.errors import (
     SerializationError,
 )
 from langgraph_durable.idempotency.protocol import _op_one
+from langgraph_durable.leases.owners import owner_is_dead
 from langgraph_durable.sql.ledger import (
     LEDGER_FORGET_SQL,
     LEDGER_LIST_SQL,
@@ -63,6 +64,9 @@ class LedgerEntry:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> LedgerEntry:
         started = row["status"] == "started"
+        # A claim whose owner is a dead process of this machine is dead now, whatever
+        # its claim lease says (the check a run start makes on its lease).
+        live = bool(row["live"]) and not owner_is_dead(row.get("owner"))
         return cls(
             key=row["key"],
             status=row["status"],
@@ -71,8 +75,8 @@ class LedgerEntry:
             origin_thread_id=row["origin_thread_id"],
             task_id=row["task_id"],
             attempts=int(row["attempts"] or 1),
-            in_flight=bool(started and row["live"]),
-            outcome_unknown=bool(started and not row["live"]),
+            in_flight=started and live,
+            outcome_unknown=started and not live,
             error_type=row["error_type"],
             error=row["error"],
             args_preview=row["args_preview"],
@@ -141,13 +145,10 @@ class Ledger:
     @_audit.audited("ledger.resolve", _audit.describe_ledger_change, prefetch=_audit.ledger_row)
     def _op_change(self, sql: str, key: str, params: tuple[Any, ...]) -> Generator[Any, Any, None]:
         memo = op_memo()
-        rows = yield Batch(
-            [Stmt(sql, params, fetch=True, name="changed"), Stmt(LEDGER_READ_SQL, (key,), fetch=True, name="row")]
-        )
-        if rows["changed"]:
+        changed, current = yield from _op_answer(sql, key, params)
+        if changed:
             memo["changed"] = True
             return
-        current = rows["row"][0] if rows["row"] else None
         if memo.get("changed") and current is not None and current["status"] == "completed":
             return  # this very change, committed; the driver retried after a lost reply
         if current is None:
@@ -161,16 +162,11 @@ class Ledger:
     @_audit.audited("ledger.forget", _audit.describe_ledger_forget, prefetch=_audit.ledger_row)
     def _op_forget(self, key: str) -> Generator[Any, Any, bool]:
         memo = op_memo()
-        rows = yield Batch(
-            [
-                Stmt(LEDGER_FORGET_SQL, (key,), fetch=True, name="forgot"),
-                Stmt(LEDGER_READ_SQL, (key,), fetch=True, name="row"),
-            ]
-        )
-        if rows["forgot"]:
+        forgot, current = yield from _op_answer(LEDGER_FORGET_SQL, key, (key,))
+        if forgot:
             memo["forgot"] = True
             return True
-        if rows["row"]:
+        if current is not None:
             raise CallInFlightError(key, 0.0)
         return bool(memo.get("forgot"))  # True: this forget committed, its reply was lost
 
@@ -230,6 +226,29 @@ class Ledger:
 
     async def apurge_expired(self) -> int:
         return cast(int, await self.saver.arun_op(self._op_purge))
+
+
+def _op_answer(
+    sql: str, key: str, params: tuple[Any, ...]
+) -> Generator[Any, Any, tuple[bool, dict[str, Any] | None]]:
+    """Run an operator's answer (resolve's or forget's statement, whose last parameter
+    is the owner judged dead): (whether it changed the row, the row after it). A claim
+    lease still running whose owner is a dead process of this machine is no call in
+    flight: the answer is sent again naming that owner, in the same transaction."""
+    rows = yield Batch(
+        [Stmt(sql, (*params, None), fetch=True, name="changed"), Stmt(LEDGER_READ_SQL, (key,), fetch=True, name="row")]
+    )
+    current = rows["row"][0] if rows["row"] else None
+    if not rows["changed"] and current is not None and current["status"] == "started" and current["live"]:
+        if owner_is_dead(current["owner"]):
+            rows = yield Batch(
+                [
+                    Stmt(sql, (*params, current["owner"]), fetch=True, name="changed"),
+                    Stmt(LEDGER_READ_SQL, (key,), fetch=True, name="row"),
+                ]
+            )
+            current = rows["row"][0] if rows["row"] else None
+    return bool(rows["changed"]), current
 
 
 def purge_expired_keys(saver: _DurableBase) -> int:

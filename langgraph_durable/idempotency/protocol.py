@@ -50,6 +50,7 @@ from langgraph_durable.idempotency.call import _Call
 from langgraph_durable.idempotency.keys import _PARENT, _Parent
 from langgraph_durable.idempotency.renewer import _RENEWER
 from langgraph_durable.leases.model import _RUN_LEASE
+from langgraph_durable.leases.owners import owner_is_dead
 from langgraph_durable.pooler import session_schema
 from langgraph_durable.saver import AsyncDurablePostgresSaver, DurablePostgresSaver
 from langgraph_durable.sql.ledger import (
@@ -149,7 +150,7 @@ def _judge(call: _Call, row: Mapping[str, Any]) -> str:
         return "replay"
     if row["status"] == "failed":
         raise IdempotentCallFailedError(call.key, row["error_type"], row["error"])
-    if row["live"]:
+    if _live(row):
         return "wait"
     if call.spec.on_unknown == "retry":
         return "takeover"
@@ -159,6 +160,15 @@ def _judge(call: _Call, row: Mapping[str, Any]) -> str:
         row["name"],
         int(row["attempts"] or 1),
     )
+
+
+def _live(row: Mapping[str, Any]) -> bool:
+    """Whether a 'started' row's claim is held by a live caller: its claim lease runs
+    and its owner is not a provably dead process of this machine. A dead owner's claim
+    is judged dead as soon as its run's lease is (the same ``owner_is_dead``, one
+    mechanism): the resume that took the lease over at once does not then wait out the
+    claim's ``claim_ttl`` (the lease's ttl by default) to learn the outcome is unknown."""
+    return bool(row["live"]) and not owner_is_dead(row["owner"])
 
 
 def _is_bubble(exc: BaseException) -> bool:
@@ -253,6 +263,7 @@ def _claim(call: _Call) -> Generator[Any, Any, tuple[bool, Any]]:
                 "claim_ttl": call.claim_ttl,
                 "key": call.key,
                 "old_owner": row["owner"],
+                "owner_dead": bool(row["live"]),  # _judge found its owner dead
             }
             taken = yield _tx(LEDGER_TAKEOVER_SQL, takeover)
             if taken:
@@ -340,7 +351,10 @@ def _tx_steps(call: _Call) -> Generator[Any, Any, _Outcome]:
             return _Outcome(value=_decode(call, row))
         if action == "wait":  # a plain (non-transactional) call holds it
             return _Outcome(error=CallInFlightError(call.key, 0.0))
-        takeover = {"owner": call.owner, "claim_ttl": None, "key": call.key, "old_owner": row["owner"]}
+        takeover = {
+            "owner": call.owner, "claim_ttl": None, "key": call.key, "old_owner": row["owner"],
+            "owner_dead": bool(row["live"]),
+        }
         taken = yield Batch([Stmt(LEDGER_TAKEOVER_SQL, takeover, fetch=True)])
         if not taken[0]:
             return _Outcome(error=CallInFlightError(call.key, 0.0))

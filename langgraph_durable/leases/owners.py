@@ -12,13 +12,18 @@ import sys
 def _start_ticks(pid: int) -> str | None:
     """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22):
     fixed for the life of the process, whatever the wall clock does. None: no such
-    process (or no /proc)."""
+    process (or no /proc), or one that has exited and not yet been reaped (a zombie,
+    state Z or X: a SIGKILLed child whose parent has not called wait() yet holds nothing
+    any more, but its /proc entry, start ticks included, stays until it is reaped)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
         # Field 2 (the command name) may hold spaces and parentheses: count from the
-        # last ')'; the field after it is field 3, so field 22 is the 20th.
-        return data[data.rindex(b")") + 2 :].split()[19].decode()
+        # last ')'; the field after it is field 3 (the state), so field 22 is the 20th.
+        fields = data[data.rindex(b")") + 2 :].split()
+        if fields[0] in (b"Z", b"X"):
+            return None
+        return fields[19].decode()
     except (OSError, ValueError, IndexError):
         return None
 

@@ -36,6 +36,8 @@ from langgraph_durable.artifacts import (
     _payload_items,
 )
 from langgraph_durable.errors import CheckpointLoadError, InspectError
+from langgraph_durable.leases.dead import dead_owner_note, dead_rows
+from langgraph_durable.leases.dead import params as dead_params
 from langgraph_durable.sql.inspection import (
     ARTIFACT_DATA_SQL,
     ARTIFACT_SIZES_SQL,
@@ -61,7 +63,8 @@ from langgraph_durable.sql.inspection import (
     WRITES_SQL,
     table_count_sql,
 )
-from langgraph_durable.states import STATES, state_of
+from langgraph_durable.sql.threads import LOCAL_LIVE_LEASES_SQL
+from langgraph_durable.states import RECOVERABLE_STATUSES, STATES, state_of
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -77,9 +80,11 @@ __all__ = [
     "node_of",
     "preview",
     "list_threads",
+    "mark_dead_owner",
     "resolve_checkpoint",
     "show_thread",
     "storage_stats",
+    "takeover_pending",
     "thread_history",
     "thread_status_counts",
 ]
@@ -237,10 +242,38 @@ def list_threads(
         )
     out = []
     for row in rows:
-        item = _plain_row(row)
+        item = mark_dead_owner(_plain_row(row))
         item["bytes"] = int(row["row_bytes"]) + int(row["artifact_bytes"])
-        out.append(item)
+        # Filtered on 'running' in SQL, a dead owner's lease is recoverable here: not
+        # shown as what was asked for (a page may then be short; 'recoverable' does not
+        # list them, their lease looks live to SQL: `threads status` counts them).
+        if status != "running" or item["state"] == "running":
+            out.append(item)
     return out
+
+
+def mark_dead_owner(row: dict[str, Any]) -> dict[str, Any]:
+    """A thread row (``state``, ``lease_owner``) as an operator must see it: a live
+    lease whose owner is a provably dead process of this machine (the check ``invoke``
+    makes before taking it over at once, ``owners.owner_is_dead``) is not ``running``
+    but ``recoverable``, with ``note`` saying so ("owner pid N on host H is dead;
+    takeover pending"). ``note`` is None otherwise. Judged on this machine only: a
+    dead owner elsewhere shows as running until its lease expires."""
+    row["note"] = None
+    if row.get("state") == "running":
+        note = dead_owner_note(row.get("lease_owner"))
+        if note is not None:
+            row["state"], row["note"] = "recoverable", note
+    return row
+
+
+def takeover_pending(saver: DurablePostgresSaver) -> list[dict[str, Any]]:
+    """The live leases of this machine whose owner is a dead process: ``thread_id``,
+    ``status``, ``lease_owner``, ``note``. One bounded, indexed statement
+    (``LOCAL_LIVE_LEASES_SQL``, the recovery workers' look too)."""
+    with saver.connection() as conn:
+        rows = dead_rows(_rows(conn, LOCAL_LIVE_LEASES_SQL, dead_params()))
+    return [{**r, "note": dead_owner_note(r["lease_owner"])} for r in rows]
 
 
 def thread_status_counts(saver: DurablePostgresSaver, *, untracked: bool = True) -> dict[str, int]:
@@ -263,6 +296,12 @@ def thread_status_counts(saver: DurablePostgresSaver, *, untracked: bool = True)
         counts[state] = counts.get(state, 0) + n - live
         if status == "error":
             counts["error"] += n
+    # Live leases whose owner is provably dead are recoverable, not running (see
+    # mark_dead_owner).
+    for r in takeover_pending(saver):
+        if r["status"] in RECOVERABLE_STATUSES and counts["running"] > 0:
+            counts["running"] -= 1
+            counts["recoverable"] += 1
     counts["untracked"] = int(n_untracked)
     counts["total"] = sum(counts[s] for s in counts if s not in ("error", "total"))
     return counts
@@ -278,6 +317,8 @@ def _state_of(row: Mapping[str, Any] | None) -> str:
         return state_of(None, live_lease=False)
     expires = row.get("lease_expires_in")
     live = bool(row.get("lease_owner")) and expires is not None and expires > 0
+    if live and dead_owner_note(row.get("lease_owner")) is not None:
+        live = False  # its owner is dead: recoverable (see mark_dead_owner)
     return state_of(str(row["status"]), live_lease=live)
 
 
@@ -370,6 +411,8 @@ def _thread_facts(saver: DurablePostgresSaver, thread_id: str, checkpoint_ns: st
             "expires_at": _plain(row["lease_expires_at"]),
             "expires_in": expires_in,
             "live": expires_in is not None and expires_in > 0,
+            # "owner pid N on host H is dead; takeover pending" (see mark_dead_owner).
+            "note": dead_owner_note(row["lease_owner"]),
         }
     return out
 

@@ -50,13 +50,15 @@ LEDGER_LIST_SQL = (
 )
 
 # on_unknown="retry": take over a dead claim. The owner check makes two takers race
-# safely: the second one's UPDATE matches nothing once the first committed.
+# safely: the second one's UPDATE matches nothing once the first committed. owner_dead:
+# the caller judged old_owner a dead process of this machine (owners.owner_is_dead), so
+# its claim is dead before its claim lease runs out.
 LEDGER_TAKEOVER_SQL = """
 UPDATE durable_ledger SET owner = %(owner)s, attempts = attempts + 1,
     claim_expires_at = CASE WHEN %(claim_ttl)s::float8 IS NULL THEN NULL
                             ELSE now() + make_interval(secs => %(claim_ttl)s::float8) END
 WHERE key = %(key)s AND status = 'started' AND owner IS NOT DISTINCT FROM %(old_owner)s
-  AND (claim_expires_at IS NULL OR claim_expires_at <= now())
+  AND (claim_expires_at IS NULL OR claim_expires_at <= now() OR %(owner_dead)s)
 RETURNING attempts
 """
 
@@ -93,18 +95,24 @@ WHERE d.key = c.key AND d.owner = c.owner AND d.status = 'started'
 RETURNING d.key
 """
 
+# The operator's answers refuse a call in flight: a live claim lease, unless the
+# operator's process judged its owner dead (the last parameter: that owner, see
+# Ledger._op_change), so an answer is taken as soon as the resume raised
+# OutcomeUnknownError, not once the dead caller's claim lease ran out.
 LEDGER_RESOLVE_SQL = """
 UPDATE durable_ledger SET status = 'completed', result_type = %s, result = %s,
     error_type = NULL, error = NULL, completed_at = now(), claim_expires_at = NULL,
     owner = 'operator'
 WHERE key = %s AND status <> 'completed'
-  AND NOT (status = 'started' AND claim_expires_at IS NOT NULL AND claim_expires_at > now())
+  AND NOT (status = 'started' AND claim_expires_at IS NOT NULL AND claim_expires_at > now()
+           AND owner IS DISTINCT FROM %s)
 RETURNING key
 """
 
 LEDGER_FORGET_SQL = """
 DELETE FROM durable_ledger WHERE key = %s
-  AND NOT (status = 'started' AND claim_expires_at IS NOT NULL AND claim_expires_at > now())
+  AND NOT (status = 'started' AND claim_expires_at IS NOT NULL AND claim_expires_at > now()
+           AND owner IS DISTINCT FROM %s)
 RETURNING key
 """
 

@@ -24,7 +24,7 @@ WITH cand AS (
         WHERE o.lease_owner = %(owner)s AND (o.lease_expires_at < now()) IS NOT TRUE
           AND o.status IN ('running', 'stopped', 'queued', 'error')
           AND NOT (o.thread_id = ANY(%(skip)s))
-        UNION ALL
+{dead_branch}        UNION ALL
         -- Then the ready queue in claim order: one ordered walk of
         -- durable_threads_claim_idx (status, updated_at; unleased threads only) per
         -- status, merged by updated_at (Merge Append), so a poll reads only the statuses
@@ -73,7 +73,7 @@ _CLAIM_TAIL = """        ) u
         WHERE l.thread_id = t.thread_id
           AND l.status IN ('running', 'stopped', 'queued', 'error')
           -- ... or a thread this very claim took already (see above).
-          AND (l.lease_owner IS NULL OR l.lease_expires_at < now() OR l.lease_owner = %(owner)s)
+          AND (l.lease_owner IS NULL OR l.lease_expires_at < now() OR l.lease_owner = %(owner)s{dead_lock})
           AND (l.status = ANY(%(statuses)s)
                OR (l.status = 'error' AND %(retry_errors)s
                    AND l.updated_at < now() - make_interval(secs => LEAST(
@@ -102,24 +102,40 @@ RETURNING t.thread_id, t.lease_token, cand.prev_status, cand.checkpoint_id, cand
           CASE WHEN cand.attempts_checkpoint_id IS NOT DISTINCT FROM cand.checkpoint_id
                THEN cand.attempts + 1 ELSE 1 END AS attempt
 """
+# The claim's variant for leases whose owner the worker judged dead (leases.dead: a
+# process of this machine that is gone, the check a run start makes before taking over):
+# those rows by durable_threads_owner_idx (one probe per owner in %(dead)s), before the
+# queue, and the row lock accepts them. Only sent when there are such owners: the
+# common claim's text and plan are unchanged.
+_CLAIM_DEAD_BRANCH = """        UNION ALL
+        SELECT d.thread_id FROM durable_threads d
+        WHERE d.lease_owner = ANY(%(dead)s) AND d.lease_expires_at >= now()
+          AND d.status IN ('running', 'stopped', 'queued', 'error')
+          AND NOT (d.thread_id = ANY(%(skip)s))
+"""
+_CLAIM_DEAD_LOCK = " OR l.lease_owner = ANY(%(dead)s)"
 # No status taken at all: an empty queue of the same shape.
 _CLAIM_NONE = "        SELECT NULL::text AS thread_id, NULL::timestamptz AS updated_at WHERE false\n"
 READY_STATUSES = ("running", "stopped", "queued", "error")
-_claim_cache: dict[tuple[tuple[str, ...], bool], str] = {}
+_claim_cache: dict[tuple[tuple[str, ...], bool, bool], str] = {}
 
 
-def claim_sql(statuses: Sequence[str], retry_errors: bool) -> str:
+def claim_sql(statuses: Sequence[str], retry_errors: bool, dead: bool = False) -> str:
     """The claim for a worker taking ``statuses`` (and errors past their backoff when
     ``retry_errors``): the ready-queue walk has one ordered branch per status it takes.
-    The statuses are only ever the known ready ones (anything else has no branch)."""
-    key = (tuple(st for st in READY_STATUSES if st in statuses), bool(retry_errors))
+    The statuses are only ever the known ready ones (anything else has no branch).
+    ``dead``: also the leases of the owners in ``%(dead)s`` (see _CLAIM_DEAD_BRANCH)."""
+    key = (tuple(st for st in READY_STATUSES if st in statuses), bool(retry_errors), bool(dead))
     sql = _claim_cache.get(key)
     if sql is None:
         parts = [_CLAIM_STATUS.lstrip("\n").format(st=st) for st in key[0]]
         if retry_errors and "error" not in key[0]:
             parts.append(_CLAIM_ERRORS.lstrip("\n"))
         queue = "        UNION ALL\n".join(parts) if parts else _CLAIM_NONE
-        sql = _claim_cache[key] = _CLAIM_HEAD + queue + _CLAIM_TAIL
+        # Literal replacements, not str.format: the SQL holds %(name)s parameters.
+        head = _CLAIM_HEAD.replace("{dead_branch}", _CLAIM_DEAD_BRANCH if dead else "")
+        tail = _CLAIM_TAIL.replace("{dead_lock}", _CLAIM_DEAD_LOCK if dead else "")
+        sql = _claim_cache[key] = head + queue + tail
     return sql
 
 

@@ -220,6 +220,12 @@ ATTEMPT_AT_HEAD_SQL = (
     "UPDATE durable_threads SET attempts = 1, attempts_checkpoint_id = %s "
     "WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s"
 )
+# ... or, when the run stopped on a decision only an operator can make
+# (quarantine.needs_operator), no attempt at the new head yet.
+ATTEMPT_UNCOUNTED_AT_HEAD_SQL = (
+    "UPDATE durable_threads SET attempts = 0, attempts_checkpoint_id = %s "
+    "WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s"
+)
 
 
 # --- operator modules (migrations, export): lock a thread outside a run ---------------
@@ -235,3 +241,19 @@ FROM durable_threads WHERE thread_id = %s FOR UPDATE
 # A migration (or its undo) moves the thread's recorded version with its checkpoint.
 SET_THREAD_VERSION_SQL = "UPDATE durable_threads SET graph_version = %s WHERE thread_id = %s"
 
+
+
+# --- dead owners outside a run (leases.dead) -------------------------------------------
+# Live leases held by owners of this host (the prefix is ``<hostname>:``), for the
+# dead-owner check that invoke makes at its run start (owners.owner_is_dead), made by
+# the recovery workers' claim and the `threads` / console views too. Bounded and
+# indexed whatever the fleet: the live leases by durable_threads_leased_idx, soonest
+# expiry first, at most %(scan)s of them. A dead owner stopped renewing, so its lease
+# sorts before every lease renewed since it died (renewals move expiries to now + ttl).
+LOCAL_LIVE_LEASES_SQL = """
+SELECT s.thread_id, s.status, s.lease_owner FROM (
+    SELECT thread_id, status, lease_owner FROM durable_threads
+    WHERE lease_owner IS NOT NULL AND lease_expires_at > now()
+    ORDER BY lease_expires_at LIMIT %(scan)s) s
+WHERE starts_with(s.lease_owner, %(prefix)s)
+"""
