@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
@@ -49,6 +51,7 @@ from langgraph_durable.leases.model import _RUN_LEASE, Lease, _Handoff
 from langgraph_durable.leases.owners import _owner_id
 from langgraph_durable.pooler import session_schema
 from langgraph_durable.quarantine import PoisonRecord
+from langgraph_durable.sql.audit import AUDIT_INSERT_SQL
 from langgraph_durable.sql.threads import ATTEMPT_AT_HEAD_SQL
 from langgraph_durable.versioning import (
     POLICY_KEY,
@@ -334,6 +337,8 @@ class RunLifecycle(RunLifecycleView):
         flow: one driver layer less on every run end (issue 14)."""
         self._leases.remove(lease)
         lease.released = True
+        if lease.work_lost is not None:
+            return self._work_lost_release(lease)
         status, reset, undo, error = self._exit_outcome(loop, exc)
         head = self._head(loop)
         if error is not None and head is not None and head != lease.checkpoint_id:
@@ -347,6 +352,32 @@ class RunLifecycle(RunLifecycleView):
                 self._op_release, lease, status, reset=False, undo=False, error=error, first=(moved_to,)
             )
         return partial(self._op_release, lease, status, reset=reset, undo=undo, error=error)
+
+    def _work_lost_release(self, lease: Lease) -> Callable[[], Op[None]]:
+        """The release of a run that found acknowledged work lost (issue 23): handed
+        back as 'stopped' at the server's real head (a recovery worker takes it at once,
+        ``invoke(None)`` resumes it), the attempt not counted (the graph did not fail),
+        and one durable_audit row (action 'work_lost') in the same round trip, for the
+        console's audit page and ``list_audit``."""
+        err = lease.work_lost
+        record = Stmt(
+            AUDIT_INSERT_SQL,
+            {
+                "event_id": str(uuid.uuid4()),
+                "actor": lease.owner,
+                "via": "saver",
+                "action": "work_lost",
+                "thread_id": lease.thread_id,
+                "before_id": err.missing_checkpoint_id,
+                "after_id": err.head_checkpoint_id,
+                "detail": json.dumps(
+                    {"checkpoint_ns": err.checkpoint_ns, "refused_checkpoint_id": err.checkpoint_id}
+                ),
+            },
+        )
+        return partial(
+            self._op_release, lease, "stopped", reset=False, undo=True, error=None, first=(record,)
+        )
 
     def _release_flow(self, lease: Lease, loop: Any, exc: BaseException | None) -> Flow[None]:
         """``_release_op`` as a flow (for drivers that run flows)."""
