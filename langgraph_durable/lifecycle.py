@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
+import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     CheckpointMetadata,
@@ -42,16 +43,19 @@ from langgraph_durable.config import OnBusy as OnBusy
 from langgraph_durable.config import OnUnrecognisedRun as OnUnrecognisedRun
 from langgraph_durable.core.view import RunLifecycleView
 from langgraph_durable.errors import (
+    AcknowledgedWorkLostError,
     CheckpointLoadError,
     PoisonCheckpointError,
     ThreadBusyError,
     UnsupportedLangGraphError,
 )
+from langgraph_durable.leases.fence import report_work_lost
 from langgraph_durable.leases.model import _RUN_LEASE, Lease, _Handoff
 from langgraph_durable.leases.owners import _owner_id
 from langgraph_durable.pooler import session_schema
 from langgraph_durable.quarantine import PoisonRecord
 from langgraph_durable.sql.audit import AUDIT_INSERT_SQL
+from langgraph_durable.sql.checkpoints import PARENT_GONE_STATE, RUN_HEAD_PRESENT_SQL
 from langgraph_durable.sql.threads import ATTEMPT_AT_HEAD_SQL
 from langgraph_durable.versioning import (
     POLICY_KEY,
@@ -138,6 +142,13 @@ def _check_runnable(saved: CheckpointTuple | None) -> None:
             checkpoint_ns=cfg.get("checkpoint_ns", ""),
             checkpoint_id=cfg.get("checkpoint_id"),
         )
+
+
+def _raise_work_lost(lease: Lease, exc: BaseException | None) -> None:
+    """A run that otherwise succeeded but whose stored history lost acknowledged work
+    (issue 23: its final checkpoint, gone in a failover) does not report success."""
+    if exc is None and lease.work_lost is not None:
+        raise AcknowledgedWorkLostError(**lease.work_lost.fields)
 
 
 class RunLifecycle(RunLifecycleView):
@@ -341,6 +352,9 @@ class RunLifecycle(RunLifecycleView):
             return self._work_lost_release(lease)
         status, reset, undo, error = self._exit_outcome(loop, exc)
         head = self._head(loop)
+        acked = lease.acked.get("")
+        if status in ("done", "waiting") and acked is not None:
+            return partial(self._op_release_checked, lease, acked, status, reset=reset, undo=undo)
         if error is not None and head is not None and head != lease.checkpoint_id:
             # The failure happened past the checkpoint the run started from: it is the
             # first failed attempt at the new head.
@@ -352,6 +366,24 @@ class RunLifecycle(RunLifecycleView):
                 self._op_release, lease, status, reset=False, undo=False, error=error, first=(moved_to,)
             )
         return partial(self._op_release, lease, status, reset=reset, undo=undo, error=error)
+
+    def _op_release_checked(
+        self, lease: Lease, acked: str, status: str, *, reset: bool, undo: bool
+    ) -> Op[None]:
+        """A finished run's release, refused (AcknowledgedWorkLostError, the release
+        not applied) when its last acknowledged checkpoint is not on the server: the
+        exit then hands the thread back instead (``_work_lost_release``)."""
+        check = Stmt(RUN_HEAD_PRESENT_SQL, (lease.thread_id, acked, lease.thread_id, acked))
+        try:
+            yield from self._op_release(lease, status, reset=reset, undo=undo, error=None, first=(check,))
+        except psycopg.Error as exc:
+            if getattr(exc, "sqlstate", None) != PARENT_GONE_STATE:
+                raise
+            diag = getattr(exc, "diag", None)
+            head = json.loads(getattr(diag, "message_detail", None) or "{}").get("head")
+            err = AcknowledgedWorkLostError(lease.thread_id, "", acked, head)
+            report_work_lost(err, lease, "release")
+            raise err from None
 
     def _work_lost_release(self, lease: Lease) -> Callable[[], Op[None]]:
         """The release of a run that found acknowledged work lost (issue 23): handed
@@ -430,9 +462,13 @@ class RunLifecycle(RunLifecycleView):
                     logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
             try:
                 self._run_op(self._release_op(lease, ctx.loop, exc))
+            except AcknowledgedWorkLostError:
+                with contextlib.suppress(Exception):  # else the lease expires: the same hand-back
+                    self._run_op(self._work_lost_release(lease))
             except Exception:
                 logger.exception("could not release the lease on thread %s", lease.thread_id)
             restore()
+            _raise_work_lost(lease, exc)
             return False
 
         async def async_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -443,9 +479,13 @@ class RunLifecycle(RunLifecycleView):
                     logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
             try:
                 await self._arun_op(self._release_op(lease, ctx.loop, exc))
+            except AcknowledgedWorkLostError:
+                with contextlib.suppress(Exception):
+                    await self._arun_op(self._work_lost_release(lease))
             except Exception:
                 logger.exception("could not release the lease on thread %s", lease.thread_id)
             restore()
+            _raise_work_lost(lease, exc)
             return False
 
         if isinstance(stack, AsyncExitStack):

@@ -116,7 +116,8 @@ def main() -> None:
         fence.PARENT_CHECK[0] = False
     saver_cls = _ack_saver(spec["ack_log"])
     with saver_cls.from_conn_string(
-        spec["dsn"], lease_ttl=spec.get("lease_ttl", 10.0), on_busy="wait", busy_timeout=30.0
+        spec["dsn"], lease_ttl=spec.get("lease_ttl", 10.0), on_busy="wait", busy_timeout=30.0,
+        graph_version=spec.get("graph_version"),
     ) as saver:
         graph = build_graph(spec["exec_log"], spec.get("node_sleep", 0.1)).compile(checkpointer=saver)
         worker = RecoveryWorker(

@@ -38,6 +38,7 @@ from langgraph_durable._io import (
     Op,
     Stmt,
 )
+from langgraph_durable._pool import OUTAGE
 from langgraph_durable.artifacts import (
     ArtifactsInFlight,
     WriteSession,
@@ -390,6 +391,7 @@ class WriteOps(WriteView):
             raise err from exc
         if lease is not None:
             lease.acked[checkpoint_ns] = checkpoint["id"]
+        OUTAGE.writable()  # "writable again" after an outage (_pool: two attribute reads)
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
         return {
