@@ -55,7 +55,7 @@ from langgraph_durable.leases.owners import _owner_id
 from langgraph_durable.pooler import session_schema
 from langgraph_durable.quarantine import PoisonRecord
 from langgraph_durable.sql.audit import AUDIT_INSERT_SQL
-from langgraph_durable.sql.checkpoints import PARENT_GONE_STATE, RUN_HEAD_PRESENT_SQL
+from langgraph_durable.sql.checkpoints import PARENT_GONE_STATE
 from langgraph_durable.sql.threads import ATTEMPT_AT_HEAD_SQL
 from langgraph_durable.versioning import (
     POLICY_KEY,
@@ -373,9 +373,8 @@ class RunLifecycle(RunLifecycleView):
         """A finished run's release, refused (AcknowledgedWorkLostError, the release
         not applied) when its last acknowledged checkpoint is not on the server: the
         exit then hands the thread back instead (``_work_lost_release``)."""
-        check = Stmt(RUN_HEAD_PRESENT_SQL, (lease.thread_id, acked, lease.thread_id, acked))
         try:
-            yield from self._op_release(lease, status, reset=reset, undo=undo, error=None, first=(check,))
+            yield from self._op_release(lease, status, reset=reset, undo=undo, error=None, head=acked)
         except psycopg.Error as exc:
             if getattr(exc, "sqlstate", None) != PARENT_GONE_STATE:
                 raise

@@ -105,7 +105,7 @@ class FenceOps(FenceView):
         its parameters and the lease it checks. The run's lease (same rule as
         ``_fence``), else the foreign-lease check when leases are on, else none.
         ``checkpoint_id``: the order check (puts); ``parent_id``: the parent check,
-        with a lease only (see sql.checkpoints._GUARD_PARENT and ``_parent_checked``)."""
+        with a lease only (sql.checkpoints._GUARD_PARENT; off only through ``PARENT_CHECK``)."""
         lease = _RUN_LEASE.get()
         if lease is not None and (lease.released or lease.thread_id != thread_id):
             lease = None

@@ -277,12 +277,3 @@ CHECKPOINT_HEAD_SQL = """
 SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s
 ORDER BY checkpoint_id DESC LIMIT 1
 """
-# A finished run's release ('done', 'waiting': nothing left to run) first checks that the
-# run's last acknowledged root checkpoint is on the server (issue 23): a failover that lost
-# it would otherwise mark the thread finished on a head with work left. In the release's
-# own pipeline: a failure (LGD04) aborts the release, which then hands the thread back.
-RUN_HEAD_PRESENT_SQL = """
-SELECT CASE WHEN EXISTS (SELECT 1 FROM checkpoints
-                         WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = %s)
-            THEN true ELSE durable_guard_fail('gone', %s, NULL, '', %s) END AS ok
-"""
