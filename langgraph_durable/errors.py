@@ -725,3 +725,49 @@ class ArchiveTooLargeError(ArchiveRejectedError):
 
 
 __all__ += ["ArchiveRejectedError", "ArchiveTooLargeError"]
+
+
+# --- failover branch ---
+
+
+class AcknowledgedWorkLostError(DurableError):
+    """A checkpoint this run had stored (a ``put`` that returned: acknowledged) is not
+    on the database server any more: asynchronous replication lost it in a failover
+    (the promoted standby had not received it), or someone removed it under the run.
+    Raised by the run's next write, whose guard found its parent missing, before
+    anything was written on top of it (``missing_checkpoint_id``). The thread is handed
+    back at its real head (``head_checkpoint_id``: what the server has; None: no
+    checkpoint at all), so ``invoke(None, config)`` or a recovery worker runs the lost
+    steps again from there. Effects of those steps that the lost ledger rows covered
+    (``@idempotent``) may run a second time: asynchronous replication cannot promise
+    what it did not replicate."""
+
+    thread_id: str
+    checkpoint_ns: str
+    missing_checkpoint_id: str
+    head_checkpoint_id: str | None
+    checkpoint_id: str | None
+
+    def __init__(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        missing_checkpoint_id: str,
+        head_checkpoint_id: str | None,
+        checkpoint_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            f"acknowledged work was lost on thread {thread_id!r} (namespace {checkpoint_ns!r}): "
+            f"checkpoint {missing_checkpoint_id!r}, stored and acknowledged earlier, is not on "
+            f"the server (a failover to a standby that had not received it?); its real head is "
+            f"{head_checkpoint_id!r}. Nothing was written on top of it; resume the thread "
+            "(invoke(None, config), or a recovery worker) to run the lost steps again",
+            thread_id=thread_id,
+            checkpoint_ns=checkpoint_ns,
+            missing_checkpoint_id=missing_checkpoint_id,
+            head_checkpoint_id=head_checkpoint_id,
+            checkpoint_id=checkpoint_id,
+        )
+
+
+__all__ += ["AcknowledgedWorkLostError"]

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
+import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     CheckpointMetadata,
@@ -40,15 +43,19 @@ from langgraph_durable.config import OnBusy as OnBusy
 from langgraph_durable.config import OnUnrecognisedRun as OnUnrecognisedRun
 from langgraph_durable.core.view import RunLifecycleView
 from langgraph_durable.errors import (
+    AcknowledgedWorkLostError,
     CheckpointLoadError,
     PoisonCheckpointError,
     ThreadBusyError,
     UnsupportedLangGraphError,
 )
+from langgraph_durable.leases.fence import report_work_lost
 from langgraph_durable.leases.model import _RUN_LEASE, Lease, _Handoff
 from langgraph_durable.leases.owners import _owner_id
 from langgraph_durable.pooler import session_schema
 from langgraph_durable.quarantine import PoisonRecord, needs_operator
+from langgraph_durable.sql.audit import AUDIT_INSERT_SQL
+from langgraph_durable.sql.checkpoints import PARENT_GONE_STATE
 from langgraph_durable.sql.threads import ATTEMPT_AT_HEAD_SQL, ATTEMPT_UNCOUNTED_AT_HEAD_SQL
 from langgraph_durable.versioning import (
     POLICY_KEY,
@@ -135,6 +142,13 @@ def _check_runnable(saved: CheckpointTuple | None) -> None:
             checkpoint_ns=cfg.get("checkpoint_ns", ""),
             checkpoint_id=cfg.get("checkpoint_id"),
         )
+
+
+def _raise_work_lost(lease: Lease, exc: BaseException | None) -> None:
+    """A run that otherwise succeeded but whose stored history lost acknowledged work
+    (issue 23: its final checkpoint, gone in a failover) does not report success."""
+    if exc is None and lease.work_lost is not None:
+        raise AcknowledgedWorkLostError(**lease.work_lost.fields)
 
 
 class RunLifecycle(RunLifecycleView):
@@ -335,8 +349,13 @@ class RunLifecycle(RunLifecycleView):
         flow: one driver layer less on every run end (issue 14)."""
         self._leases.remove(lease)
         lease.released = True
+        if lease.work_lost is not None:
+            return self._work_lost_release(lease)
         status, reset, undo, error = self._exit_outcome(loop, exc)
         head = self._head(loop)
+        acked = lease.acked.get("")
+        if status in ("done", "waiting") and acked is not None:
+            return partial(self._op_release_checked, lease, acked, status, reset=reset, undo=undo)
         if error is not None and head is not None and head != lease.checkpoint_id:
             # The failure happened past the checkpoint the run started from: it is the
             # first failed attempt at the new head (none, if an operator must decide).
@@ -348,6 +367,49 @@ class RunLifecycle(RunLifecycleView):
                 self._op_release, lease, status, reset=False, undo=False, error=error, first=(moved_to,)
             )
         return partial(self._op_release, lease, status, reset=reset, undo=undo, error=error)
+
+    def _op_release_checked(
+        self, lease: Lease, acked: str, status: str, *, reset: bool, undo: bool
+    ) -> Op[None]:
+        """A finished run's release, refused (AcknowledgedWorkLostError, the release
+        not applied) when its last acknowledged checkpoint is not on the server: the
+        exit then hands the thread back instead (``_work_lost_release``)."""
+        try:
+            yield from self._op_release(lease, status, reset=reset, undo=undo, error=None, head=acked)
+        except psycopg.Error as exc:
+            if getattr(exc, "sqlstate", None) != PARENT_GONE_STATE:
+                raise
+            diag = getattr(exc, "diag", None)
+            head = json.loads(getattr(diag, "message_detail", None) or "{}").get("head")
+            err = AcknowledgedWorkLostError(lease.thread_id, "", acked, head)
+            report_work_lost(err, lease, "release")
+            raise err from None
+
+    def _work_lost_release(self, lease: Lease) -> Callable[[], Op[None]]:
+        """The release of a run that found acknowledged work lost (issue 23): handed
+        back as 'stopped' at the server's real head (a recovery worker takes it at once,
+        ``invoke(None)`` resumes it), the attempt not counted (the graph did not fail),
+        and one durable_audit row (action 'work_lost') in the same round trip, for the
+        console's audit page and ``list_audit``."""
+        err = lease.work_lost
+        record = Stmt(
+            AUDIT_INSERT_SQL,
+            {
+                "event_id": str(uuid.uuid4()),
+                "actor": lease.owner,
+                "via": "saver",
+                "action": "work_lost",
+                "thread_id": lease.thread_id,
+                "before_id": err.missing_checkpoint_id,
+                "after_id": err.head_checkpoint_id,
+                "detail": json.dumps(
+                    {"checkpoint_ns": err.checkpoint_ns, "refused_checkpoint_id": err.checkpoint_id}
+                ),
+            },
+        )
+        return partial(
+            self._op_release, lease, "stopped", reset=False, undo=True, error=None, first=(record,)
+        )
 
     def _release_flow(self, lease: Lease, loop: Any, exc: BaseException | None) -> Flow[None]:
         """``_release_op`` as a flow (for drivers that run flows)."""
@@ -400,9 +462,13 @@ class RunLifecycle(RunLifecycleView):
                     logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
             try:
                 self._run_op(self._release_op(lease, ctx.loop, exc))
+            except AcknowledgedWorkLostError:
+                with contextlib.suppress(Exception):  # else the lease expires: the same hand-back
+                    self._run_op(self._work_lost_release(lease))
             except Exception:
                 logger.exception("could not release the lease on thread %s", lease.thread_id)
             restore()
+            _raise_work_lost(lease, exc)
             return False
 
         async def async_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -413,9 +479,13 @@ class RunLifecycle(RunLifecycleView):
                     logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
             try:
                 await self._arun_op(self._release_op(lease, ctx.loop, exc))
+            except AcknowledgedWorkLostError:
+                with contextlib.suppress(Exception):
+                    await self._arun_op(self._work_lost_release(lease))
             except Exception:
                 logger.exception("could not release the lease on thread %s", lease.thread_id)
             restore()
+            _raise_work_lost(lease, exc)
             return False
 
         if isinstance(stack, AsyncExitStack):

@@ -79,6 +79,14 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...] | None]] =
     "worker_claims_total": ("counter", "Threads claimed by recovery workers, by their previous status.", ("previous_status",), None),
     "worker_recoveries_total": ("counter", "Recoveries by outcome (finished, handed_back, lease_lost, refused, failed).", ("outcome",), None),
 }
+# --- failover branch ---
+METRICS["acknowledged_work_lost_total"] = (
+    "counter",
+    "Runs that found a checkpoint they had stored missing on the server (asynchronous "
+    "failover), by where it was noticed (put, await, release). Each is re-run from the real head.",
+    ("where",),
+    None,
+)
 
 _NULL = contextlib.nullcontext()
 _lock = threading.Lock()

@@ -206,8 +206,21 @@ class Pair:
             _LIVE.remove(self)
 
 
-def make_pair(*, synchronous: bool) -> Pair:
-    """Start a primary and a streaming standby; the caller must ``destroy()`` it."""
+def free_port_in(low: int, high: int) -> int:
+    """A free loopback port in [low, high] (a test's own range, clear of other runs)."""
+    for port in range(low, high + 1):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
+def make_pair(*, synchronous: bool, ports: tuple[int, int] | None = None) -> Pair:
+    """Start a primary and a streaming standby; the caller must ``destroy()`` it.
+    ``ports``: the range to take both ports from (default: any free port)."""
     bindir = find_bindir()
     assert bindir is not None, missing_reason()
     root = Path(tempfile.mkdtemp(prefix="lgd-ha-"))
@@ -215,8 +228,10 @@ def make_pair(*, synchronous: bool) -> Pair:
     if os.geteuid() == 0:
         pw = pwd.getpwnam("postgres")
         os.chown(root, pw.pw_uid, pw.pw_gid)
-    primary = Node(bindir, root / "primary", free_port(), "primary")
-    standby = Node(bindir, root / "standby", free_port(), "standby")
+    first = free_port_in(*ports) if ports else free_port()
+    second = free_port_in(first + 1, ports[1]) if ports else free_port()
+    primary = Node(bindir, root / "primary", first, "primary")
+    standby = Node(bindir, root / "standby", second, "standby")
     pair = Pair(root, primary, standby, synchronous)
     _LIVE.append(pair)
     try:

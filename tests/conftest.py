@@ -125,6 +125,8 @@ SLOW_FIRST = (
     "test_poison.py",  # 11
     "test_notebook.py",  # 11
 )
+# --- failover branch ---
+SLOW_FIRST += ("test_failover_async.py",)  # 20-45 (one primary + standby, 4 worker processes)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

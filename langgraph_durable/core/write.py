@@ -38,6 +38,7 @@ from langgraph_durable._io import (
     Op,
     Stmt,
 )
+from langgraph_durable._pool import OUTAGE
 from langgraph_durable.artifacts import (
     ArtifactsInFlight,
     WriteSession,
@@ -49,6 +50,7 @@ from langgraph_durable.errors import (
     SerializationError,
     UnencodableValueError,
 )
+from langgraph_durable.leases.fence import PARENT_CHECK
 from langgraph_durable.leases.model import Lease
 from langgraph_durable.sql.artifacts import (
     ARTIFACT_LOCK_CLASS,
@@ -60,6 +62,8 @@ from langgraph_durable.sql.checkpoints import (
     GUARDED_INSERT_WRITE_SQL,
     GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL,
     GUARDED_UPSERT_CHECKPOINT_SQL,
+    GUARDED_UPSERT_CHILD_CHECKPOINT_INHERIT_SQL,
+    GUARDED_UPSERT_CHILD_CHECKPOINT_SQL,
     GUARDED_UPSERT_WRITE_SQL,
 )
 from langgraph_durable.versioning import VERSION_KEY
@@ -342,7 +346,7 @@ class WriteOps(WriteView):
         _values.check_ids(thread_id, checkpoint_ns, parent_id)
         where = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint["id"]}
         copy, blob_rows, artifacts = self._put_values(checkpoint, new_versions, where)
-        mode, guard, lease = self._guard(thread_id, config, checkpoint_ns, checkpoint["id"])
+        mode, guard, lease = self._guard(thread_id, config, checkpoint_ns, checkpoint["id"], parent_id)
         md = self._stamp(config, metadata, lease)
         cp_json, md_json = self._put_json(copy, md, where)
         _telemetry.checkpoint_bytes(cp_json, blob_rows)
@@ -358,19 +362,25 @@ class WriteOps(WriteView):
         # check stays with leases=False too: a writer with a slow clock would otherwise
         # make the next load resume from an older head and run its steps again.
         row: tuple[Any, ...] = (thread_id, checkpoint_ns, checkpoint["id"], parent_id, cp_json, md_json)
+        # A run's put with a parent also checks the parent is on the server (issue 23,
+        # _GUARD_PARENT: a failover may have lost it); guard_params added its parameters.
+        child = mode == "lease" and parent_id is not None and PARENT_CHECK[0]
         if VERSION_KEY not in md and parent_id:
             # No version known (a write outside a run, e.g. update_state from a script):
             # inherit the parent's, so editing a thread never makes it "unversioned".
-            sql = GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL[mode]
+            texts = GUARDED_UPSERT_CHILD_CHECKPOINT_INHERIT_SQL if child else GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL
             row = (*row, thread_id, checkpoint_ns, parent_id)
         else:
-            sql = GUARDED_UPSERT_CHECKPOINT_SQL[mode]
+            texts = GUARDED_UPSERT_CHILD_CHECKPOINT_SQL if child else GUARDED_UPSERT_CHECKPOINT_SQL
+        sql = texts[mode]
         stmts.append(Stmt(sql, (*row, *guard)))
         try:
             # The only batch: one pipeline, no BEGIN/COMMIT (_io._implicit).
             yield Batch(stmts, final=True)
         except psycopg.Error as exc:
-            err = self._fence_error(thread_id, lease, exc)
+            err = self._fence_error(thread_id, lease, exc) or self._gone_error(
+                thread_id, checkpoint_ns, checkpoint["id"], parent_id, lease, exc
+            )
             if err is not None:
                 raise err from None
             err = self._order_error(thread_id, checkpoint_ns, checkpoint["id"], exc) or self._write_error(
@@ -379,6 +389,9 @@ class WriteOps(WriteView):
             if err is None:
                 raise
             raise err from exc
+        if lease is not None:
+            lease.acked[checkpoint_ns] = checkpoint["id"]
+        OUTAGE.writable()  # "writable again" after an outage (_pool: two attribute reads)
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
         return {

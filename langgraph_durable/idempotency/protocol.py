@@ -37,6 +37,7 @@ from langgraph_durable._io import (
 )
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
+    AcknowledgedWorkLostError,
     CallInFlightError,
     IdempotencyConflictError,
     IdempotencyError,
@@ -49,10 +50,12 @@ from langgraph_durable.errors import (
 from langgraph_durable.idempotency.call import _Call
 from langgraph_durable.idempotency.keys import _PARENT, _Parent
 from langgraph_durable.idempotency.renewer import _RENEWER
-from langgraph_durable.leases.model import _RUN_LEASE
+from langgraph_durable.leases.fence import report_work_lost
+from langgraph_durable.leases.model import _RUN_LEASE, Lease
 from langgraph_durable.leases.owners import owner_is_dead
 from langgraph_durable.pooler import session_schema
 from langgraph_durable.saver import AsyncDurablePostgresSaver, DurablePostgresSaver
+from langgraph_durable.sql.checkpoints import CHECKPOINT_HEAD_SQL
 from langgraph_durable.sql.ledger import (
     LEDGER_ABANDON_SQL,
     LEDGER_CHECKPOINT_STORED_SQL,
@@ -190,13 +193,18 @@ def _await_checkpoint(call: _Call) -> Generator[Any, Any, None]:
         return
     started, delay = time.monotonic(), 0.005
     while True:
+        lease = _RUN_LEASE.get()
+        if lease is not None and lease.thread_id != call.await_checkpoint[0]:
+            lease = None
+        # Before the read: a put acknowledged after it is not yet visible to it.
+        acked = lease is not None and lease.acknowledged(call.await_checkpoint[1])
         rows = yield _tx(LEDGER_CHECKPOINT_STORED_SQL, call.await_checkpoint)
         if rows and rows[0]["ok"]:
             if call.task_state is not None:
                 call.task_state.stored = True
             return
-        lease = _RUN_LEASE.get()
-        if lease is not None and lease.thread_id == call.await_checkpoint[0]:
+        if lease is not None:
+            yield from _check_work_lost(lease, call.await_checkpoint[1], acked)
             held = yield _tx(LEDGER_LEASE_HELD_SQL, (lease.thread_id, lease.token, lease.owner))
             if lease.lost or not (held and held[0]["held"]):
                 lease.lost = True
@@ -210,6 +218,23 @@ def _await_checkpoint(call: _Call) -> Generator[Any, Any, None]:
             )
         yield Sleep(delay)
         delay = min(delay * 2, 0.2)
+
+
+def _check_work_lost(lease: Lease, checkpoint_id: str, acked: bool) -> Generator[Any, Any, None]:
+    """Raise AcknowledgedWorkLostError at once when the checkpoint awaited will never
+    be stored (issue 23: it used to wait ``wait_timeout`` and then blame the key):
+    this run's put found its history gone, or the checkpoint is one the server had
+    for this run (``acked``: loaded at its start or acknowledged by a put before the
+    read that did not find it) and has no more."""
+    err = lease.work_lost
+    if err is None and acked:
+        ns = next((n for n, c in lease.acked.items() if c == checkpoint_id), "")
+        rows = yield _tx(CHECKPOINT_HEAD_SQL, (lease.thread_id, ns))
+        head = rows[0]["checkpoint_id"] if rows else None
+        err = AcknowledgedWorkLostError(lease.thread_id, ns, checkpoint_id, head)
+        report_work_lost(err, lease, "await")
+    if err is not None:
+        raise AcknowledgedWorkLostError(**err.fields)
 
 
 def _adopt_legacy_key(call: _Call) -> Generator[Any, Any, None]:

@@ -4,6 +4,7 @@ a put's own statements, and the typed errors for a refused write."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -14,13 +15,19 @@ from langgraph_durable._io import Stmt
 from langgraph_durable.core.idclock import _advance_id_clock, _uuid6_ticks
 from langgraph_durable.core.view import FenceView
 from langgraph_durable.errors import (
+    AcknowledgedWorkLostError,
     ClockSkewError,
     DurableError,
     LeaseLostError,
     ThreadBusyError,
 )
 from langgraph_durable.leases.model import _RUN_LEASE, Lease
-from langgraph_durable.sql.checkpoints import ORDER_SKEW_STATE, GuardMode, guard_params
+from langgraph_durable.sql.checkpoints import (
+    ORDER_SKEW_STATE,
+    PARENT_GONE_STATE,
+    GuardMode,
+    guard_params,
+)
 from langgraph_durable.sql.threads import (
     FENCE_BUSY_STATE,
     FENCE_LOST_STATE,
@@ -29,6 +36,30 @@ from langgraph_durable.sql.threads import (
     LEASE_FENCE_RAISING_SQL,
     LEASE_FENCE_SQL,
 )
+
+logger = logging.getLogger("langgraph_durable")
+
+# The parent check of a run's puts (issue 23), on. A list so the failover test's child
+# can switch it off, to show what it prevents (tests/test_failover_async.py); never a
+# saver option: no deployment wants a run writing on top of a history that is gone.
+PARENT_CHECK = [True]
+
+
+def report_work_lost(err: AcknowledgedWorkLostError, lease: Lease | None, where: str) -> None:
+    """Tell the operator, once per run: one ERROR line, the counter
+    ``langgraph_durable_acknowledged_work_lost_total{where}``; the run's lease keeps the
+    error (its next writes raise it, its release records it in durable_audit)."""
+    if lease is not None:
+        if lease.work_lost is not None:
+            return
+        lease.work_lost = err
+    logger.error(
+        "ACKNOWLEDGED WORK LOST on thread %s: checkpoint %s (namespace %r) was stored and "
+        "acknowledged but is not on the server (asynchronous replication, failover?); the "
+        "run stops here and the thread resumes from its real head %s, re-running the lost steps",
+        err.thread_id, err.missing_checkpoint_id, err.checkpoint_ns, err.head_checkpoint_id,
+    )
+    _telemetry.count("acknowledged_work_lost", where=where)
 
 
 class FenceOps(FenceView):
@@ -62,13 +93,19 @@ class FenceOps(FenceView):
         return Stmt(FOREIGN_LEASE_SQL, (thread_id,), fetch=True), None
 
     def _guard(
-        self, thread_id: str, config: RunnableConfig, checkpoint_ns: str | None, checkpoint_id: str | None
+        self,
+        thread_id: str,
+        config: RunnableConfig,
+        checkpoint_ns: str | None,
+        checkpoint_id: str | None,
+        parent_id: str | None = None,
     ) -> tuple[GuardMode, tuple[Any, ...], Lease | None]:
         """The guard of a put/put_writes (the fence folded into the write's own
         statement, see sql.checkpoints._guard): its mode (the statement text to use),
         its parameters and the lease it checks. The run's lease (same rule as
         ``_fence``), else the foreign-lease check when leases are on, else none.
-        ``checkpoint_id``: the order check (puts)."""
+        ``checkpoint_id``: the order check (puts); ``parent_id``: the parent check,
+        with a lease only (sql.checkpoints._GUARD_PARENT; off only through ``PARENT_CHECK``)."""
         lease = _RUN_LEASE.get()
         if lease is not None and (lease.released or lease.thread_id != thread_id):
             lease = None
@@ -78,7 +115,14 @@ class FenceOps(FenceView):
         if lease is not None:
             if lease.lost:
                 raise LeaseLostError(thread_id, lease.token)
-            params = guard_params("lease", thread_id, lease.token, lease.owner, checkpoint_ns, checkpoint_id)
+            if lease.work_lost is not None:
+                # Nothing more is written on top of a lost history (a fresh instance:
+                # this run's tasks may raise it from several threads at once).
+                raise AcknowledgedWorkLostError(**lease.work_lost.fields)
+            params = guard_params(
+                "lease", thread_id, lease.token, lease.owner, checkpoint_ns, checkpoint_id,
+                parent_id if PARENT_CHECK[0] else None,
+            )
             return "lease", params, lease
         mode: GuardMode = "foreign" if self.leases_enabled else "none"
         return mode, guard_params(mode, thread_id, None, None, checkpoint_ns, checkpoint_id), None
@@ -95,6 +139,20 @@ class FenceOps(FenceView):
             info = json.loads(getattr(diag, "message_detail", None) or "{}")
             return ThreadBusyError(thread_id, info.get("owner"), info.get("expires_in"))
         return None
+
+    def _gone_error(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, parent_id: str | None,
+        lease: Lease | None, exc: BaseException,
+    ) -> AcknowledgedWorkLostError | None:
+        """AcknowledgedWorkLostError for a put refused by the parent check (LGD04, else
+        None), reported to the operator (``report_work_lost``)."""
+        if getattr(exc, "sqlstate", None) != PARENT_GONE_STATE or parent_id is None:
+            return None
+        diag = getattr(exc, "diag", None)
+        head = json.loads(getattr(diag, "message_detail", None) or "{}").get("head")
+        err = AcknowledgedWorkLostError(thread_id, checkpoint_ns, parent_id, head, checkpoint_id)
+        report_work_lost(err, lease, "put")
+        return err
 
     @staticmethod
     def _order_error(

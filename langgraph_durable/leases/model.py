@@ -39,6 +39,18 @@ class Lease:
     # resume was refused stays waiting instead of looking crashed.
     prev_status: str | None = None
     prev_version: str | None = None
+    # The run's last acknowledged checkpoint per namespace (a put that returned). With
+    # ``checkpoint_id`` (what the run started from, read from the server) these are the
+    # checkpoints the server had; one of them missing is acknowledged work lost (issue
+    # 23: asynchronous failover). Set by _op_put, read by _await_checkpoint.
+    acked: dict[str, str] = field(default_factory=dict)
+    # The AcknowledgedWorkLostError this run hit (its writes stop there; the release
+    # hands the thread back as 'stopped', recorded in durable_audit).
+    work_lost: Any = None
+
+    def acknowledged(self, checkpoint_id: str) -> bool:
+        """Was ``checkpoint_id`` on the server for this run (loaded or acknowledged)?"""
+        return checkpoint_id == self.checkpoint_id or checkpoint_id in self.acked.values()
 
 
 # The lease of the root run executing in this context. LangGraph copies the context

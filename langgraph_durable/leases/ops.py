@@ -23,6 +23,7 @@ from langgraph_durable.leases.renewer import _Renewer
 from langgraph_durable.sql.threads import (
     LEASE_ABANDON_SQL,
     LEASE_ACQUIRE_SQL,
+    LEASE_RELEASE_CHECKED_SQL,
     LEASE_RELEASE_SQL,
     THREAD_LEASE_ROW_SQL,
 )
@@ -152,15 +153,19 @@ class LeaseOps(LeaseView):
         error: str | None,
         checkpoint_id: str | None = None,
         first: Sequence[Stmt] = (),
+        head: str | None = None,
     ) -> Op[None]:
         # One autocommit pipeline (no BEGIN/COMMIT): one round trip at run end. RELEASE
         # matches owner and token, so a retry after a lost reply changes nothing.
+        # ``head``: the run's last acknowledged root checkpoint, which must be on the
+        # server (LEASE_RELEASE_CHECKED_SQL, issue 23).
         yield Batch(
             [
                 *first,
                 Stmt(
-                    LEASE_RELEASE_SQL,
+                    LEASE_RELEASE_SQL if head is None else LEASE_RELEASE_CHECKED_SQL,
                     {
+                        "head": head,
                         "status": status,
                         "reset": reset,
                         "undo": undo,

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from psycopg import Connection
 
 from langgraph_durable import telemetry as _telemetry
+from langgraph_durable._pool import OUTAGE
 from langgraph_durable.leases.model import Lease, _LeaseRegistry
 from langgraph_durable.pooler import session_schema
 from langgraph_durable.sql.schema import set_search_path
@@ -111,6 +112,7 @@ class _Renewer(threading.Thread):
                 [lease.owner for lease in leases],
             ),
         ).fetchall()
+        OUTAGE.writable()  # the renewal is an UPDATE: the server takes writes
         renewed = {r[0] for r in rows}
         for lease in leases:
             if lease.thread_id in renewed:

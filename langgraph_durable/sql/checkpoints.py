@@ -13,6 +13,9 @@ from langgraph_durable.sql.schema import STOCK_THREAD_TABLES, THREAD_TABLES
 # A put's checkpoint id would sort before its thread's head (the order check of _GUARD;
 # durable_put_guard and durable_checkpoint_order are the older functions).
 ORDER_SKEW_STATE = "LGD03"
+# A run's put whose parent checkpoint is not on the server (acknowledged work lost in a
+# failover, see _GUARD_PARENT; durable_guard_fail's 'gone').
+PARENT_GONE_STATE = "LGD04"
 
 # The guard of a write (issue 14), inline SQL evaluated once, before the row is inserted
 # or locked (a one-time filter: it names only parameters). A CASE of the checks that
@@ -61,20 +64,46 @@ _GUARD_ORDER = """
     THEN durable_guard_fail('order', %s, NULL, %s, %s)"""
 
 
-def _guard(mode: GuardMode, order: bool) -> str:
+# * parent (a run's put with a parent, issue 23): the parent must be on the server. A
+#   run writes on top of the checkpoint it loaded or its own last put, both stored once;
+#   missing now means acknowledged work was lost (asynchronous replication, a failover:
+#   the promoted standby had the lease row but not the run's last checkpoints). Without
+#   this the put succeeded on top of a history the server does not have (a head whose
+#   parent and blob versions are gone). One probe of the primary key, the parent's own
+#   row (stored: its index entry is hot); checked after the lease (a fenced-out run is
+#   LeaseLostError whatever it wrote) and before the order check. LGD04, the real head
+#   in the DETAIL. Only with a lease: outside a run nothing says the parent was the
+#   writer's own (a direct put with any parent config stays the stock saver's).
+_GUARD_PARENT = """
+    WHEN NOT EXISTS (SELECT 1 FROM checkpoints
+                     WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s)
+    THEN durable_guard_fail('gone', %s, NULL, %s, %s)"""
+
+
+def _guard(mode: GuardMode, order: bool, parent: bool = False) -> str:
     parts = {"lease": _GUARD_LEASE, "foreign": _GUARD_FOREIGN, "none": ""}[mode]
-    return f"CASE{parts}{_GUARD_ORDER if order else ''}\n    ELSE true END"
+    gone = _GUARD_PARENT if parent else ""
+    return f"CASE{parts}{gone}{_GUARD_ORDER if order else ''}\n    ELSE true END"
 
 
 def guard_params(
-    mode: GuardMode, thread: str, token: int | None, owner: str | None, ns: str | None, cid: str | None
+    mode: GuardMode,
+    thread: str,
+    token: int | None,
+    owner: str | None,
+    ns: str | None,
+    cid: str | None,
+    parent: str | None = None,
 ) -> tuple[object, ...]:
-    """The guard's parameters, in _guard's order; ``cid`` None: no order check (writes)."""
+    """The guard's parameters, in _guard's order; ``cid`` None: no order check (writes);
+    ``parent``: the parent check (GUARDED_UPSERT_CHILD_CHECKPOINT_SQL, lease mode)."""
     out: tuple[object, ...] = ()
     if mode == "lease":
         out = (token, owner, thread, thread, token)
     elif mode == "foreign":
         out = (thread, thread)
+    if parent is not None:
+        out = (*out, thread, ns, parent, thread, ns, parent)
     if cid is not None:
         out = (*out, thread, ns, cid, cid, thread, ns, cid)
     return out
@@ -124,6 +153,14 @@ _MODES: tuple[GuardMode, ...] = ("lease", "foreign", "none")
 GUARDED_UPSERT_CHECKPOINT_SQL = {m: _UPSERT_CHECKPOINT.format(guard=_guard(m, True)) for m in _MODES}
 GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL = {
     m: _UPSERT_CHECKPOINT_INHERIT.format(guard=_guard(m, True)) for m in _MODES
+}
+# A run's put with a parent: the same with the parent check (_GUARD_PARENT). Its own
+# statement text, never the check switched off by a NULL parameter (see above).
+GUARDED_UPSERT_CHILD_CHECKPOINT_SQL: dict[GuardMode, str] = {
+    "lease": _UPSERT_CHECKPOINT.format(guard=_guard("lease", True, parent=True))
+}
+GUARDED_UPSERT_CHILD_CHECKPOINT_INHERIT_SQL: dict[GuardMode, str] = {
+    "lease": _UPSERT_CHECKPOINT_INHERIT.format(guard=_guard("lease", True, parent=True))
 }
 # put_writes is guarded only with a lease check or a foreign-lease check (leases=False:
 # the stock statements).
@@ -232,3 +269,11 @@ SAME_HEAD_SQL = (
     " IS NOT DISTINCT FROM "
     "(SELECT max(checkpoint_id) FROM checkpoints WHERE thread_id = %(target)s) AS same"
 )
+
+
+# --- failover branch ---
+# The head of a thread's namespace (AcknowledgedWorkLostError's real head, on its path only).
+CHECKPOINT_HEAD_SQL = """
+SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s
+ORDER BY checkpoint_id DESC LIMIT 1
+"""

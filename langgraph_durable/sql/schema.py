@@ -576,6 +576,45 @@ MIGRATIONS: list[str] = [
           AND NOT EXISTS (SELECT 1 FROM checkpoints c
                           WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '');
     END $f$""",  # CREATE OR REPLACE keeps the earlier entry's REVOKE ... FROM PUBLIC
+    # --- failover branch ---
+    # Issue 23 (asynchronous failover): durable_guard_fail learns 'gone', a run's put
+    # whose parent is not on the server (sql.checkpoints._GUARD_PARENT): LGD04, the
+    # thread's real head in the DETAIL. Same signature, so grants and callers of earlier
+    # releases are unchanged; their kinds raise exactly what they raised.
+    """CREATE OR REPLACE FUNCTION durable_guard_fail(
+        p_kind text, p_thread text, p_token bigint, p_ns text, p_id text)
+    RETURNS boolean LANGUAGE plpgsql AS $$
+    DECLARE
+        v_owner text;
+        v_expires float8;
+        v_head text;
+    BEGIN
+        IF p_kind = 'lost' THEN
+            RAISE EXCEPTION USING ERRCODE = 'LGD01',
+                MESSAGE = format('lease on thread %s (token %s) was lost', p_thread, p_token);
+        ELSIF p_kind = 'busy' THEN
+            SELECT t.lease_owner, EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8
+            INTO v_owner, v_expires
+            FROM durable_threads t WHERE t.thread_id = p_thread;
+            RAISE EXCEPTION USING ERRCODE = 'LGD02',
+                MESSAGE = format('thread %s is being run by %s', p_thread, v_owner),
+                DETAIL = json_build_object('owner', v_owner, 'expires_in', v_expires)::text;
+        END IF;
+        SELECT checkpoint_id INTO v_head FROM checkpoints
+        WHERE thread_id = p_thread AND checkpoint_ns = p_ns
+        ORDER BY checkpoint_id DESC LIMIT 1;
+        IF p_kind = 'gone' THEN
+            RAISE EXCEPTION USING ERRCODE = 'LGD04',
+                MESSAGE = format('checkpoint %s of thread %s is not on this server '
+                                 '(acknowledged work lost); its head is %s',
+                                 p_id, p_thread, v_head),
+                DETAIL = json_build_object('head', v_head)::text;
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'LGD03',
+            MESSAGE = format('checkpoint %s of thread %s would sort before its head %s',
+                             p_id, p_thread, v_head),
+            DETAIL = json_build_object('head', v_head)::text;
+    END $$""",
 ]
 
 # THE list of this package's tables keyed by thread (beside the stock checkpoints,

@@ -257,3 +257,23 @@ SELECT s.thread_id, s.status, s.lease_owner FROM (
     ORDER BY lease_expires_at LIMIT %(scan)s) s
 WHERE starts_with(s.lease_owner, %(prefix)s)
 """
+
+
+# --- failover branch ---
+# A finished run's release ('done', 'waiting': nothing left to run) when the run wrote
+# checkpoints (issue 23): the same statement, its status set only if the run's last
+# acknowledged root checkpoint (%(head)s) is on the server. Lost in a failover, the
+# release raises LGD04 ('gone', the real head in the DETAIL) instead of marking the thread
+# finished on an older head with work left; the run's exit then hands it back. In the SET
+# list, so it is evaluated for the run's own row only (matched by token and owner); a
+# CASE, so the check runs first. Its own text: never a check switched off by a NULL.
+_STATUS_SET = "    status = %(status)s,\n"
+assert _STATUS_SET in LEASE_RELEASE_SQL
+LEASE_RELEASE_CHECKED_SQL = LEASE_RELEASE_SQL.replace(
+    _STATUS_SET,
+    """    status = CASE WHEN EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = %(thread_id)s
+                                  AND c.checkpoint_ns = '' AND c.checkpoint_id = %(head)s)
+                  THEN %(status)s
+                  WHEN durable_guard_fail('gone', %(thread_id)s, NULL, '', %(head)s) THEN %(status)s END,
+""",
+)
