@@ -44,14 +44,17 @@ class _LazyConsole:
 
 
 console: Any = _LazyConsole()
-err_console: Any = _LazyConsole(stderr=True)
+# soft_wrap: an error is one line however long (a DSN, a server's message), never cut
+# at the terminal's width (80 columns when piped) into several.
+err_console: Any = _LazyConsole(stderr=True, soft_wrap=True)
 
 DsnOption = Annotated[
     str | None,
     typer.Option(
         "--dsn",
         envvar=ENV_DSN,
-        help="PostgreSQL DSN (default: $LANGGRAPH_DURABLE_DSN, else the embedded PostgreSQL).",
+        help="PostgreSQL DSN (default: $LANGGRAPH_DURABLE_DSN; 'embedded' for the local "
+        "embedded PostgreSQL).",
         show_default=False,
     ),
 ]
