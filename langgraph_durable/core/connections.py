@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg import conninfo as ci
 from psycopg import AsyncConnection, Connection
+from psycopg import conninfo as ci
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -186,7 +186,7 @@ def redact_dsn(dsn: str) -> str:
         return "<a DSN that does not parse>"
     if params.get("password"):
         params["password"] = "***"
-    return ci.make_conninfo(**params)
+    return ci.make_conninfo("", **params)
 
 
 def _connect_kwargs(dsn: str) -> dict[str, Any]:
@@ -215,16 +215,37 @@ def _unreachable(dsn: str, exc: psycopg.Error) -> DatabaseUnreachableError:
     return DatabaseUnreachableError(redact_dsn(dsn), reason, kind)
 
 
-def _detected(first: int, second: int, pooler: str | None) -> Pooler:
-    """Two live connections on one server process: a transaction pooler between."""
-    if pooler_chosen(pooler) or first != second:
+# Probe rounds: each autocommit statement is its own transaction, which a pooler may
+# hand to any server connection; a busy PgBouncer gave the second client the first's
+# server connection 8 times in 20 with one round, each round adds a chance.
+PROBE_ROUNDS = 3
+
+
+def _detected(first: list[int], second: list[int]) -> Pooler:
+    """A direct connection is one server process for its life, and two live ones are
+    two: a connection that changed process, or two that met on one, went through a
+    transaction pooler."""
+    if len(set(first)) == 1 and len(set(second)) == 1 and first[0] != second[0]:
         return None
     logger.info(
-        "langgraph-durable: two connections share server process %d, so a transaction "
-        "pooler (e.g. PgBouncer pool_mode=transaction) is in between: running with "
-        "pooler='transaction' (pass pooler= or set %s to choose)", first, POOLER_ENV,
+        "langgraph-durable: connections share server processes (%s / %s), so a "
+        "transaction pooler (e.g. PgBouncer pool_mode=transaction) is in between: running "
+        "with pooler='transaction' (pass pooler= or set %s to choose)",
+        sorted(set(first)), sorted(set(second)), POOLER_ENV,
     )
     return "transaction"
+
+
+def _pid(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(_PROBE_SQL).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def _apid(conn: psycopg.AsyncConnection[Any]) -> int:
+    row = await (await conn.execute(_PROBE_SQL)).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def preflight(dsn: str, pooler: str | None) -> Pooler | None:
@@ -233,30 +254,36 @@ def preflight(dsn: str, pooler: str | None) -> Pooler | None:
     ``PoolTimeout``); then, unless the mode was chosen, the pooler probe (pooler.py).
     Returns ``"transaction"`` when a pooler was detected, else None (keep the choice)."""
     kwargs = _connect_kwargs(dsn)
+    first: list[int] = []
+    second: list[int] = []
     try:
         with psycopg.Connection.connect(dsn, **kwargs) as conn:
             if pooler_chosen(pooler):
                 return None
-            first = conn.execute(_PROBE_SQL).fetchone()
+            first.append(_pid(conn))
             with psycopg.Connection.connect(dsn, **kwargs) as other:
-                second = other.execute(_PROBE_SQL).fetchone()
+                for _ in range(PROBE_ROUNDS):
+                    second.append(_pid(other))
+                    first.append(_pid(conn))
     except psycopg.OperationalError as exc:
         raise _unreachable(dsn, exc) from exc
-    assert first is not None and second is not None
-    return _detected(first[0], second[0], pooler)
+    return _detected(first, second)
 
 
 async def apreflight(dsn: str, pooler: str | None) -> Pooler | None:
     """``preflight`` for the async ``from_conn_string``."""
     kwargs = _connect_kwargs(dsn)
+    first: list[int] = []
+    second: list[int] = []
     try:
         async with await psycopg.AsyncConnection.connect(dsn, **kwargs) as conn:
             if pooler_chosen(pooler):
                 return None
-            first = await (await conn.execute(_PROBE_SQL)).fetchone()
+            first.append(await _apid(conn))
             async with await psycopg.AsyncConnection.connect(dsn, **kwargs) as other:
-                second = await (await other.execute(_PROBE_SQL)).fetchone()
+                for _ in range(PROBE_ROUNDS):
+                    second.append(await _apid(other))
+                    first.append(await _apid(conn))
     except psycopg.OperationalError as exc:
         raise _unreachable(dsn, exc) from exc
-    assert first is not None and second is not None
-    return _detected(first[0], second[0], pooler)
+    return _detected(first, second)
