@@ -348,3 +348,23 @@ __all__ = [
     "submit",
     "undo_migration",
 ]
+
+
+# --- config branch --- (the configuration errors, docs/configuration.md)
+if TYPE_CHECKING:
+    from langgraph_durable.errors import (
+        DatabaseUnreachableError,
+        DsnMissingError,
+        EmbeddedNotInstalledError,
+        PoolerMismatchError,
+        SchemaMissingError,
+    )
+_CONFIG_ERRORS = (
+    "DatabaseUnreachableError",
+    "DsnMissingError",
+    "EmbeddedNotInstalledError",
+    "PoolerMismatchError",
+    "SchemaMissingError",
+)
+_LAZY.update(dict.fromkeys(_CONFIG_ERRORS, "langgraph_durable.errors"))
+__all__ += list(_CONFIG_ERRORS)
