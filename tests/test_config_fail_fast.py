@@ -541,3 +541,29 @@ def test_the_redacted_dsn_helper() -> None:
         red = redact_dsn(dsn)
         assert PASSWORD not in red and ci.conninfo_to_dict(red)["password"] == "***"
     assert ci.conninfo_to_dict(redact_dsn("postgresql://u@h/db")) == ci.conninfo_to_dict("postgresql://u@h/db")
+
+
+def test_a_recovery_worker_before_setup_says_to_run_it(
+    fresh_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker started before the migration job keeps polling (setup may come), and
+    its warning names what to run, not a raw UndefinedTable."""
+    import threading
+
+    from langgraph_durable.recovery import RecoveryWorker
+
+    caplog.set_level(logging.WARNING, logger="langgraph_durable")
+    with DurablePostgresSaver.from_conn_string(fresh_db) as saver:
+        worker = RecoveryWorker([GRAPH.compile(checkpointer=saver)], poll_interval=0.2)
+        runner = threading.Thread(target=lambda: worker.run(install_signal_handlers=False))
+        runner.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not any("claim failed" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "the worker never reported the failed claim"
+                time.sleep(0.05)
+        finally:
+            worker.stop()
+            runner.join(30)
+    message = next(r.getMessage() for r in caplog.records if "claim failed" in r.getMessage())
+    assert "saver.setup()" in message and "langgraph-durable setup" in message, message
