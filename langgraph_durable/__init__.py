@@ -353,11 +353,11 @@ __all__ = [
 # --- config branch --- (the configuration errors, docs/configuration.md)
 if TYPE_CHECKING:
     from langgraph_durable.errors import (
-        DatabaseUnreachableError,
-        DsnMissingError,
-        EmbeddedNotInstalledError,
-        PoolerMismatchError,
-        SchemaMissingError,
+        DatabaseUnreachableError as DatabaseUnreachableError,
+        DsnMissingError as DsnMissingError,
+        EmbeddedNotInstalledError as EmbeddedNotInstalledError,
+        PoolerMismatchError as PoolerMismatchError,
+        SchemaMissingError as SchemaMissingError,
     )
 _CONFIG_ERRORS = (
     "DatabaseUnreachableError",

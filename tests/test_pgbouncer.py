@@ -29,8 +29,8 @@ from test_recovery import _clear_hooks, db, test_three_workers_recover_30_thread
 from typer.testing import CliRunner
 
 from langgraph_durable import ConfigurationError, DurablePostgresSaver
-from langgraph_durable.errors import PoolerMismatchError
 from langgraph_durable.cli import app
+from langgraph_durable.errors import PoolerMismatchError
 
 SITE = str(Path(__file__).parent / "_pgbouncer_site")
 # psycopg's own connect(), whatever this module patches later.
