@@ -353,18 +353,17 @@ __all__ = [
 # --- config branch --- (the configuration errors, docs/configuration.md)
 if TYPE_CHECKING:
     from langgraph_durable.errors import (
-        DatabaseUnreachableError as DatabaseUnreachableError,
-        DsnMissingError as DsnMissingError,
-        EmbeddedNotInstalledError as EmbeddedNotInstalledError,
-        PoolerMismatchError as PoolerMismatchError,
-        SchemaMissingError as SchemaMissingError,
+        DatabaseUnreachableError,
+        DsnMissingError,
+        EmbeddedNotInstalledError,
+        PoolerMismatchError,
+        SchemaMissingError,
     )
-_CONFIG_ERRORS = (
+__all__ += [
     "DatabaseUnreachableError",
     "DsnMissingError",
     "EmbeddedNotInstalledError",
     "PoolerMismatchError",
     "SchemaMissingError",
-)
-_LAZY.update(dict.fromkeys(_CONFIG_ERRORS, "langgraph_durable.errors"))
-__all__ += list(_CONFIG_ERRORS)
+]
+_LAZY.update(dict.fromkeys(__all__[-5:], "langgraph_durable.errors"))
