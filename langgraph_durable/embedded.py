@@ -130,7 +130,7 @@ def resolve_dsn(dsn: str | None = None) -> str:
     """The DSN to use: the argument, else ``LANGGRAPH_DURABLE_DSN``; ``embedded`` (either
     way) starts or reuses the embedded server and returns its DSN. Neither set:
     ``DsnMissingError`` naming the variable, never a silent embedded server."""
-    value = (dsn or os.environ.get(ENV_DSN) or "").strip()
+    value = (dsn or "").strip() or (os.environ.get(ENV_DSN) or "").strip()
     if not value:
         raise DsnMissingError(ENV_DSN)
     if is_embedded(value):
