@@ -348,3 +348,22 @@ __all__ = [
     "submit",
     "undo_migration",
 ]
+
+
+# --- config branch --- (the configuration errors, docs/configuration.md)
+if TYPE_CHECKING:
+    from langgraph_durable.errors import (
+        DatabaseUnreachableError,
+        DsnMissingError,
+        EmbeddedNotInstalledError,
+        PoolerMismatchError,
+        SchemaMissingError,
+    )
+__all__ += [
+    "DatabaseUnreachableError",
+    "DsnMissingError",
+    "EmbeddedNotInstalledError",
+    "PoolerMismatchError",
+    "SchemaMissingError",
+]
+_LAZY.update(dict.fromkeys(__all__[-5:], "langgraph_durable.errors"))

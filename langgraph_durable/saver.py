@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -48,7 +47,9 @@ from langgraph_durable.core.connections import (
     _check_pipe,
     _conninfo_of,
     aopen_pool,
+    apreflight,
     open_pool,
+    preflight,
 )
 from langgraph_durable.core.jsonb import _jsonb as _jsonb
 from langgraph_durable.embedded import resolve_dsn
@@ -174,8 +175,11 @@ class DurablePostgresSaver(_DurableBase):
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
     ) -> Iterator[DurablePostgresSaver]:
-        """Open a connection pool on ``conn_string`` (else
-        ``LANGGRAPH_DURABLE_DSN``, else the embedded PostgreSQL) and yield a saver.
+        """Open a connection pool on ``conn_string`` (else ``LANGGRAPH_DURABLE_DSN``;
+        ``"embedded"``: the embedded PostgreSQL; neither: ``DsnMissingError``) and yield
+        a saver. A DSN that cannot connect raises ``DatabaseUnreachableError`` within
+        seconds; a transaction pooler is detected unless ``pooler`` is given
+        (docs/configuration.md).
 
         ``pipeline``: the stock parameter, accepted so stock code runs unchanged. The
         durable saver always works in pipeline mode: each operation's statements go to
@@ -188,6 +192,9 @@ class DurablePostgresSaver(_DurableBase):
         dsn = resolve_dsn(conn_string)
         schema = validate_schema(schema)
         pooled = resolve_pooler(pooler)
+        # Fail in seconds on a wrong DSN; find a transaction pooler nobody mentioned.
+        if preflight(dsn, pooler):
+            pooler = pooled = "transaction"
         with open_pool(dsn, pool_size, pooled, schema) as pool:
             saver = cls(
                 pool, serde=serde, schema=schema, graph_version=graph_version,
@@ -340,11 +347,12 @@ class AsyncDurablePostgresSaver(_DurableBase):
         ``pipeline``: see ``DurablePostgresSaver.from_conn_string``."""
         if not isinstance(pipeline, bool):
             raise ConfigurationError(f"pipeline must be a bool, not {pipeline!r}", pipeline=pipeline)
-        dsn = conn_string or os.environ.get("LANGGRAPH_DURABLE_DSN")
-        if not dsn:
-            dsn = await asyncio.to_thread(resolve_dsn, None)
+        # In a thread: "embedded" may start a server.
+        dsn = await asyncio.to_thread(resolve_dsn, conn_string)
         schema = validate_schema(schema)
         pooled = resolve_pooler(pooler)
+        if await apreflight(dsn, pooler):
+            pooler = pooled = "transaction"
         async with aopen_pool(dsn, pool_size, pooled, schema) as pool:
             saver = cls(
                 pool, serde=serde, schema=schema, graph_version=graph_version,

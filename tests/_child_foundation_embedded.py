@@ -1,8 +1,8 @@
 """Child process of tests/test_setup_and_connections.py (not a test module).
 
-Runs with no DSN at all (``LANGGRAPH_DURABLE_DSN`` unset, ``LANGGRAPH_DURABLE_HOME``
-pointing at a temporary folder), so ``from_conn_string()`` starts the embedded
-PostgreSQL. ``write`` stores a checkpoint, ``read`` prints it back; either way the
+Runs with ``LANGGRAPH_DURABLE_DSN=embedded`` (the explicit choice; no DSN at all is a
+``DsnMissingError``) and ``LANGGRAPH_DURABLE_HOME`` pointing at a temporary folder, so
+``from_conn_string()`` starts the embedded PostgreSQL. ``write`` stores a checkpoint, ``read`` prints it back; either way the
 process exits normally, which must stop the server it started.
 """
 

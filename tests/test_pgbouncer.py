@@ -30,6 +30,7 @@ from typer.testing import CliRunner
 
 from langgraph_durable import ConfigurationError, DurablePostgresSaver
 from langgraph_durable.cli import app
+from langgraph_durable.errors import PoolerMismatchError
 
 SITE = str(Path(__file__).parent / "_pgbouncer_site")
 # psycopg's own connect(), whatever this module patches later.
@@ -163,12 +164,18 @@ def test_cli_read_commands_through_pgbouncer(dsn: str) -> None:
 
 def test_without_pooler_mode_pgbouncer_breaks(dsn: str) -> None:
     """The regression: the saver as it was (prepare_threshold=0, no pooler option)
-    fails through a transaction pooler once a statement is prepared."""
+    fails through a transaction pooler once a statement is prepared; forced with
+    pooler="none" (else from_conn_string detects the pooler), the clash is a typed
+    PoolerMismatchError naming the setting (tests/test_config_fail_fast.py)."""
     with DurablePostgresSaver.from_conn_string(dsn, pooler="none") as saver:
         assert saver.pooler is None
-        with pytest.raises((psycopg.errors.DuplicatePreparedStatement, psycopg.errors.InvalidSqlStatementName)):
+        with pytest.raises(PoolerMismatchError) as info:
             for i in range(50):
                 saver.get_tuple({"configurable": {"thread_id": f"nope-{i}"}})
+    assert isinstance(
+        info.value.__cause__,
+        psycopg.errors.DuplicatePreparedStatement | psycopg.errors.InvalidSqlStatementName,
+    )
 
 
 def test_schema_behind_pooler_needs_the_roles_search_path(dsn: str, direct_dsn: str) -> None:

@@ -268,11 +268,11 @@ def embedded_home() -> Iterator[Path]:
     shutil.rmtree(home, ignore_errors=True)
 
 
-def test_embedded_default_without_dsn_persists_and_stops(embedded_home: Path) -> None:
-    """No DSN anywhere: a private PostgreSQL in LANGGRAPH_DURABLE_HOME, reused by the
-    next process (data kept), stopped when the process that started it exits."""
+def test_embedded_when_chosen_persists_and_stops(embedded_home: Path) -> None:
+    """LANGGRAPH_DURABLE_DSN=embedded: a private PostgreSQL in LANGGRAPH_DURABLE_HOME,
+    reused by the next process (data kept), stopped when the process that started it exits."""
     home = embedded_home
-    env = {k: v for k, v in os.environ.items() if k != "LANGGRAPH_DURABLE_DSN"}
+    env = {**os.environ, "LANGGRAPH_DURABLE_DSN": "embedded"}
     env["LANGGRAPH_DURABLE_HOME"] = str(home)
     outputs = []
     for mode in ("write", "read"):

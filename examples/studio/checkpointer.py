@@ -29,7 +29,8 @@ async def make_checkpointer() -> AsyncIterator[AsyncDurablePostgresSaver]:
     instead of failing the run with ``ThreadBusyError``.
     """
     async with AsyncDurablePostgresSaver.from_conn_string(
-        os.environ.get("LANGGRAPH_DURABLE_DSN") or None,
+        # The embedded PostgreSQL only when chosen: here, when no server is configured.
+        os.environ.get("LANGGRAPH_DURABLE_DSN") or "embedded",
         on_busy="wait",
         busy_timeout=float(os.environ.get("LANGGRAPH_DURABLE_BUSY_TIMEOUT", "60")),
     ) as saver:

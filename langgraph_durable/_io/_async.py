@@ -28,7 +28,9 @@ from langgraph_durable._io._base import (
     asleep,
     implicit,
     is_connection_failure,
+    pooler_clash,
     privilege_error,
+    schema_missing,
     settle,
 )
 from langgraph_durable._io.protocol import (
@@ -192,6 +194,9 @@ class AsyncDriver:
                 except psycopg.errors.InsufficientPrivilege as exc:
                     raise privilege_error(exc, conn) from exc
                 except Exception as exc:
+                    typed = pooler_clash(exc) or schema_missing(exc, self.schema)
+                    if typed is not None:
+                        raise typed from exc
                     if attempt < protocol.CONNECTION_RETRIES and is_connection_failure(exc, conn):
                         logger.warning("connection lost (%s); retrying on a fresh connection", exc)
                         await self._check_pool()

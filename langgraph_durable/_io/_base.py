@@ -9,6 +9,7 @@ tools/async_to_sync.py maps the first of each pair to the second.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from asyncio import Lock as AsyncLock
 from threading import Lock
@@ -57,6 +58,47 @@ def privilege_error(exc: psycopg.Error, conn: Any) -> Exception:
     return InsufficientPrivilegeError(role, str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__)
 
 
+def pooler_clash(exc: BaseException) -> Exception | None:
+    """A prepared-statement clash, another client's ``_pg3_N`` met on this server
+    connection (or ours gone from it): the connection goes through a transaction pooler
+    the saver was not told about. ``PoolerMismatchError`` naming the setting; None for
+    any other error."""
+    from langgraph_durable.errors import PoolerMismatchError
+
+    clash = isinstance(exc, psycopg.errors.DuplicatePreparedStatement) or (
+        isinstance(exc, psycopg.errors.InvalidSqlStatementName) and "_pg3_" in str(exc)
+    )
+    return PoolerMismatchError(str(exc).strip().splitlines()[0]) if clash else None
+
+
+# The package's tables and functions: a statement that misses one of them means setup()
+# has not run (a user's own table missing in a transactional @idempotent body is not it).
+_MISSING = re.compile(r'(?:relation|function) "?((?:[a-z_][a-z0-9_]*\.)?[a-z_][a-z0-9_]*)"?')
+_OURS = re.compile(r"(?:durable_\w+|checkpoints|checkpoint_blobs|checkpoint_writes|checkpoint_migrations)")
+
+
+def schema_missing(exc: BaseException, schema: str | None) -> Exception | None:
+    """``relation "durable_threads" does not exist`` (or a missing ``durable_*``
+    function) as ``SchemaMissingError`` naming ``setup()``; None for anything else."""
+    if not isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
+        return None
+    found = _MISSING.search(str(exc))
+    if found is None:
+        return None
+    relation = found.group(1)
+    name = relation.rsplit(".", 1)[-1]
+    if not _OURS.fullmatch(name):
+        return None
+    from langgraph.checkpoint.postgres.base import MIGRATIONS as STOCK_MIGRATIONS
+
+    from langgraph_durable.errors import SchemaMissingError
+    from langgraph_durable.sql.schema import MIGRATIONS
+
+    component = "durable" if name.startswith("durable_") else "checkpoint"
+    expected = len(MIGRATIONS if component == "durable" else STOCK_MIGRATIONS) - 1
+    return SchemaMissingError(schema, component, relation, expected)
+
+
 def is_connection_failure(exc: BaseException, conn: Any) -> bool:
     if isinstance(exc, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow):
         return True
@@ -98,7 +140,9 @@ __all__ = [
     "implicit",
     "in_pipeline",
     "is_connection_failure",
+    "pooler_clash",
     "privilege_error",
+    "schema_missing",
     "settle",
     "settle_sync",
     "sleep",

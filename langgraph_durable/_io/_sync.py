@@ -23,7 +23,9 @@ from langgraph_durable._io._base import (
     sleep,
     implicit,
     is_connection_failure,
+    pooler_clash,
     privilege_error,
+    schema_missing,
     settle_sync,
 )
 from langgraph_durable._io.protocol import (
@@ -187,6 +189,9 @@ class SyncDriver:
                 except psycopg.errors.InsufficientPrivilege as exc:
                     raise privilege_error(exc, conn) from exc
                 except Exception as exc:
+                    typed = pooler_clash(exc) or schema_missing(exc, self.schema)
+                    if typed is not None:
+                        raise typed from exc
                     if attempt < protocol.CONNECTION_RETRIES and is_connection_failure(exc, conn):
                         logger.warning("connection lost (%s); retrying on a fresh connection", exc)
                         self._check_pool()

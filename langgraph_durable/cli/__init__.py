@@ -9,6 +9,7 @@ functions, so ``--help`` stays fast (tests/test_cli_startup.py checks it).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import typer
@@ -78,7 +79,42 @@ def main() -> None:
     import langgraph_durable.audit as audit
 
     audit.set_default_via("cli")  # operator actions run from here are audited as such
-    app()
+    try:
+        app()
+    except Exception as exc:
+        code = one_line_error(exc, as_json="--json" in sys.argv[1:])
+        if code is None:
+            raise
+        sys.exit(code)
 
 
-__all__ = ["app", "main"]
+def one_line_error(exc: BaseException, *, as_json: bool) -> int | None:
+    """A typed error (or the database going away) that reached the top of a command:
+    one line on stderr (a JSON object on stdout with --json), exit code 1; None for
+    anything else, a bug, whose traceback is worth seeing. Modules are looked up, not
+    imported: a command that never loaded psycopg cannot have raised its errors."""
+    from langgraph_durable.errors import DurableError
+
+    kinds: tuple[type[BaseException], ...] = (DurableError,)
+    if "psycopg" in sys.modules:
+        import psycopg
+
+        kinds += (psycopg.OperationalError,)
+    if "psycopg_pool" in sys.modules:
+        import psycopg_pool
+
+        kinds += (psycopg_pool.PoolTimeout,)
+    if not isinstance(exc, kinds):
+        return None
+    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    message = " ".join(message.split())  # one line, whatever the server sent
+    if as_json:
+        from langgraph_durable.cli._common import print_json
+
+        print_json({"error": type(exc).__name__, "message": message, **getattr(exc, "fields", {})})
+    else:
+        sys.stderr.write(f"error: {type(exc).__name__}: {message}\n")
+    return 1
+
+
+__all__ = ["app", "main", "one_line_error"]

@@ -65,14 +65,17 @@ def _off_terminal_width(stream: Any) -> int | None:
 
 _PIPED_WIDTH = 4096
 console: Any = _LazyConsole()
-err_console: Any = _LazyConsole(stderr=True)
+# soft_wrap: an error is one line however long (a DSN, a server's message), never cut
+# at the terminal's width (80 columns when piped) into several.
+err_console: Any = _LazyConsole(stderr=True, soft_wrap=True)
 
 DsnOption = Annotated[
     str | None,
     typer.Option(
         "--dsn",
         envvar=ENV_DSN,
-        help="PostgreSQL DSN (default: $LANGGRAPH_DURABLE_DSN, else the embedded PostgreSQL).",
+        help="PostgreSQL DSN (default: $LANGGRAPH_DURABLE_DSN; 'embedded' for the local "
+        "embedded PostgreSQL).",
         show_default=False,
     ),
 ]

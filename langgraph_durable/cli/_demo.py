@@ -50,7 +50,11 @@ def demo(
     PostgreSQL unless --dsn or LANGGRAPH_DURABLE_DSN names a server.
     """
     from langgraph_durable.cli import demo as demo_mod
-    from langgraph_durable.embedded import resolve_dsn
+    from langgraph_durable.embedded import EMBEDDED, is_embedded, resolve_dsn
+
+    # The demo chooses the embedded server itself (a library never does by default).
+    dsn = dsn or EMBEDDED
+    local = is_embedded(dsn)
 
     if speed <= 0:
         raise typer.BadParameter("--speed must be positive")
@@ -59,10 +63,10 @@ def demo(
     if not json_out:
         console.print(
             "[dim]"
-            + ("connecting to the PostgreSQL server ..." if dsn else "starting PostgreSQL ...")
+            + ("starting PostgreSQL ..." if local else "connecting to the PostgreSQL server ...")
             + "[/]"
         )
-    target = "a PostgreSQL server" if dsn else "the embedded PostgreSQL"
+    target = "the embedded PostgreSQL" if local else "a PostgreSQL server"
     resolved = resolve_dsn(dsn)
     try:
         summary = demo_mod.run_demo(

@@ -9,15 +9,17 @@ import typer
 from langgraph_durable.cli._common import console
 from langgraph_durable.embedded import default_home, embedded_dsn, stop_embedded
 
-embedded_app = typer.Typer(help="The embedded PostgreSQL used when no DSN is configured.")
+embedded_app = typer.Typer(
+    help="The embedded PostgreSQL (the DSN 'embedded'; needs the 'embedded' extra)."
+)
 
 
 @embedded_app.command("start")
 def start(
     data_dir: Annotated[str | None, typer.Option(help="Data folder (default: $LANGGRAPH_DURABLE_HOME/pgdata).")] = None,
 ) -> None:
-    """Start (or reuse) the embedded server and print its DSN."""
-    console.print(embedded_dsn(data_dir))
+    """Start (or reuse) the embedded server, leave it running, and print its DSN."""
+    console.print(embedded_dsn(data_dir, keep=True), soft_wrap=True)
 
 
 @embedded_app.command("stop")

@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection, Connection
+from psycopg import conninfo as ci
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from langgraph_durable._pool import AsyncDurableConnectionPool, DurableConnectionPool
 from langgraph_durable.errors import (
     ConfigurationError,
+    DatabaseUnreachableError,
     UnsupportedConnectionError,
 )
 from langgraph_durable.pooler import (
+    POOLER_ENV,
     Pooler,
+    pooler_chosen,
     prepare_threshold,
 )
 from langgraph_durable.sql.schema import set_search_path
+
+logger = logging.getLogger("langgraph_durable")
 
 
 def _configure_schema(schema: str | None) -> Callable[[Connection[Any]], None]:
@@ -152,3 +161,129 @@ def aopen_pool(
     )
     pool._durable_own = True  # type: ignore[attr-defined]
     return pool
+
+
+# --------------------------------------------------------------------------- preflight
+# The first connection's timeout unless the DSN (connect_timeout) or PGCONNECT_TIMEOUT
+# sets one: psycopg's own default is 130 s, what a silent host costs without it.
+CONNECT_TIMEOUT = 5
+_PROBE_SQL = "SELECT pg_backend_pid() AS pid"
+# libpq's and the server's wording, to the kind DatabaseUnreachableError carries.
+_KINDS = (
+    ("authentication", re.compile(r"password authentication failed|no password supplied|no pg_hba\.conf entry|authentication failed", re.I)),
+    ("database", re.compile(r'database ".*" does not exist', re.I)),
+    ("refused", re.compile(r"Connection refused|No such file or directory", re.I)),
+    ("timeout", re.compile(r"timeout expired|timed out", re.I)),
+    ("host", re.compile(r"resolve host|could not translate host name|Name or service not known|Network is unreachable|No route to host", re.I)),
+)
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with its password replaced by ``***`` (key=value form), for messages."""
+    try:
+        params = ci.conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return "<a DSN that does not parse>"
+    if params.get("password"):
+        params["password"] = "***"
+    return ci.make_conninfo("", **params)
+
+
+def _connect_kwargs(dsn: str) -> dict[str, Any]:
+    """The preflight connection's options: no prepared statements (it may go through a
+    pooler), and a timeout of seconds, not minutes, unless the user set one. A DSN that
+    does not parse is a ``ConfigurationError`` naming only what libpq said."""
+    try:
+        params = ci.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(
+            f"not a PostgreSQL connection string: {str(exc).strip().splitlines()[0]}",
+            reason=str(exc).strip().splitlines()[0],
+        ) from exc
+    kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
+    if "connect_timeout" not in params and not os.environ.get("PGCONNECT_TIMEOUT"):
+        kwargs["connect_timeout"] = CONNECT_TIMEOUT
+    return kwargs
+
+
+def _unreachable(dsn: str, exc: psycopg.Error) -> DatabaseUnreachableError:
+    text = str(exc).strip() or type(exc).__name__
+    # psycopg prefixes "connection failed: "; the server's FATAL line is what matters.
+    reason = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    reason = reason.removeprefix("connection failed: ")
+    kind = next((k for k, pattern in _KINDS if pattern.search(text)), "other")
+    return DatabaseUnreachableError(redact_dsn(dsn), reason, kind)
+
+
+# Probe rounds: each autocommit statement is its own transaction, which a pooler may
+# hand to any server connection; a busy PgBouncer gave the second client the first's
+# server connection 8 times in 20 with one round, each round adds a chance.
+PROBE_ROUNDS = 3
+
+
+def _detected(first: list[int], second: list[int]) -> Pooler:
+    """A direct connection is one server process for its life, and two live ones are
+    two: a connection that changed process, or two that met on one, went through a
+    transaction pooler."""
+    if len(set(first)) == 1 and len(set(second)) == 1 and first[0] != second[0]:
+        return None
+    logger.info(
+        "langgraph-durable: connections share server processes (%s / %s), so a "
+        "transaction pooler (e.g. PgBouncer pool_mode=transaction) is in between: running "
+        "with pooler='transaction' (pass pooler= or set %s to choose)",
+        sorted(set(first)), sorted(set(second)), POOLER_ENV,
+    )
+    return "transaction"
+
+
+def _pid(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(_PROBE_SQL).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def _apid(conn: psycopg.AsyncConnection[Any]) -> int:
+    row = await (await conn.execute(_PROBE_SQL)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def preflight(dsn: str, pooler: str | None) -> Pooler | None:
+    """Before ``from_conn_string`` opens its pool: one connection within seconds, or
+    ``DatabaseUnreachableError`` (no pool retrying in the background until
+    ``PoolTimeout``); then, unless the mode was chosen, the pooler probe (pooler.py).
+    Returns ``"transaction"`` when a pooler was detected, else None (keep the choice)."""
+    kwargs = _connect_kwargs(dsn)
+    first: list[int] = []
+    second: list[int] = []
+    try:
+        with psycopg.Connection.connect(dsn, **kwargs) as conn:
+            if pooler_chosen(pooler):
+                return None
+            first.append(_pid(conn))
+            with psycopg.Connection.connect(dsn, **kwargs) as other:
+                for _ in range(PROBE_ROUNDS):
+                    second.append(_pid(other))
+                    first.append(_pid(conn))
+    except psycopg.OperationalError as exc:
+        raise _unreachable(dsn, exc) from exc
+    return _detected(first, second)
+
+
+async def apreflight(dsn: str, pooler: str | None) -> Pooler | None:
+    """``preflight`` for the async ``from_conn_string``."""
+    kwargs = _connect_kwargs(dsn)
+    first: list[int] = []
+    second: list[int] = []
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, **kwargs) as conn:
+            if pooler_chosen(pooler):
+                return None
+            first.append(await _apid(conn))
+            async with await psycopg.AsyncConnection.connect(dsn, **kwargs) as other:
+                for _ in range(PROBE_ROUNDS):
+                    second.append(await _apid(other))
+                    first.append(await _apid(conn))
+    except psycopg.OperationalError as exc:
+        raise _unreachable(dsn, exc) from exc
+    return _detected(first, second)

@@ -152,16 +152,22 @@ def _resolve_ledger(spec: _Spec, site: _Site | None) -> _DurableBase:
         return ledger
     if site is not None and isinstance(site.checkpointer, _DurableBase):
         return site.checkpointer
-    where = (
-        f"the running graph's checkpointer is a {type(site.checkpointer).__name__}"
-        if site is not None
-        else "it was called outside a LangGraph run"
-    )
     raise NoLedgerError(
-        f"@idempotent {spec.name!r} has no ledger: {where}. Compile the graph with a "
-        "DurablePostgresSaver / AsyncDurablePostgresSaver, or pass "
-        "@idempotent(ledger=saver)."
+        f"@idempotent {spec.name!r} has no ledger: {_no_ledger_why(site)}. Compile the graph "
+        "with the durable saver: `with DurablePostgresSaver.from_conn_string(DSN) as saver: "
+        "graph = builder.compile(checkpointer=saver)` (AsyncDurablePostgresSaver for "
+        "async), or pass @idempotent(ledger=saver)."
     )
+
+
+def _no_ledger_why(site: _Site | None) -> str:
+    """Why there is no ledger, in the user's terms (not "a NoneType")."""
+    if site is None:
+        return "it was called outside a LangGraph run"
+    if site.checkpointer is None:
+        return "the graph was compiled without a checkpointer (builder.compile() with no checkpointer=)"
+    kind = type(site.checkpointer).__name__
+    return f"the graph's checkpointer is a {kind}, which keeps no ledger of calls"
 
 
 def _check_key(key: object) -> str:
