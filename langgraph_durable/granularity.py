@@ -14,15 +14,31 @@ an effect, because a deferred checkpoint is flushed (written, durably) before:
   deferred inside a subgraph: only the root namespace defers);
 * the run ends (done, error, cancel, a worker's SIGTERM hand-back at a step
   boundary: all go through the run's exit, which flushes before the lease is released);
-* the budget would be exceeded (``ReworkBudget``).
+* the budget would be exceeded (``ReworkBudget``);
+* a task that must not run again finishes from it (issue 23): a task whose own
+  policy is "always" (or that the saver cannot name), and, under a ``ReworkBudget``,
+  any task finishing once the work since the last durable checkpoint exceeds the
+  budget. Its writes make the deferred checkpoint durable first (a fenced put), then
+  they are stored, as LangGraph stores a finished task's writes without deferral: a
+  crash afterwards resumes past the task. This holds for every task that runs from a
+  deferred checkpoint (parallel branches, ``Send`` packets, subgraph nodes with or
+  without a checkpointer, a task beside an interrupt); its writes arriving before
+  their checkpoint (``durability="async"``) make that checkpoint written, not
+  deferred, and arriving after it was superseded, flush the deferred checkpoint
+  holding their effect.
 
 Stored history stays a chain: a flushed checkpoint's parent is the last durable one,
 its blobs are those of every channel whose version differs from that parent's (so
 every version it references is stored), and the pending writes of superseded
 checkpoints are dropped (their effect on the state is in the checkpoint that
-superseded them). Writes of a deferred checkpoint's tasks are held with it and written
-right after it when it is flushed; writes that reach the saver before their checkpoint
-(``durability="async"`` submits them in the background) are held until it arrives.
+superseded them). Writes of a deferred checkpoint's deferrable tasks are held with it
+and written right after it when it is flushed; writes that reach the saver before their
+checkpoint (``durability="async"`` submits them in the background) are held until it
+arrives.
+
+A failed flush at the run's exit (an unencodable value, the lease lost meanwhile) is
+raised from invoke/stream as the put would have raised it without deferral; the
+lease is released as failed ('error', counted at the last stored head).
 
 Deferral is refused (the step is written as usual) for: writes outside a leased root
 run (``update_state``, tools, the conformance suite's direct calls), ``durability="exit"``

@@ -2,12 +2,14 @@
 
 ``python _child_defer_seams.py DSN THREAD SHAPE POLICY MODE [DURABILITY]``
 
-The graph of issue 23, defect 1: ``START -> prep -> {charge, slow}`` where ``prep`` is
-deferred (``POLICY=defer``: node metadata ``{"checkpoint": "defer"}``; ``POLICY=none``:
-no policy at all, the control) and ``charge``/``slow`` are "always". ``SHAPE`` says
-how the step after ``prep`` is made: ``branches`` (two edges), ``send`` (two ``Send``
-packets), ``subgraph`` (``charge`` inside a compiled subgraph node) or
-``stateless_subgraph`` (the same compiled with ``checkpointer=False``).
+The graph of issue 23, defect 1: ``START -> prep -> {charge, slow}``. ``POLICY=defer``:
+``prep`` is deferred (node metadata ``{"checkpoint": "defer"}``), ``charge`` and
+``slow`` are "always"; ``POLICY=none``: no policy at all (the control);
+``POLICY=budget``: ``ReworkBudget(0.5)``, every node deferrable, ``charge`` taking
+twice the budget. ``SHAPE`` says how the step after ``prep`` is made: ``branches``
+(two edges), ``send`` (two ``Send`` packets), ``subgraph`` (``charge`` inside a
+compiled subgraph node) or ``stateless_subgraph`` (the same compiled with
+``checkpointer=False``).
 
 ``charge`` records each execution in ``defer_charges`` (its own autocommitted
 connection) before it returns. With ``MODE=hang``, ``slow`` waits for that row, prints
@@ -29,8 +31,9 @@ from langgraph.config import get_config
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
-from langgraph_durable import DurablePostgresSaver
+from langgraph_durable import DurablePostgresSaver, ReworkBudget
 
+BUDGET = 0.5
 DDL = "CREATE TABLE IF NOT EXISTS defer_charges (id BIGSERIAL PRIMARY KEY, thread_id TEXT, pid INTEGER)"
 
 
@@ -51,6 +54,9 @@ def build(dsn: str, shape: str, policy: str, mode: str) -> StateGraph:
         return {"log": ["prep"]}
 
     def charge(state: Any) -> dict[str, Any]:
+        if policy == "budget":
+            # Past the budget: finished work that a crash must not redo (see granularity).
+            time.sleep(2 * BUDGET)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("INSERT INTO defer_charges (thread_id, pid) VALUES (%s, %s)", (thread_id(), os.getpid()))
         return {"charged": ["charge"]}
@@ -98,7 +104,8 @@ def main() -> None:
     durability = sys.argv[6] if len(sys.argv) > 6 else "sync"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(DDL)
-    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+    checkpoint_policy = ReworkBudget(seconds=BUDGET) if policy == "budget" else None
+    with DurablePostgresSaver.from_conn_string(dsn, checkpoint_policy=checkpoint_policy) as saver:
         graph = build(dsn, shape, policy, mode).compile(checkpointer=saver)
         config = {"configurable": {"thread_id": thread}}
         started = graph.get_state(config).values

@@ -123,6 +123,8 @@ CASES = [
     *[(shape, policy, "sync") for shape in SHAPES for policy in ("none", "defer")],
     *[("stateless_subgraph", policy, "async") for policy in ("none", "defer")],
     ("branches", "defer", "async"),
+    # ReworkBudget: charge is deferrable but finishes past the budget.
+    ("branches", "budget", "sync"),
 ]
 
 
@@ -239,3 +241,68 @@ async def test_a_failed_exit_flush_raises_what_the_put_would_have(
     else:
         # The thief's lease is untouched by this run's (fenced) release.
         assert owner == THIEF
+
+
+@pytest.mark.parametrize("order", ["charge_first", "interrupt_first"])
+def test_an_always_task_beside_an_interrupt_runs_once(dsn: str, order: str) -> None:
+    """An interrupt from a deferred checkpoint (a guard: it held on the base commit
+    too, the interrupt's own flush storing the held writes). Whichever of the two
+    tasks of the step reaches the saver first, the resume does not charge again."""
+    from langgraph.types import Command, interrupt
+
+    charged: list[str] = []
+    done, asked = threading.Event(), threading.Event()
+
+    def charge(state: Two) -> dict[str, Any]:
+        if order == "interrupt_first":
+            asked.wait(START_WAIT)
+        charged.append("charge")
+        done.set()
+        return {"docs": ["charged"]}
+
+    def ask(state: Two) -> dict[str, Any]:
+        if order == "charge_first":
+            done.wait(START_WAIT)
+        asked.set()
+        return {"log": [f"ask:{interrupt('ok?')}"]}
+
+    builder = StateGraph(Two)
+    builder.add_node("prep", lambda s: {"log": ["prep"]}, metadata={"checkpoint": "defer"})
+    builder.add_node("charge", charge)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "prep")
+    builder.add_edge("prep", "charge")
+    builder.add_edge("prep", "ask")
+    builder.add_edge("charge", END)
+    builder.add_edge("ask", END)
+    thread = f"d1-interrupt-{order}-{uuid.uuid4()}"
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        first = builder.compile(checkpointer=saver).invoke({"log": []}, _cfg(thread), durability="sync")
+    assert "__interrupt__" in first and charged == ["charge"]
+    with DurablePostgresSaver.from_conn_string(dsn) as other:
+        out = builder.compile(checkpointer=other).invoke(Command(resume="yes"), _cfg(thread))
+    assert charged == ["charge"], charged
+    assert out == {"log": ["prep", "ask:yes"], "docs": ["charged"]}
+
+
+@pytest.mark.parametrize("policy", ["none", "defer"])
+def test_a_put_that_always_fails_ends_in_quarantine(dsn: str, policy: str) -> None:
+    """The failure is counted at the last stored head, never at one whose put failed:
+    the count once moved to the loop's in-memory head (never stored), was reset on
+    every run, and such a thread retried forever without a policy too."""
+    from langgraph_durable import PoisonCheckpointError
+
+    builder = _two_deferred(dsn, "unencodable", policy)
+    thread = f"d2-poison-{policy}-{uuid.uuid4()}"
+    outcomes: list[str] = []
+    with DurablePostgresSaver.from_conn_string(dsn, max_resume_attempts=2) as saver:
+        graph = builder.compile(checkpointer=saver)
+        for attempt in range(4):
+            try:
+                graph.invoke({"log": []} if attempt == 0 else None, _cfg(thread), durability="sync")
+                outcomes.append("ok")
+            except (UnencodableValueError, PoisonCheckpointError) as error:
+                outcomes.append(type(error).__name__)
+    print(f"[{policy}] {outcomes}")
+    assert outcomes == ["UnencodableValueError"] * 3 + ["PoisonCheckpointError"]
+    assert _one(dsn, "SELECT status FROM durable_threads WHERE thread_id = %s", thread) == "quarantined"

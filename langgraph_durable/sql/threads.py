@@ -215,10 +215,16 @@ DELETE_THREAD_ROWS_SQL = "DELETE FROM durable_threads WHERE thread_id = ANY(%s)"
 DELETE_THREAD_ROWS_FIRST_SQL = DELETE_THREAD_ROWS_SQL
 
 # A run that failed past the checkpoint it started from: the first failed attempt at
-# the new head (sent before LEASE_RELEASE_SQL, in the same pipeline).
+# the new head (sent before LEASE_RELEASE_SQL, in the same pipeline). Only a head that
+# is stored: the loop's head is in memory before its put commits, and a put that fails
+# every time (an unencodable value) would otherwise reset the count on every run, so
+# the thread would never be quarantined (issue 23). Params: head, thread, token, owner.
 ATTEMPT_AT_HEAD_SQL = (
-    "UPDATE durable_threads SET attempts = 1, attempts_checkpoint_id = %s "
-    "WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s"
+    "UPDATE durable_threads t SET attempts = 1, attempts_checkpoint_id = h.id "
+    "FROM (SELECT %s::text AS id) h "
+    "WHERE t.thread_id = %s AND t.lease_token = %s AND t.lease_owner = %s "
+    "AND EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = t.thread_id "
+    "AND c.checkpoint_ns = '' AND c.checkpoint_id = h.id)"
 )
 
 
