@@ -263,7 +263,8 @@ class Deferrals:
             except Exception as error:
                 return ExitFlush(error, stored)
             if op[0] == "flush":
-                stored = op[1][1][1]["id"]
+                _run, (_config, checkpoint, *_rest), _before = op[1]
+                stored = checkpoint["id"]
         return None
 
     # ------------------------------------------------------------------ lookups

@@ -97,11 +97,14 @@ class _Child:
 
 
 def _charge_writes_stored(dsn: str, thread: str) -> bool:
-    """The root-namespace write of the task that charged (channel 'charged') is stored:
-    what lets LangGraph skip that finished task on resume."""
+    """The root-namespace write of the task that charged (channel 'charged') is stored,
+    and so is the checkpoint it was written on: what lets LangGraph skip that finished
+    task on resume. (Under durability="async" LangGraph may store the write before its
+    checkpoint's put commits: a kill in between re-runs the task with no policy too.)"""
     return bool(_one(
-        dsn, "SELECT count(*) FROM checkpoint_writes WHERE thread_id = %s AND checkpoint_ns = '' "
-        "AND channel = 'charged'", thread,
+        dsn, "SELECT count(*) FROM checkpoint_writes w JOIN checkpoints c USING "
+        "(thread_id, checkpoint_ns, checkpoint_id) WHERE w.thread_id = %s AND w.checkpoint_ns = '' "
+        "AND w.channel = 'charged'", thread,
     ))
 
 
@@ -119,8 +122,15 @@ def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
 # (the subgraph's own first write flushed the head there already: a guard). A
 # subgraph compiled with checkpointer=False runs under "async" only: LangGraph 1.2
 # itself fails such a subgraph under "sync" (no '_put_checkpoint_fut').
+# The controls of the other shapes run with the long profile (LGD_HYPOTHESIS_PROFILE=long
+# pytest tests/test_defer_seams.py; they passed on the base commit too), to
+# keep this file's CI time modest; the branches control is the issue's own scenario.
+LONG = os.environ.get("LGD_HYPOTHESIS_PROFILE") == "long"
+_LONG_ONLY = pytest.mark.skipif(not LONG, reason="a further control: long profile only")
 CASES = [
-    *[(shape, policy, "sync") for shape in SHAPES for policy in ("none", "defer")],
+    ("branches", "none", "sync"),
+    *[(shape, "defer", "sync") for shape in SHAPES],
+    *[pytest.param(shape, "none", "sync", marks=_LONG_ONLY) for shape in SHAPES[1:]],
     *[("stateless_subgraph", policy, "async") for policy in ("none", "defer")],
     ("branches", "defer", "async"),
     # ReworkBudget: charge is deferrable but finishes past the budget.
