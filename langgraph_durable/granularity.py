@@ -14,15 +14,31 @@ an effect, because a deferred checkpoint is flushed (written, durably) before:
   deferred inside a subgraph: only the root namespace defers);
 * the run ends (done, error, cancel, a worker's SIGTERM hand-back at a step
   boundary: all go through the run's exit, which flushes before the lease is released);
-* the budget would be exceeded (``ReworkBudget``).
+* the budget would be exceeded (``ReworkBudget``);
+* a task that must not run again finishes from it (issue 23): a task whose own
+  policy is "always" (or that the saver cannot name), and, under a ``ReworkBudget``,
+  any task finishing once the work since the last durable checkpoint exceeds the
+  budget. Its writes make the deferred checkpoint durable first (a fenced put), then
+  they are stored, as LangGraph stores a finished task's writes without deferral: a
+  crash afterwards resumes past the task. This holds for every task that runs from a
+  deferred checkpoint (parallel branches, ``Send`` packets, subgraph nodes with or
+  without a checkpointer, a task beside an interrupt); its writes arriving before
+  their checkpoint (``durability="async"``) make that checkpoint written, not
+  deferred, and arriving after it was superseded, flush the deferred checkpoint
+  holding their effect.
 
 Stored history stays a chain: a flushed checkpoint's parent is the last durable one,
 its blobs are those of every channel whose version differs from that parent's (so
 every version it references is stored), and the pending writes of superseded
 checkpoints are dropped (their effect on the state is in the checkpoint that
-superseded them). Writes of a deferred checkpoint's tasks are held with it and written
-right after it when it is flushed; writes that reach the saver before their checkpoint
-(``durability="async"`` submits them in the background) are held until it arrives.
+superseded them). Writes of a deferred checkpoint's deferrable tasks are held with it
+and written right after it when it is flushed; writes that reach the saver before their
+checkpoint (``durability="async"`` submits them in the background) are held until it
+arrives.
+
+A failed flush at the run's exit (an unencodable value, the lease lost meanwhile) is
+raised from invoke/stream as the put would have raised it without deferral; the
+lease is released as failed ('error', counted at the last stored head).
 
 Deferral is refused (the step is written as usual) for: writes outside a leased root
 run (``update_state``, tools, the conformance suite's direct calls), ``durability="exit"``
@@ -133,6 +149,17 @@ class _Run:
     flushing: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class ExitFlush:
+    """A write of the run's exit flush that failed: ``error`` is what the write raised
+    (``UnencodableValueError``, ``LeaseLostError``...: what the put would have raised
+    without deferral), ``stored_head`` the last checkpoint of the run known stored
+    (None: none of this run's)."""
+
+    error: BaseException
+    stored_head: str | None
+
+
 @dataclass
 class Stats:
     """Counters of one saver (and its clones): for tests and the benchmark."""
@@ -210,21 +237,35 @@ class Deferrals:
         with self.lock:
             self.runs[lease.thread_id] = run
 
-    def exit_flow(self, saver: _DurableBase, lease: Lease) -> Flow[None]:
+    def exit_flow(self, saver: _DurableBase, lease: Lease) -> Flow[ExitFlush | None]:
         """At the run's exit (all its puts have arrived: LangGraph's background
         executor is closed before the saver's exit callback): flush what is deferred
-        and any writes still waiting for their checkpoint, then stop tracking."""
+        and any writes still waiting for their checkpoint, then stop tracking.
+
+        A failed write is not raised here: it is returned (``ExitFlush``) with the
+        last checkpoint of the run known stored, so that the run's exit can release
+        the lease as failed at the right head and then raise it (lifecycle)."""
         with self.lock:
             run = self.runs.get(lease.thread_id)
             if run is None or run.lease is not lease:
-                return
+                return None
             del self.runs[lease.thread_id]
             run.closed = True
+            # Before _take_pending marks the deferred head durable: its put may fail.
+            stored = run.durable_id
             ops = self._take_pending(run)
             for writes in run.early.values():
                 ops.extend(("writes", w) for w in writes)
             run.early.clear()
-        yield from self._run_ops(saver, ops)
+        for op in ops:
+            try:
+                yield from self._run_ops(saver, [op])
+            except Exception as error:
+                return ExitFlush(error, stored)
+            if op[0] == "flush":
+                _run, (_config, checkpoint, *_rest), _before = op[1]
+                stored = checkpoint["id"]
+        return None
 
     # ------------------------------------------------------------------ lookups
     def _run_for(self, saver: _DurableBase, config: Any) -> _Run | None:
@@ -396,20 +437,42 @@ class Deferrals:
         with self.lock:
             policy = self._policy_of(run, task_id, task_path)
             run.step_policies.setdefault(checkpoint_id, set()).add(policy)
+            # A finished task that must not run again after a crash (see _must_store).
+            store = self._must_store(run, policy) or _interrupts(writes)
             if checkpoint_id in run.superseded:
+                # Its effect is in the checkpoint that superseded it (LangGraph applies
+                # a step's writes before it makes the next checkpoint): if that one is
+                # still deferred, storing it is what keeps the task from running again.
                 self.stats.writes_dropped += 1
-                return _const(None)  # its effect is in the checkpoint that superseded it
+                ops = self._take_pending(run) if store else []
+                return self._ops_flow(saver, ops) if ops else _const(None)
             if run.pending is not None and run.pending.checkpoint["id"] == checkpoint_id:
                 run.pending.writes.append(item)
-                if not _interrupts(writes):
+                if not store:
                     return _const(None)
-                ops = self._take_pending(run)  # an interrupt: store it now
-                return self._ops_flow(saver, ops)
+                # The deferred checkpoint first (fenced, as its put would have been),
+                # then its writes, these included: what a crash resumes from.
+                return self._ops_flow(saver, self._take_pending(run))
+            if checkpoint_id in run.flushing:
+                # Its checkpoint is being flushed by another task's writes: after it.
+                return self._ops_flow(saver, [("wait", (run, {checkpoint_id})), ("writes", item)])
             if checkpoint_id in run.durable_ids or not checkpoint_id:
                 return None
-            # Its checkpoint has not reached the saver yet (durability="async").
+            # Its checkpoint has not reached the saver yet (durability="async"): held
+            # until it does; a task that must be stored has it written, not deferred.
             run.early.setdefault(checkpoint_id, []).append(item)
+            if store:
+                run.demanded.add(checkpoint_id)
             return _const(None)
+
+    def _must_store(self, run: _Run, policy: str) -> bool:
+        """Whether a task's writes on a deferred checkpoint must be stored now rather
+        than held with it: the task's own policy is not "defer" (a crash must never run
+        a finished "always" task again), or, under a ``ReworkBudget``, the finished work
+        at risk (since the last durable checkpoint) already exceeds the budget."""
+        if policy != "defer":
+            return True
+        return run.budget is not None and time.monotonic() - run.durable_at > run.budget
 
     # ------------------------------------------------------------------ effects
     def _demand(self, run: _Run, checkpoint_id: str | None) -> list[tuple[str, Any]]:

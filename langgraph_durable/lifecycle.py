@@ -49,6 +49,7 @@ from langgraph_durable.errors import (
     ThreadBusyError,
     UnsupportedLangGraphError,
 )
+from langgraph_durable.granularity import ExitFlush
 from langgraph_durable.leases.fence import report_work_lost
 from langgraph_durable.leases.model import _RUN_LEASE, Lease, _Handoff
 from langgraph_durable.leases.owners import _owner_id
@@ -342,17 +343,23 @@ class RunLifecycle(RunLifecycleView):
         return cast("str | None", cfg.get("configurable", {}).get("checkpoint_id"))
 
     def _release_op(
-        self, lease: Lease, loop: Any, exc: BaseException | None
+        self, lease: Lease, loop: Any, exc: BaseException | None, failed: ExitFlush | None = None
     ) -> Callable[[], Op[None]]:
         """The run end: forget ``lease`` here and return its release (an op factory,
         one autocommit pipeline). Run by the exit callback as an op, not through a
-        flow: one driver layer less on every run end (issue 14)."""
+        flow: one driver layer less on every run end (issue 14). ``failed``: the exit
+        flush of deferred checkpoints failed: the run failed with its error, at the
+        last head it stored (the loop's head was never stored)."""
         self._leases.remove(lease)
         lease.released = True
         if lease.work_lost is not None:
             return self._work_lost_release(lease)
+        if failed is not None:
+            exc = failed.error
+            head = failed.stored_head
+        else:
+            head = self._head(loop)
         status, reset, undo, error = self._exit_outcome(loop, exc)
-        head = self._head(loop)
         acked = lease.acked.get("")
         if status in ("done", "waiting") and acked is not None:
             return partial(self._op_release_checked, lease, acked, status, reset=reset, undo=undo)
@@ -446,45 +453,62 @@ class RunLifecycle(RunLifecycleView):
         self._guard_first(ctx, lease, restore)
 
     def _push_exit(self, ctx: _RunContext, lease: Lease, restore: Callable[[], None]) -> None:
-        """Register the run-end callback on the loop's exit stack (sync or async)."""
+        """Register the run-end callback on the loop's exit stack (sync or async).
+
+        Deferred checkpoints are flushed first, before the release. A failed flush
+        (an unencodable value, the lease lost meanwhile) is what the un-deferred put
+        would have raised inside the run: the release records it (status 'error',
+        counted at the last stored head, never 'done'), then it is raised from
+        invoke/stream (issue 23, defect 2). A cancellation stays a cancellation: the
+        flush failure is then logged, and the release still records it."""
         stack = ctx.loop.stack
         # granularity takes the composed saver (self is one: this is its component).
         saver = cast("_DurableBase", self)
+        deferrals = self._granularity
 
         def sync_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-            # Deferred checkpoints, before the release. .runs: runs with something
-            # deferred (start() registers one before the run's first step; empty: the
-            # usual case, nothing to flush and no flow to run).
-            if self._granularity is not None and self._granularity.runs:
-                try:
-                    self._run_flow(self._granularity.exit_flow(saver, lease))
-                except Exception:
-                    logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
+            failed: ExitFlush | None = None
             try:
-                self._run_op(self._release_op(lease, ctx.loop, exc))
-            except AcknowledgedWorkLostError:
-                with contextlib.suppress(Exception):  # else the lease expires: the same hand-back
-                    self._run_op(self._work_lost_release(lease))
-            except Exception:
-                logger.exception("could not release the lease on thread %s", lease.thread_id)
-            restore()
+                # .runs: runs with something deferred (start() registers one before
+                # the run's first step; empty: the usual case, no flow to run).
+                if deferrals is not None and deferrals.runs:
+                    failed = self._run_flow(deferrals.exit_flow(saver, lease))
+            except BaseException as error:  # the flush did not finish (cancelled)
+                failed = ExitFlush(error, None)
+                raise
+            finally:
+                try:
+                    self._run_op(self._release_op(lease, ctx.loop, exc, failed))
+                except AcknowledgedWorkLostError:
+                    with contextlib.suppress(Exception):  # else the lease expires: the same hand-back
+                        self._run_op(self._work_lost_release(lease))
+                except Exception:
+                    logger.exception("could not release the lease on thread %s", lease.thread_id)
+                finally:
+                    restore()
+            self._raise_failed_flush(lease, exc, failed)
             _raise_work_lost(lease, exc)
             return False
 
         async def async_exit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-            if self._granularity is not None and self._granularity.runs:
-                try:
-                    await self._arun_flow(self._granularity.exit_flow(saver, lease))
-                except Exception:
-                    logger.exception("could not flush the deferred checkpoint of thread %s", lease.thread_id)
+            failed: ExitFlush | None = None
             try:
-                await self._arun_op(self._release_op(lease, ctx.loop, exc))
-            except AcknowledgedWorkLostError:
-                with contextlib.suppress(Exception):
-                    await self._arun_op(self._work_lost_release(lease))
-            except Exception:
-                logger.exception("could not release the lease on thread %s", lease.thread_id)
-            restore()
+                if deferrals is not None and deferrals.runs:
+                    failed = await self._arun_flow(deferrals.exit_flow(saver, lease))
+            except BaseException as error:
+                failed = ExitFlush(error, None)
+                raise
+            finally:
+                try:
+                    await self._arun_op(self._release_op(lease, ctx.loop, exc, failed))
+                except AcknowledgedWorkLostError:
+                    with contextlib.suppress(Exception):
+                        await self._arun_op(self._work_lost_release(lease))
+                except Exception:
+                    logger.exception("could not release the lease on thread %s", lease.thread_id)
+                finally:
+                    restore()
+            self._raise_failed_flush(lease, exc, failed)
             _raise_work_lost(lease, exc)
             return False
 
@@ -492,6 +516,19 @@ class RunLifecycle(RunLifecycleView):
             stack.push_async_exit(async_exit)
         elif isinstance(stack, ExitStack):
             stack.push(sync_exit)
+
+    @staticmethod
+    def _raise_failed_flush(lease: Lease, exc: BaseException | None, failed: ExitFlush | None) -> None:
+        if failed is None:
+            return
+        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+            logger.error(
+                "thread %s: the deferred checkpoint could not be stored at the run's "
+                "cancellation (%s: %s); the thread resumes from checkpoint %s",
+                lease.thread_id, type(failed.error).__name__, failed.error, failed.stored_head,
+            )
+            return
+        raise failed.error
 
     def _guard_first(self, ctx: _RunContext, lease: Lease, restore: Callable[[], None]) -> None:
         """LangGraph calls loop._first() after this get_tuple, still inside __enter__. If

@@ -170,7 +170,7 @@ def test_node_metadata_and_saver_mapping(dsn: str) -> None:
         ("always", {n: defer for n in names}, 7),  # "always" at the saver: no deferral at all
         ({}, {n: defer for n in names}, 2),  # input + the flushed last checkpoint
         (None, {n: defer for n in names}, 2),  # the default honours node metadata
-        ({}, {"a": defer, "b": defer}, 4),  # after __start__, a, b deferred: input, c, d, e
+        ({}, {"a": defer, "b": defer}, 5),  # a, b deferred; b stored when c ("always") finishes from it: input, b, c, d, e
         ({"c": "defer", "a": "always"}, {"a": defer, "b": defer}, 4),  # the mapping wins: input, a, d, e
     ]
     for policy, metadata, expected in cases:

@@ -215,17 +215,22 @@ DELETE_THREAD_ROWS_SQL = "DELETE FROM durable_threads WHERE thread_id = ANY(%s)"
 DELETE_THREAD_ROWS_FIRST_SQL = DELETE_THREAD_ROWS_SQL
 
 # A run that failed past the checkpoint it started from: the first failed attempt at
-# the new head (sent before LEASE_RELEASE_SQL, in the same pipeline).
+# the new head (sent before LEASE_RELEASE_SQL, in the same pipeline). Only a head that
+# is stored: the loop's head is in memory before its put commits, and a put that fails
+# every time (an unencodable value) would otherwise reset the count on every run, so
+# the thread would never be quarantined (issue 23). Params: head, thread, token, owner.
 ATTEMPT_AT_HEAD_SQL = (
-    "UPDATE durable_threads SET attempts = 1, attempts_checkpoint_id = %s "
-    "WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s"
+    "UPDATE durable_threads t SET attempts = 1, attempts_checkpoint_id = h.id "
+    "FROM (SELECT %s::text AS id) h "
+    "WHERE t.thread_id = %s AND t.lease_token = %s AND t.lease_owner = %s "
+    "AND EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = t.thread_id "
+    "AND c.checkpoint_ns = '' AND c.checkpoint_id = h.id)"
 )
 # ... or, when the run stopped on a decision only an operator can make
 # (quarantine.needs_operator), no attempt at the new head yet.
-ATTEMPT_UNCOUNTED_AT_HEAD_SQL = (
-    "UPDATE durable_threads SET attempts = 0, attempts_checkpoint_id = %s "
-    "WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s"
-)
+# Like ATTEMPT_AT_HEAD_SQL, only to a head that is stored.
+ATTEMPT_UNCOUNTED_AT_HEAD_SQL = ATTEMPT_AT_HEAD_SQL.replace("attempts = 1,", "attempts = 0,")
+assert ATTEMPT_UNCOUNTED_AT_HEAD_SQL != ATTEMPT_AT_HEAD_SQL
 
 
 # --- operator modules (migrations, export): lock a thread outside a run ---------------
