@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -49,7 +50,7 @@ from langgraph_durable.leases.model import _RUN_LEASE, Lease, _Handoff
 from langgraph_durable.leases.owners import _owner_id
 from langgraph_durable.pooler import session_schema
 from langgraph_durable.quarantine import PoisonRecord
-from langgraph_durable.sql.threads import ATTEMPT_AT_HEAD_SQL
+from langgraph_durable.sql.threads import ATTEMPT_AT_HEAD_SQL, RECORD_FAILURE_SQL
 from langgraph_durable.versioning import (
     POLICY_KEY,
     RUN_GRAPH,
@@ -336,6 +337,9 @@ class RunLifecycle(RunLifecycleView):
         lease.released = True
         status, reset, undo, error = self._exit_outcome(loop, exc)
         head = self._head(loop)
+        first: tuple[Stmt, ...] = ()
+        if error is not None and exc is not None:
+            first = (_failure_stmt(lease, exc, head or lease.checkpoint_id),)
         if error is not None and head is not None and head != lease.checkpoint_id:
             # The failure happened past the checkpoint the run started from: it is the
             # first failed attempt at the new head.
@@ -344,9 +348,12 @@ class RunLifecycle(RunLifecycleView):
                 (head, lease.thread_id, lease.token, lease.owner),
             )
             return partial(
-                self._op_release, lease, status, reset=False, undo=False, error=error, first=(moved_to,)
+                self._op_release, lease, status, reset=False, undo=False, error=error,
+                first=(*first, moved_to),
             )
-        return partial(self._op_release, lease, status, reset=reset, undo=undo, error=error)
+        return partial(
+            self._op_release, lease, status, reset=reset, undo=undo, error=error, first=first
+        )
 
     def _release_flow(self, lease: Lease, loop: Any, exc: BaseException | None) -> Flow[None]:
         """``_release_op`` as a flow (for drivers that run flows)."""
@@ -563,3 +570,63 @@ class RunLifecycle(RunLifecycleView):
             if lease.thread_id != str(config["configurable"].get("thread_id")):
                 return
         self._leases.bind_runtime(runtime, lease)
+
+
+# --- console25 branch: the last failure with its traceback (issue 25) -----------------
+FAILURE_TRACEBACK_MAX = 16 * 1024
+_TASK_NOTE = re.compile(r"During task with name '(.*)' and id '([^']*)'")
+
+
+def failure_record(exc: BaseException, checkpoint_id: str | None) -> dict[str, Any]:
+    """What the console shows of a run's failure: the failing node (from the note
+    LangGraph adds to a node's exception), the exception type and message, and the
+    traceback, its tail kept within ``FAILURE_TRACEBACK_MAX`` characters (the cut said:
+    the innermost frames, where it raised, are the ones an operator reads first)."""
+    import datetime as _dt
+    import traceback
+
+    node = task_id = None
+    for note in getattr(exc, "__notes__", None) or ():
+        m = _TASK_NOTE.search(str(note))
+        if m:
+            node, task_id = m.group(1), m.group(2)
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception as fmt_exc:  # a hostile __str__: never fail a run's release on it
+        text = f"(traceback unavailable: {type(fmt_exc).__name__})"
+    cut = max(0, len(text) - FAILURE_TRACEBACK_MAX)
+    try:
+        message = str(exc)[:4000]
+    except Exception:
+        message = "(unprintable)"
+    return {
+        "node": _clean(node),
+        "task_id": _clean(task_id),
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": _clean(message),
+        "traceback": _clean(text[cut:]),
+        "traceback_cut": cut,
+        "checkpoint_id": checkpoint_id,
+        "at": _dt.datetime.now(_dt.UTC).isoformat(),
+    }
+
+
+def _clean(text: str | None) -> str | None:
+    """JSONB-safe text: no NUL (PostgreSQL refuses it), no lone surrogate (no UTF-8)."""
+    if text is None:
+        return None
+    return text.replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
+
+
+def _failure_stmt(lease: Lease, exc: BaseException, checkpoint_id: str | None) -> Stmt:
+    from psycopg.types.json import Jsonb
+
+    return Stmt(
+        RECORD_FAILURE_SQL,
+        {
+            "failure": Jsonb(failure_record(exc, checkpoint_id)),
+            "thread_id": lease.thread_id,
+            "token": lease.token,
+            "owner": lease.owner,
+        },
+    )

@@ -576,6 +576,11 @@ MIGRATIONS: list[str] = [
           AND NOT EXISTS (SELECT 1 FROM checkpoints c
                           WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = '');
     END $f$""",  # CREATE OR REPLACE keeps the earlier entry's REVOKE ... FROM PUBLIC
+    # --- console25 branch ---
+    # The last failure of a run with its traceback (issue 25): node, exception type,
+    # message, traceback bounded at 16 KiB (the cut said), written by the release of a
+    # run that raised (sql.threads.RECORD_FAILURE_SQL); kept through quarantine.
+    "ALTER TABLE durable_threads ADD COLUMN IF NOT EXISTS last_failure JSONB",
 ]
 
 # THE list of this package's tables keyed by thread (beside the stock checkpoints,

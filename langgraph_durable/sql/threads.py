@@ -235,3 +235,11 @@ FROM durable_threads WHERE thread_id = %s FOR UPDATE
 # A migration (or its undo) moves the thread's recorded version with its checkpoint.
 SET_THREAD_VERSION_SQL = "UPDATE durable_threads SET graph_version = %s WHERE thread_id = %s"
 
+
+# The last failure's details (issue 25), written before LEASE_RELEASE_SQL in the release
+# pipeline of a run that raised, while the lease (owner and token) is still held: only
+# failed runs pay this statement. A JSON document (failure.py's record), bounded there.
+RECORD_FAILURE_SQL = """
+UPDATE durable_threads SET last_failure = %(failure)s
+WHERE thread_id = %(thread_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
+"""

@@ -1,0 +1,333 @@
+"""What the operator looks at (issue 25), on real graph runs on real PostgreSQL, over HTTP
+(starlette's TestClient):
+
+* a finished tool-calling conversation (a model node, a ToolNode with an ``@idempotent``
+  tool): the thread page shows a transcript of human/AI/tool/system turns, each AI tool
+  call with its name and arguments, linked to its ToolMessage and to the ledger row its
+  tool recorded (status, attempts, recorded result); long contents folded; hostile
+  content escaped (no HTML from a message reaches the page); the same in state-at,
+  pending writes and diff views;
+* a thread waiting on an interrupt: the value the graph asked with, as JSON, and the node;
+* an error thread and a quarantined one: failing node, exception type, message and
+  traceback, recorded at failure (bounded: a huge traceback is cut, the cut said);
+* time: absolute timestamps beside relative ones, step durations; the storage page's row
+  estimates are numbers (never "?").
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Annotated, Any, TypedDict
+
+import psycopg
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode
+from langgraph.types import interrupt
+from psycopg.rows import dict_row
+from starlette.testclient import TestClient
+
+from langgraph_durable import DurablePostgresSaver, PoisonCheckpointError, idempotent
+from langgraph_durable.console import create_app
+from langgraph_durable.lifecycle import FAILURE_TRACEBACK_MAX
+
+HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+LONG = "the weather report, line by line.\n" * 200  # folded: > 600 chars
+
+
+def q(dsn: str, sql: str, *args: Any) -> list[dict[str, Any]]:
+    with psycopg.connect(dsn, row_factory=dict_row) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def _cfg(tid: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": tid}}
+
+
+CALLS: list[str] = []
+
+
+@idempotent
+@tool
+def lookup_weather(city: str) -> str:
+    """The weather in a city."""
+    CALLS.append(city)
+    return f"sunny in {city} " + HOSTILE + " " + LONG
+
+
+def _agent(saver: Any) -> Any:
+    """A model node that asks for a tool once, then answers; the ToolNode runs it."""
+
+    def model(state: MessagesState) -> dict[str, Any]:
+        if not any(isinstance(m, ToolMessage) for m in state["messages"]):
+            return {"messages": [AIMessage(
+                content="let me look that up " + HOSTILE,
+                tool_calls=[{"id": "call_0", "name": "lookup_weather",
+                             "args": {"city": "Paris" + HOSTILE}}],
+            )]}
+        return {"messages": [AIMessage(content="It is sunny in Paris.")]}
+
+    def route(state: MessagesState) -> str:
+        last = state["messages"][-1]
+        return "tools" if getattr(last, "tool_calls", None) else END
+
+    b = StateGraph(MessagesState)
+    b.add_node("model", model)
+    b.add_node("tools", ToolNode([lookup_weather]))
+    b.add_edge(START, "model")
+    b.add_conditional_edges("model", route, ["tools", END])
+    b.add_edge("tools", "model")
+    return b.compile(checkpointer=saver.bind(graph_version="agent-v1"))
+
+
+class S(TypedDict, total=False):
+    x: int
+    log: Annotated[list[str], operator.add]
+    answer: str
+
+
+def _asking(saver: Any) -> Any:
+    def plan(state: S) -> S:
+        return {"x": 1, "log": ["plan"]}
+
+    def approve(state: S) -> S:
+        answer = interrupt({"question": "ship order 42?", "order": {"id": 42, "note": HOSTILE}})
+        return {"answer": str(answer)}
+
+    b = StateGraph(S)
+    b.add_node("plan", plan)
+    b.add_node("approve", approve)
+    b.add_edge(START, "plan")
+    b.add_edge("plan", "approve")
+    b.add_edge("approve", END)
+    return b.compile(checkpointer=saver.bind(graph_version="ask-v1"))
+
+
+def _deep(n: int, detail: str) -> None:
+    if n:
+        _deep(n - 1, detail)
+    raise RuntimeError("payment provider returned 500 " + HOSTILE + detail)
+
+
+def _failing(saver: Any, depth: int, detail: str = "") -> Any:
+    def plan(state: S) -> S:
+        return {"x": 1}
+
+    def charge(state: S) -> S:
+        _deep(depth, detail)
+        return {}
+
+    b = StateGraph(S)
+    b.add_node("plan", plan)
+    b.add_node("charge", charge)
+    b.add_edge(START, "plan")
+    b.add_edge("plan", "charge")
+    b.add_edge("charge", END)
+    return b.compile(checkpointer=saver.bind(graph_version="fail-v1"))
+
+
+class Data:
+    def __init__(self, dsn: str) -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.dsn = dsn
+        self.chat = f"chat-{tag}"
+        self.dict_chat = f"dictchat-{tag}"
+        self.waiting = f"waiting-{tag}"
+        self.error = f"error-{tag}"
+        self.deep = f"deep-{tag}"
+        self.poisoned = f"poison-{tag}"
+
+
+@pytest.fixture(scope="module")
+def data(dsn: str) -> Iterator[Data]:
+    d = Data(dsn)
+    with DurablePostgresSaver.from_conn_string(dsn, max_resume_attempts=1) as saver:
+        saver.setup()
+        agent = _agent(saver)
+        agent.invoke({"messages": [SystemMessage("you are a weather bot"),
+                                   HumanMessage("weather in Paris? " + HOSTILE)]}, _cfg(d.chat))
+        assert len(agent.get_state(_cfg(d.chat)).values["messages"]) == 5
+        # Messages in their dict form (as a JSON API would hand them over).
+        b = StateGraph(MessagesState)
+        b.add_node("echo", lambda s: {"messages": [{"role": "assistant", "content": "echo"}]})
+        b.add_edge(START, "echo")
+        b.add_edge("echo", END)
+        plain = b.compile(checkpointer=saver.bind(graph_version="echo-v1"))
+        plain.invoke({"messages": [{"role": "user", "content": "hi " + HOSTILE}]}, _cfg(d.dict_chat))
+        _asking(saver).invoke({"x": 0, "log": []}, _cfg(d.waiting))
+        with pytest.raises(RuntimeError):
+            _failing(saver, 3).invoke({"x": 0}, _cfg(d.error))
+        with pytest.raises(RuntimeError):
+            _failing(saver, 3, "; body: " + "x" * 40_000).invoke({"x": 0}, _cfg(d.deep))
+        failing = _failing(saver, 2)
+        with pytest.raises(RuntimeError):
+            failing.invoke({"x": 0}, _cfg(d.poisoned))
+        with pytest.raises(PoisonCheckpointError):
+            failing.invoke(None, _cfg(d.poisoned))
+    yield d
+
+
+@pytest.fixture(scope="module")
+def client(data: Data) -> Iterator[TestClient]:
+    with DurablePostgresSaver.from_conn_string(data.dsn) as saver:
+        saver.setup()
+        with TestClient(create_app(saver, sample_interval=0)) as c:
+            yield c
+
+
+def _page(client: TestClient, path: str) -> str:
+    r = client.get(path)
+    assert r.status_code == 200, (path, r.text[:800])
+    return r.text
+
+
+def _no_injection(html: str) -> None:
+    assert "<script>alert" not in html and "<img src=x" not in html
+    assert "&lt;script&gt;alert" in html
+
+
+def _turns(html: str) -> list[str]:
+    return re.findall(r'class="turn turn-(\w+)"', html)
+
+
+# ------------------------------------------------------------------ conversations
+def test_a_tool_calling_conversation_is_a_transcript_linked_to_its_ledger_row(
+    client: TestClient, data: Data
+) -> None:
+    html = _page(client, f"/thread?id={data.chat}")
+    assert "Conversation: <span" in html
+    assert _turns(html) == ["system", "human", "ai", "tool", "ai"]
+    _no_injection(html)
+    # The AI's tool call: its name, its arguments (escaped), linked to its result turn.
+    assert 'class="mono tool-name">lookup_weather<' in html
+    assert "Paris&lt;script&gt;" in html
+    assert 'href="#latest-1-m3">result #3</a>' in html
+    assert "result of <span class=\"mono\">lookup_weather</span> call <span class=\"mono\">call_0</span>" in html
+    # The ledger row the @idempotent tool recorded: completed, 1 attempt, its result.
+    rows = q(data.dsn, "SELECT key, status, attempts FROM durable_ledger WHERE thread_id = %s",
+             data.chat)
+    assert [(r["status"], r["attempts"]) for r in rows] == [("completed", 1)]
+    link = html.split('class="ledger-link small"', 1)[1].split("</div>\n</div>", 1)[0]
+    assert "completed" in link and "1 attempt " in link and "recorded result" in link
+    assert "sunny in Paris" in link
+    # Long contents are folded: the tool result (and the recorded result) in <details>.
+    assert html.count('<details class="fold">') >= 2
+    assert CALLS.count("Paris" + HOSTILE) == 1
+
+
+def test_dict_form_messages_are_a_transcript_too(client: TestClient, data: Data) -> None:
+    html = _page(client, f"/thread?id={data.dict_chat}")
+    # add_messages turns dicts into messages; the dict form itself is shown by the
+    # pending writes of the first checkpoint (the input, as the caller gave it).
+    assert _turns(html)[:2] == ["human", "ai"]
+    _no_injection(html)
+    first = q(data.dsn, "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s "
+              "ORDER BY checkpoint_id LIMIT 1", data.dict_chat)[0]["checkpoint_id"]
+    at = _page(client, f"/thread?id={data.dict_chat}&cp={first}")
+    pending = at.split('id="pending"', 1)[1].split("</table>", 1)[0]
+    assert 'class="turn turn-human"' in pending
+    _no_injection(at)
+
+
+def test_state_at_pending_writes_and_diff_render_messages(client: TestClient, data: Data) -> None:
+    cps = [r["checkpoint_id"] for r in q(
+        data.dsn, "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND "
+        "checkpoint_ns = '' ORDER BY checkpoint_id", data.chat)]
+    # State at the checkpoint after the model asked for the tool: 3 turns, the call.
+    mid = _page(client, f"/thread?id={data.chat}&cp={cps[2]}")
+    state_at = mid.split('id="state-at"', 1)[1].split("<h3", 1)[0]
+    assert _turns(state_at) == ["system", "human", "ai"]
+    assert "no result yet" in state_at
+    # Its pending writes: the ToolNode's ToolMessage, as a turn.
+    pending = mid.split('id="pending"', 1)[1].split("</table>", 1)[0]
+    assert _turns(pending) == ["tool"]
+    _no_injection(mid)
+    # The diff from it to the latest: the unchanged prefix counted, the new turns shown.
+    diff = _page(client, f"/thread?id={data.chat}&a={cps[2]}&b=latest")
+    part = diff.split('id="diff"', 1)[1].split("<h2", 1)[0]
+    assert "3 messages unchanged" in part
+    assert _turns(part) == ["tool", "ai"]
+    _no_injection(diff)
+
+
+# ------------------------------------------------------------------ interrupts
+def test_a_waiting_thread_shows_the_value_asked_and_the_node(client: TestClient, data: Data) -> None:
+    html = _page(client, f"/thread?id={data.waiting}")
+    block = html.split('id="interrupts"', 1)[1].split("</div>", 1)[0]
+    assert 'class="mono interrupt-node">approve<' in block
+    value = block.split('<pre class="interrupt-value">', 1)[1].split("</pre>", 1)[0]
+    import html as h
+
+    assert json.loads(h.unescape(value)) == {
+        "question": "ship order 42?", "order": {"id": 42, "note": HOSTILE}
+    }
+    _no_injection(html)
+
+
+# ------------------------------------------------------------------ failures
+def test_an_error_thread_shows_node_type_message_and_traceback(client: TestClient, data: Data) -> None:
+    row = q(data.dsn, "SELECT status, last_failure FROM durable_threads WHERE thread_id = %s",
+            data.error)[0]
+    assert row["status"] == "error"
+    failure = row["last_failure"]
+    assert failure["node"] == "charge" and failure["type"] == "builtins.RuntimeError"
+    assert "_deep" in failure["traceback"] and failure["traceback_cut"] == 0
+    html = _page(client, f"/thread?id={data.error}")
+    assert 'id="failure-node">charge<' in html
+    assert 'id="failure-type">builtins.RuntimeError<' in html
+    tb = html.split('id="traceback">', 1)[1].split("</pre>", 1)[0]
+    assert "Traceback (most recent call last)" in tb and "in _deep" in tb
+    assert "During task with name &#39;charge&#39;" in tb
+    _no_injection(html)
+
+
+def test_a_huge_traceback_is_stored_bounded_and_the_cut_said(client: TestClient, data: Data) -> None:
+    failure = q(data.dsn, "SELECT last_failure FROM durable_threads WHERE thread_id = %s",
+                data.deep)[0]["last_failure"]
+    assert len(failure["traceback"]) <= FAILURE_TRACEBACK_MAX
+    assert failure["traceback_cut"] > 0
+    # The tail is kept: the end of the message and LangGraph's note naming the node.
+    assert failure["traceback"].rstrip().endswith("During task with name 'charge' and id '"
+                                                  + failure["task_id"] + "'")
+    assert len(failure["message"]) == 4000 and failure["node"] == "charge"
+    html = _page(client, f"/thread?id={data.deep}")
+    assert f"the first {failure['traceback_cut']} characters were cut" in html
+
+
+def test_a_quarantined_thread_keeps_its_traceback(client: TestClient, data: Data) -> None:
+    row = q(data.dsn, "SELECT status, last_failure FROM durable_threads WHERE thread_id = %s",
+            data.poisoned)[0]
+    assert row["status"] == "quarantined"
+    assert row["last_failure"]["node"] == "charge"
+    html = _page(client, f"/thread?id={data.poisoned}")
+    assert 'id="quarantine"' in html and 'id="failure-node">charge<' in html
+    assert "in _deep" in html.split('id="traceback">', 1)[1]
+
+
+# ------------------------------------------------------------------ time, storage
+def test_timestamps_are_absolute_beside_relative_and_steps_have_durations(
+    client: TestClient, data: Data
+) -> None:
+    html = _page(client, f"/thread?id={data.chat}")
+    timeline = html.split('id="timeline"', 1)[1].split("</table>", 1)[0]
+    stamps = re.findall(r'<span class="abs">(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)</span>', timeline)
+    n = q(data.dsn, "SELECT count(*) AS n FROM checkpoints WHERE thread_id = %s", data.chat)[0]["n"]
+    assert len(stamps) == n == 5  # one per checkpoint
+    durations = re.findall(r'<td class="nowrap">([\d.]+ (?:ms|s|min|h)|-)</td>', timeline)
+    assert len(durations) == n and durations[-1] == "-"  # the first step has no parent
+    assert all(d != "-" for d in durations[:-1])
+
+
+def test_storage_row_estimates_are_numbers(client: TestClient, data: Data) -> None:
+    html = _page(client, "/storage")
+    table = html.split('id="tables"', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r"<tr><td class=\"mono\">(\w+)</td><td[^>]*>([^<]*)</td>", table)
+    assert rows and all(est.strip() != "?" for _, est in rows), rows
+    estimates = dict(rows)
+    assert int(estimates["checkpoints"].replace(",", "")) > 0
