@@ -324,10 +324,21 @@ def test_timestamps_are_absolute_beside_relative_and_steps_have_durations(
     assert all(d != "-" for d in durations[:-1])
 
 
-def test_storage_row_estimates_are_numbers(client: TestClient, data: Data) -> None:
+def test_storage_row_estimates_are_numbers_and_sizes_one_unit(
+    client: TestClient, data: Data
+) -> None:
+    never = {r["relname"] for r in q(data.dsn, "SELECT relname FROM pg_class WHERE reltuples < 0")}
     html = _page(client, "/storage")
     table = html.split('id="tables"', 1)[1].split("</table>", 1)[0]
-    rows = re.findall(r"<tr><td class=\"mono\">(\w+)</td><td[^>]*>([^<]*)</td>", table)
-    assert rows and all(est.strip() != "?" for _, est in rows), rows
-    estimates = dict(rows)
-    assert int(estimates["checkpoints"].replace(",", "")) > 0
+    rows = re.findall(r'<tr><td class="mono">(\w+)</td><td class="num" title="([^"]*)">([^<]*)</td>'
+                      r'((?:<td class="num">[^<]*</td>){3})', table)
+    assert len(rows) >= 5, table[:500]
+    units = set()
+    for name, how, est, sizes in rows:
+        assert est != "?" and int(est.replace(",", "")) >= 0, (name, est)
+        if name in never and how.startswith("counted"):  # never analyzed: counted exactly
+            exact = q(data.dsn, f'SELECT count(*) AS n FROM "{name}"')[0]["n"]
+            assert int(est.replace(",", "")) == exact, name
+        units |= set(re.findall(r" ([KMGT]?i?B)</td>", sizes))
+    assert len(units) == 1, units  # one unit for every size in the table
+    assert any(how.startswith("counted") for _, how, _, _ in rows)  # an empty, never analyzed one

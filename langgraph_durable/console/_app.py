@@ -98,6 +98,7 @@ def _env() -> Environment:
     env.filters["pretty"] = _pretty
     env.filters["abs"] = _abs_time
     env.filters["dur"] = _duration
+    env.filters["in_unit"] = _in_unit
     return env
 
 
@@ -432,6 +433,7 @@ class Console:
         with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.TABLE_SIZES_SQL)
             tables = cur.fetchall()
+            _estimate_rows(cur, tables)
             largest = None
             if p.get("largest") == "1":
                 cur.execute(q.LARGEST_SQL, (15,))
@@ -453,8 +455,9 @@ class Console:
                 dry_run=True,
             )
         bars = [(t["name"], float(t["total_bytes"]), None) for t in tables[:8]]
+        unit = _unit_for(max((int(t["total_bytes"]) for t in tables), default=0))
         return self.render(
-            request, "storage.html", tables=tables, largest=largest, stats=stats, report=report,
+            request, "storage.html", tables=tables, unit=unit, largest=largest, stats=stats, report=report,
             form=form, chart=_svg.bar_chart(bars, title="bytes per table"),
         )
 
@@ -542,6 +545,40 @@ def _dict_row() -> Any:
     from psycopg.rows import dict_row
 
     return dict_row
+
+
+def _estimate_rows(cur: Any, tables: list[dict[str, Any]]) -> None:
+    """Each table's row estimate, never unknown: pg_class.reltuples, or (-1: never
+    vacuumed nor analyzed) an exact count for a small table, else the statistics'
+    live-tuple count. ``rows_how`` says which, for the page's tooltip."""
+    for t in tables:
+        if int(t["rows_estimate"]) >= 0:
+            t["rows_how"] = "planner estimate (pg_class.reltuples)"
+        elif int(t["heap_bytes"]) <= q.SMALL_TABLE_BYTES:
+            cur.execute(q.count_rows_sql(str(t["name"])))
+            t["rows_estimate"], t["rows_how"] = int(cur.fetchone()["n"]), "counted (never analyzed)"
+        else:
+            t["rows_estimate"] = int(t["live_tuples"])
+            t["rows_how"] = "live tuples (pg_stat_user_tables; never analyzed)"
+
+
+_UNITS = (("B", 1), ("KiB", 1024), ("MiB", 1024**2), ("GiB", 1024**3), ("TiB", 1024**4))
+
+
+def _unit_for(largest: int) -> tuple[str, int]:
+    """One unit for a table of sizes: the largest that keeps the biggest value >= 1."""
+    chosen = _UNITS[0]
+    for unit in _UNITS:
+        if largest >= unit[1]:
+            chosen = unit
+    return chosen
+
+
+def _in_unit(n: Any, unit: tuple[str, int]) -> str:
+    if n is None:
+        return "-"
+    name, size = unit
+    return f"{int(n):,} {name}" if size == 1 else f"{float(n) / size:,.1f} {name}"
 
 
 def _hours(value: str | None) -> float | None:
