@@ -370,18 +370,30 @@ class Console:
         """Each tool call's ledger row, and the result it recorded (decoded, bounded)."""
         links = msg.ledger_links(tid, msg.tool_call_ids(transcripts), ledger, task_nodes)
         msg.attach_ledger(transcripts, links)
-        recorded: dict[str, dict[str, Any]] = {}
-        for entry in links.values():
-            if entry.status == "completed" and entry.key not in recorded:
-                try:
-                    recorded[entry.key] = msg.result_text(Ledger(self.saver).result(entry.key))
-                except DurableError as exc:  # an undecodable result is shown as such
-                    recorded[entry.key] = msg.folded(f"(cannot decode: {exc.message})")
+        recorded = self._recorded_results(sorted({e.key for e in links.values()}))
         for tr in transcripts:
             for turn in tr["turns"]:
                 for call in turn["tool_calls"]:
                     if call["ledger"] is not None:
                         call["recorded"] = recorded.get(call["ledger"].key)
+
+    def _recorded_results(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+        """The decoded results of completed ledger rows (one statement), as folded text;
+        an undecodable one says so."""
+        if not keys:
+            return {}
+        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+            cur.execute(q.LEDGER_RESULTS_SQL, (keys,))
+            rows = cur.fetchall()
+        out = {}
+        for row in rows:
+            try:
+                value = self.saver.serde.loads_typed((row["result_type"], bytes(row["result"] or b"")))
+            except Exception as exc:  # a hostile or foreign row: shown, never fatal
+                out[row["key"]] = msg.folded(f"(cannot decode the recorded result: {type(exc).__name__})")
+            else:
+                out[row["key"]] = msg.result_text(value)
+        return out
 
     def quarantine(self, request: Request) -> HTMLResponse:
         entries = poison.list_quarantined(self.saver, limit=500)

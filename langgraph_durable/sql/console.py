@@ -111,3 +111,10 @@ SMALL_TABLE_BYTES = 8 * 1024 * 1024
 
 def count_rows_sql(table: str) -> sql.Composed:
     return sql.SQL("SELECT count(*) AS n FROM {}").format(sql.Identifier(table))
+
+# The recorded results of the ledger rows a transcript links to, in one statement (issue
+# 25; the thread page would otherwise read one row per tool call).
+LEDGER_RESULTS_SQL = """
+SELECT key, result_type, result FROM durable_ledger
+WHERE key = ANY(%s) AND status = 'completed'
+"""
