@@ -349,7 +349,7 @@ class RunLifecycle(RunLifecycleView):
             )
             return partial(
                 self._op_release, lease, status, reset=False, undo=False, error=error,
-                first=(*first, moved_to),
+                first=(moved_to, *first),
             )
         return partial(
             self._op_release, lease, status, reset=reset, undo=undo, error=error, first=first

@@ -342,3 +342,48 @@ def test_storage_row_estimates_are_numbers_and_sizes_one_unit(
         units |= set(re.findall(r" ([KMGT]?i?B)</td>", sizes))
     assert len(units) == 1, units  # one unit for every size in the table
     assert any(how.startswith("counted") for _, how, _, _ in rows)  # an empty, never analyzed one
+
+
+# ------------------------------------------------------------------ graph names
+def test_versions_are_grouped_by_graph_name_with_a_current_version_each(data: Data) -> None:
+    """Two graphs in one database: each has its current version; an older version of
+    one graph with unfinished threads must drain, the other graph's live version does
+    not (on the base it was "must drain": whichever graph wrote last was current)."""
+    tag = uuid.uuid4().hex[:6]
+    with DurablePostgresSaver.from_conn_string(data.dsn) as saver:
+        def billing(version: str) -> Any:
+            b = StateGraph(S)
+            b.add_node("plan", lambda s: {"x": 1})
+            b.add_node("approve", lambda s: {"answer": str(interrupt("ok?"))})
+            b.add_edge(START, "plan")
+            b.add_edge("plan", "approve")
+            b.add_edge("approve", END)
+            return b.compile(checkpointer=saver.bind(graph_version=version), name="billing")
+
+        billing(f"bill-1-{tag}").invoke({"x": 0}, _cfg(f"bill-old-{tag}"))  # waits: unfinished
+        billing(f"bill-2-{tag}").invoke({"x": 0}, _cfg(f"bill-new-{tag}"))  # waits: unfinished
+        b = StateGraph(S)
+        b.add_node("answer", lambda s: {"answer": "hi"})
+        b.add_edge(START, "answer")
+        b.add_edge("answer", END)
+        support = b.compile(checkpointer=saver.bind(graph_version=f"sup-1-{tag}"))
+        # Written last: on the base, the only "current" version of the whole database.
+        support.invoke({"x": 0}, {"configurable": {"thread_id": f"sup-{tag}"},
+                                  "metadata": {"graph_id": "support"}})
+        names = {r["version"]: r["graph_name"] for r in q(
+            data.dsn, "SELECT version, graph_name FROM durable_graph_versions "
+            "WHERE version LIKE %s", f"%-{tag}")}
+        assert names == {f"bill-1-{tag}": "billing", f"bill-2-{tag}": "billing",
+                         f"sup-1-{tag}": "support"}
+        with TestClient(create_app(saver, sample_interval=0)) as client:
+            html = _page(client, "/versions")
+    rows = {v: (name, "current</span>" in cell) for name, v, cell in re.findall(
+        r'<td class="graph-name">([^<]*)</td><td class="mono">([^< ]+)(.*?)</td>', html)}
+    assert rows[f"bill-2-{tag}"] == ("billing", True)
+    assert rows[f"sup-1-{tag}"] == ("support", True)
+    assert rows[f"bill-1-{tag}"] == ("billing", False)
+    drain = html.split('<ul id="drain">', 1)[1].split("</ul>", 1)[0]
+    must = dict(re.findall(r'<li>(?:[^<]* )?<span class="mono">([^<]+)</span> \(current: '
+                           r'<span class="mono">([^<]+)</span>', drain))
+    assert must[f"bill-1-{tag}"] == f"bill-2-{tag}"  # billing's old version, drains to its current
+    assert f"bill-2-{tag}" not in must and f"sup-1-{tag}" not in must

@@ -414,24 +414,45 @@ class Console:
         exact = request.query_params.get("exact") == "1"
         fast = self._version_summary()
         summary = versioning.version_summary(self.saver) if exact else fast
-        # The current version: ?current=, else the one the newest thread started on
-        # (new threads start on the deployed code; old versions' threads only resume).
-        newest = max(fast, key=lambda g: g["newest_thread"] or _EPOCH, default=None)
-        current = request.query_params.get("current") or (newest["graph_version"] if newest else None)
-        summary = sorted(summary, key=lambda g: g["graph_version"] != current)
-        drain = [g for g in summary if g["graph_version"] != current and g["unfinished"]]
+        names = self._version_names([g["graph_version"] for g in [*fast, *summary]])
+        # The current version of each graph: ?current= for its graph, else the one its
+        # newest thread started on (new threads start on the deployed code; old
+        # versions' threads only resume). Versions with no recorded name are one graph.
+        currents: dict[str | None, str | None] = {}
+        for g in sorted(fast, key=lambda g: g["newest_thread"] or _EPOCH):
+            currents[names.get(g["graph_version"])] = g["graph_version"]
+        wanted = request.query_params.get("current")
+        if wanted:
+            currents[names.get(wanted)] = wanted
+        for g in summary:
+            g["graph_name"] = names.get(g["graph_version"])
+            g["current"] = currents.get(g["graph_name"]) == g["graph_version"]
+            g["current_version"] = currents.get(g["graph_name"])
+        summary = sorted(summary, key=lambda g: (g["graph_name"] or "", not g["current"]))
+        drain = [g for g in summary if not g["current"] and g["unfinished"]]
         log = versioning.migration_log(self.saver, limit=30)
         dry = None
         p = request.query_params
         if self.graph is not None and p.get("from"):
+            to = p.get("to") or currents.get(names.get(p["from"])) or None
             dry = versioning.migrate_threads(
-                self.saver, p["from"], p.get("to") or current or None, graph=self.graph,
+                self.saver, p["from"], to, graph=self.graph,
                 registry=self.registry, dry_run=True, limit=1000,
             )
         return self.render(
-            request, "versions.html", summary=summary, current=current, drain=drain, log=log,
+            request, "versions.html", summary=summary, drain=drain, log=log,
             dry=dry, has_graph=self.graph is not None, exact=exact,
+            named=any(names.values()),
         )
+
+    def _version_names(self, versions: list[str | None]) -> dict[str | None, str | None]:
+        """version -> the graph name recorded with it (one statement, by primary key)."""
+        wanted = sorted({v for v in versions if v})
+        if not wanted:
+            return {}
+        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+            cur.execute(q.VERSION_NAMES_SQL, (wanted,))
+            return {r["version"]: r["graph_name"] for r in cur.fetchall()}
 
     def _version_summary(self) -> list[dict[str, Any]]:
         """``versioning.version_summary``'s shape from durable_threads alone (fast)."""

@@ -118,3 +118,8 @@ LEDGER_RESULTS_SQL = """
 SELECT key, result_type, result FROM durable_ledger
 WHERE key = ANY(%s) AND status = 'completed'
 """
+
+# Each version's graph name (issue 25), for the versions page's per-graph "current".
+VERSION_NAMES_SQL = """
+SELECT version, graph_name FROM durable_graph_versions WHERE version = ANY(%s)
+"""
