@@ -296,6 +296,9 @@ class RunLifecycle(RunLifecycleView):
                 thread_id, lease.checkpoint_id, lease.attempts,
                 f"{type(exc).__name__}: {exc}"[:4000], version, "load_error",
             )
+            # Its traceback too (issue 25), while the lease is held: the quarantine
+            # below drops it.
+            yield Tx(partial(_op_record_failure, lease, exc, lease.checkpoint_id))
             yield from self._flow_quarantine(lease, record, exc)
         if saved is not None:
             saved = yield from self._flow_check_version(thread_id, saved, version, policy)
@@ -616,6 +619,12 @@ def _clean(text: str | None) -> str | None:
     if text is None:
         return None
     return text.replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
+
+
+def _op_record_failure(lease: Lease, exc: BaseException, checkpoint_id: str | None) -> Op[None]:
+    from langgraph_durable._io import Batch
+
+    yield Batch([_failure_stmt(lease, exc, checkpoint_id)])
 
 
 def _failure_stmt(lease: Lease, exc: BaseException, checkpoint_id: str | None) -> Stmt:

@@ -29,7 +29,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
-from langgraph.types import interrupt
+from langgraph.types import Command, interrupt
 from psycopg.rows import dict_row
 from starlette.testclient import TestClient
 
@@ -142,6 +142,7 @@ class Data:
         self.error = f"error-{tag}"
         self.deep = f"deep-{tag}"
         self.poisoned = f"poison-{tag}"
+        self.damaged = f"damaged-{tag}"
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +171,16 @@ def data(dsn: str) -> Iterator[Data]:
             failing.invoke({"x": 0}, _cfg(d.poisoned))
         with pytest.raises(PoisonCheckpointError):
             failing.invoke(None, _cfg(d.poisoned))
+        asking = _asking(saver)
+        asking.invoke({"x": 0, "log": []}, _cfg(d.damaged))
+    # A stored value that no longer decodes (0xc1 is never valid msgpack): the next run
+    # start quarantines the thread at once (reason load_error).
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE checkpoint_blobs SET blob = '\\xc1'::bytea "
+                     "WHERE thread_id = %s AND channel = 'log'", (d.damaged,))
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        with pytest.raises(PoisonCheckpointError):
+            _asking(saver).invoke(Command(resume="yes"), _cfg(d.damaged))
     yield d
 
 
@@ -387,3 +398,18 @@ def test_versions_are_grouped_by_graph_name_with_a_current_version_each(data: Da
                            r'<span class="mono">([^<]+)</span>', drain))
     assert must[f"bill-1-{tag}"] == f"bill-2-{tag}"  # billing's old version, drains to its current
     assert f"bill-2-{tag}" not in must and f"sup-1-{tag}" not in must
+
+
+def test_a_thread_quarantined_on_a_load_error_shows_that_traceback(
+    client: TestClient, data: Data
+) -> None:
+    row = q(data.dsn, "SELECT t.status, t.last_failure, q.reason, q.checkpoint_id FROM "
+            "durable_threads t JOIN durable_quarantine q USING (thread_id) WHERE thread_id = %s",
+            data.damaged)[0]
+    assert row["status"] == "quarantined" and row["reason"] == "load_error"
+    failure = row["last_failure"]
+    assert failure["type"].endswith("Error") and "Load" in failure["type"], failure["type"]
+    assert failure["checkpoint_id"] == row["checkpoint_id"] and failure["node"] is None
+    html = _page(client, f"/thread?id={data.damaged}")
+    assert failure["type"] in html.split('id="failure-type">', 1)[1].split("<", 1)[0]
+    assert "Traceback (most recent call last)" in html.split('id="traceback">', 1)[1]
