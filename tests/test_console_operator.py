@@ -413,3 +413,67 @@ def test_a_thread_quarantined_on_a_load_error_shows_that_traceback(
     html = _page(client, f"/thread?id={data.damaged}")
     assert failure["type"] in html.split('id="failure-type">', 1)[1].split("<", 1)[0]
     assert "Traceback (most recent call last)" in html.split('id="traceback">', 1)[1]
+
+
+# ------------------------------------------------------------------ browser
+def test_browser_transcript_view_at_1024_px(data: Data, tmp_path: Any) -> None:
+    """The transcript in a real Chromium at 1024 px: the turns and the ledger link are
+    drawn, no hash, id or size cell wraps, no script ran (none is sent); a screenshot
+    (LGD_UPDATE_SCREENSHOT=1: docs/img/console-transcript.png)."""
+    import os
+    import threading
+    import time
+    from pathlib import Path
+
+    from test_console import CHROMIUM, _browser_or_skip
+
+    sync_playwright = _browser_or_skip()
+    import uvicorn
+
+    port = 56900 + int(uuid.uuid4().int % 90)
+    with DurablePostgresSaver.from_conn_string(data.dsn) as saver:
+        app = create_app(saver, sample_interval=0)
+        srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        t = threading.Thread(target=srv.run, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not srv.started:
+            assert time.monotonic() < deadline, "the console did not start"
+            time.sleep(0.05)
+        try:
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(
+                    executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
+                )
+                page = browser.new_page(viewport={"width": 1024, "height": 900})
+                dialogs: list[str] = []
+                page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+                page.goto(f"http://127.0.0.1:{port}/thread?id={data.chat}")
+                turns = page.locator("#latest-1 .turn")
+                assert turns.count() == 5
+                assert page.locator("#latest-1 .ledger-link").inner_text().startswith("ledger")
+                # Nothing hostile ran: the alert() in the messages is text.
+                assert dialogs == []
+                wrapped = page.evaluate(
+                    """() => [...document.querySelectorAll('td.hash, td.num, td.mono:not(.pre):not(.small)')]
+                        .filter(td => td.textContent.trim())
+                        .filter(td => { const r = document.createRange(); r.selectNodeContents(td);
+                                        const tops = new Set([...r.getClientRects()].map(x => Math.round(x.top)));
+                                        return tops.size > 1; })
+                        .map(td => td.textContent.trim())"""
+                )
+                assert wrapped == [], wrapped
+                # ... and nothing is pushed off the page to the right.
+                widths = page.evaluate("() => [document.querySelector('main').scrollWidth, "
+                                       "document.querySelector('main').clientWidth]")
+                assert widths[0] <= widths[1], widths
+                shot = tmp_path / "console-transcript.png"
+                page.locator("#conversation-1").scroll_into_view_if_needed()
+                page.screenshot(path=str(shot), full_page=True)
+                if os.environ.get("LGD_UPDATE_SCREENSHOT") == "1":
+                    out = Path(__file__).resolve().parents[1] / "docs" / "img" / "console-transcript.png"
+                    page.screenshot(path=str(out), full_page=True)
+                browser.close()
+        finally:
+            srv.should_exit = True
+            t.join(timeout=10)
