@@ -416,6 +416,15 @@ def test_a_thread_quarantined_on_a_load_error_shows_that_traceback(
 
 
 # ------------------------------------------------------------------ browser
+# The id, hash and size cells whose text is drawn on more than one line.
+WRAPPED = """() => [...document.querySelectorAll('td.hash, td.num, td.mono:not(.pre):not(.small)')]
+    .filter(td => td.textContent.trim() && !td.querySelector('br'))  // <br>: two lines on purpose
+    .filter(td => { const r = document.createRange(); r.selectNodeContents(td);
+                    const tops = [...r.getClientRects()].map(x => x.top);
+                    return Math.max(...tops) - Math.min(...tops) > 8; })  // a second line
+    .map(td => td.textContent.trim())"""
+
+
 def test_browser_transcript_view_at_1024_px(data: Data, tmp_path: Any) -> None:
     """The transcript in a real Chromium at 1024 px: the turns and the ledger link are
     drawn, no hash, id or size cell wraps, no script ran (none is sent); a screenshot
@@ -454,19 +463,18 @@ def test_browser_transcript_view_at_1024_px(data: Data, tmp_path: Any) -> None:
                 assert page.locator("#latest-1 .ledger-link").inner_text().startswith("ledger")
                 # Nothing hostile ran: the alert() in the messages is text.
                 assert dialogs == []
-                wrapped = page.evaluate(
-                    """() => [...document.querySelectorAll('td.hash, td.num, td.mono:not(.pre):not(.small)')]
-                        .filter(td => td.textContent.trim())
-                        .filter(td => { const r = document.createRange(); r.selectNodeContents(td);
-                                        const tops = new Set([...r.getClientRects()].map(x => Math.round(x.top)));
-                                        return tops.size > 1; })
-                        .map(td => td.textContent.trim())"""
-                )
+                wrapped = page.evaluate(WRAPPED)
                 assert wrapped == [], wrapped
                 # ... and nothing is pushed off the page to the right.
                 widths = page.evaluate("() => [document.querySelector('main').scrollWidth, "
                                        "document.querySelector('main').clientWidth]")
                 assert widths[0] <= widths[1], widths
+                # The other views at 1024 px: no wrapped hash, id or size either.
+                for path in ("/threads", "/versions", "/storage?dedup=0", "/quarantine",
+                             "/ledger?show=all", f"/thread?id={data.poisoned}"):
+                    page.goto(f"http://127.0.0.1:{port}{path}")
+                    assert page.evaluate(WRAPPED) == [], path
+                page.goto(f"http://127.0.0.1:{port}/thread?id={data.chat}")
                 shot = tmp_path / "console-transcript.png"
                 page.locator("#conversation-1").scroll_into_view_if_needed()
                 page.screenshot(path=str(shot), full_page=True)
