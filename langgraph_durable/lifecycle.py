@@ -342,7 +342,7 @@ class RunLifecycle(RunLifecycleView):
         head = self._head(loop)
         first: tuple[Stmt, ...] = ()
         if error is not None and exc is not None:
-            first = (_failure_stmt(lease, exc, head or lease.checkpoint_id),)
+            first = _failure_first(lease, exc, head or lease.checkpoint_id)
         if error is not None and head is not None and head != lease.checkpoint_id:
             # The failure happened past the checkpoint the run started from: it is the
             # first failed attempt at the new head.
@@ -619,6 +619,16 @@ def _clean(text: str | None) -> str | None:
     if text is None:
         return None
     return text.replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
+
+
+def _failure_first(lease: Lease, exc: BaseException, checkpoint_id: str | None) -> tuple[Stmt, ...]:
+    """The failure record's statement for the release pipeline; none if the exception
+    cannot even be described (the release itself must never fail on it)."""
+    try:
+        return (_failure_stmt(lease, exc, checkpoint_id),)
+    except Exception:
+        logger.debug("could not record the failure of %s", lease.thread_id, exc_info=True)
+        return ()
 
 
 def _op_record_failure(lease: Lease, exc: BaseException, checkpoint_id: str | None) -> Op[None]:

@@ -485,3 +485,21 @@ def test_browser_transcript_view_at_1024_px(data: Data, tmp_path: Any) -> None:
         finally:
             srv.should_exit = True
             t.join(timeout=10)
+
+
+def test_an_async_run_records_its_failure_too(data: Data) -> None:
+    import asyncio
+
+    from langgraph_durable import AsyncDurablePostgresSaver
+
+    tid = f"async-error-{uuid.uuid4().hex[:6]}"
+
+    async def run() -> None:
+        async with AsyncDurablePostgresSaver.from_conn_string(data.dsn) as saver:
+            with pytest.raises(RuntimeError):
+                await _failing(saver, 1).ainvoke({"x": 0}, _cfg(tid))
+
+    asyncio.run(run())
+    row = q(data.dsn, "SELECT status, last_failure FROM durable_threads WHERE thread_id = %s", tid)[0]
+    assert row["status"] == "error"
+    assert row["last_failure"]["node"] == "charge" and "in _deep" in row["last_failure"]["traceback"]
