@@ -38,6 +38,8 @@ VIEWS = [
     ("threads prefix", "/threads?prefix=t0004"),
     ("thread detail", "/thread?id=t00004242"),
     ("thread diff", "/thread?id=t00004242&a=latest~1&b=latest"),
+    ("thread conversation (2000 msgs)", "/thread?id=conv-bench"),
+    ("thread conversation diff", "/thread?id=conv-bench&a=latest~1&b=latest"),
     ("quarantine", "/quarantine"),
     ("ledger (unknown)", "/ledger"),
     ("versions", "/versions"),
@@ -72,6 +74,45 @@ def extras(dsn: str) -> None:
                FROM generate_series(1, 200) g"""
         )
         conn.execute("VACUUM ANALYZE")
+
+
+CONV_TURNS = 500  # x4 messages: human, AI with a tool call, tool result, AI answer
+
+
+def conversation(saver: DurablePostgresSaver) -> None:
+    """A real run writing a 2000-message conversation (500 tool calls) to thread
+    ``conv-bench``, and a ledger row for each call keyed as an @idempotent tool keys
+    it (issue 25: the transcript view links every call to its row)."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from langgraph_durable.idempotency.keys import tool_key
+
+    msgs: list[object] = []
+    for i in range(CONV_TURNS):
+        cid = f"call_{i}"
+        msgs += [
+            HumanMessage(f"question {i} " + "x" * 200),
+            AIMessage("", tool_calls=[{"id": cid, "name": "lookup", "args": {"q": i}}]),
+            ToolMessage("result " * 150, tool_call_id=cid),
+            AIMessage(f"answer {i}"),
+        ]
+    b = StateGraph(MessagesState)
+    b.add_node("tools", lambda s: {"messages": [AIMessage("done")]})
+    b.add_edge(START, "tools")
+    b.add_edge("tools", END)
+    g = b.compile(checkpointer=saver.bind(graph_version="conv"))
+    g.invoke({"messages": msgs}, {"configurable": {"thread_id": "conv-bench"}})
+    task = "00000000-0000-0000-0000-000000000000"
+    with saver.connection() as conn:
+        conn.execute(
+            """INSERT INTO durable_ledger (key, fingerprint, status, name, thread_id, task_id,
+                                           owner, result_type, result)
+               SELECT k, 'fp', 'completed', 'lookup', 'conv-bench', %s, 'bench', 'json', '"ok"'
+               FROM unnest(%s::text[]) k ON CONFLICT DO NOTHING""",
+            (task, [tool_key("conv-bench", f"tools:{task}", task, f"call_{i}")
+                    for i in range(CONV_TURNS)]),
+        )
 
 
 def explain(dsn: str) -> list[str]:
@@ -114,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"built {n} threads in {built:.1f} s")
         with DurablePostgresSaver.from_conn_string(dsn) as saver:
             saver.setup()
+            if not reused:
+                conversation(saver)
             app = create_app(saver, sample_interval=0)
             with TestClient(app) as client:
                 print(f"{'view':34} {'median ms':>10} {'max ms':>8}  status")

@@ -663,14 +663,16 @@ def _judge_channels(
 
 # --- storage ------------------------------------------------------------------------------
 
-def op_record_version(version: str, topology: Mapping[str, Any]) -> Op[None]:
+def op_record_version(
+    version: str, topology: Mapping[str, Any], graph_name: str | None = None
+) -> Op[None]:
     from psycopg.types.json import Jsonb
 
     yield Batch(
         [
             Stmt(
                 RECORD_VERSION_SQL,
-                (version, topology["fingerprint"], Jsonb(topology)),
+                (version, topology["fingerprint"], Jsonb(topology), graph_name),
                 prepare=False,
             )
         ]

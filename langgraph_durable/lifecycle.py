@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import sys
 import time
 import uuid
@@ -57,7 +58,11 @@ from langgraph_durable.pooler import session_schema
 from langgraph_durable.quarantine import PoisonRecord, needs_operator
 from langgraph_durable.sql.audit import AUDIT_INSERT_SQL
 from langgraph_durable.sql.checkpoints import PARENT_GONE_STATE
-from langgraph_durable.sql.threads import ATTEMPT_AT_HEAD_SQL, ATTEMPT_UNCOUNTED_AT_HEAD_SQL
+from langgraph_durable.sql.threads import (
+    ATTEMPT_AT_HEAD_SQL,
+    ATTEMPT_UNCOUNTED_AT_HEAD_SQL,
+    RECORD_FAILURE_SQL,
+)
 from langgraph_durable.versioning import (
     POLICY_KEY,
     RUN_GRAPH,
@@ -310,6 +315,9 @@ class RunLifecycle(RunLifecycleView):
                 thread_id, lease.checkpoint_id, lease.attempts,
                 f"{type(exc).__name__}: {exc}"[:4000], version, "load_error",
             )
+            # Its traceback too (issue 25), while the lease is held: the quarantine
+            # below drops it.
+            yield Tx(partial(_op_record_failure, lease, exc, lease.checkpoint_id))
             yield from self._flow_quarantine(lease, record, exc)
         if saved is not None:
             saved = yield from self._flow_check_version(thread_id, saved, version, policy)
@@ -363,6 +371,9 @@ class RunLifecycle(RunLifecycleView):
         acked = lease.acked.get("")
         if status in ("done", "waiting") and acked is not None:
             return partial(self._op_release_checked, lease, acked, status, reset=reset, undo=undo)
+        first: tuple[Stmt, ...] = ()
+        if error is not None and exc is not None:
+            first = _failure_first(lease, exc, head or lease.checkpoint_id)
         if error is not None and head is not None and head != lease.checkpoint_id:
             # The failure happened past the checkpoint the run started from: it is the
             # first failed attempt at the new head (none, if an operator must decide).
@@ -371,9 +382,12 @@ class RunLifecycle(RunLifecycleView):
                 (head, lease.thread_id, lease.token, lease.owner),
             )
             return partial(
-                self._op_release, lease, status, reset=False, undo=False, error=error, first=(moved_to,)
+                self._op_release, lease, status, reset=False, undo=False, error=error,
+                first=(moved_to, *first),
             )
-        return partial(self._op_release, lease, status, reset=reset, undo=undo, error=error)
+        return partial(
+            self._op_release, lease, status, reset=reset, undo=undo, error=error, first=first
+        )
 
     def _op_release_checked(
         self, lease: Lease, acked: str, status: str, *, reset: bool, undo: bool
@@ -671,3 +685,79 @@ class RunLifecycle(RunLifecycleView):
             if lease.thread_id != str(config["configurable"].get("thread_id")):
                 return
         self._leases.bind_runtime(runtime, lease)
+
+
+# --- console25 branch: the last failure with its traceback (issue 25) -----------------
+FAILURE_TRACEBACK_MAX = 16 * 1024
+_TASK_NOTE = re.compile(r"During task with name '(.*)' and id '([^']*)'")
+
+
+def failure_record(exc: BaseException, checkpoint_id: str | None) -> dict[str, Any]:
+    """What the console shows of a run's failure: the failing node (from the note
+    LangGraph adds to a node's exception), the exception type and message, and the
+    traceback, its tail kept within ``FAILURE_TRACEBACK_MAX`` characters (the cut said:
+    the innermost frames, where it raised, are the ones an operator reads first)."""
+    import datetime as _dt
+    import traceback
+
+    node = task_id = None
+    for note in getattr(exc, "__notes__", None) or ():
+        m = _TASK_NOTE.search(str(note))
+        if m:
+            node, task_id = m.group(1), m.group(2)
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception as fmt_exc:  # a hostile __str__: never fail a run's release on it
+        text = f"(traceback unavailable: {type(fmt_exc).__name__})"
+    cut = max(0, len(text) - FAILURE_TRACEBACK_MAX)
+    try:
+        message = str(exc)[:4000]
+    except Exception:
+        message = "(unprintable)"
+    return {
+        "node": _clean(node),
+        "task_id": _clean(task_id),
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": _clean(message),
+        "traceback": _clean(text[cut:]),
+        "traceback_cut": cut,
+        "checkpoint_id": checkpoint_id,
+        "at": _dt.datetime.now(_dt.UTC).isoformat(),
+    }
+
+
+def _clean(text: str | None) -> str | None:
+    """JSONB-safe text: no NUL (PostgreSQL refuses it), no lone surrogate (no UTF-8)."""
+    if text is None:
+        return None
+    return text.replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
+
+
+def _failure_first(lease: Lease, exc: BaseException, checkpoint_id: str | None) -> tuple[Stmt, ...]:
+    """The failure record's statement for the release pipeline; none if the exception
+    cannot even be described (the release itself must never fail on it)."""
+    try:
+        return (_failure_stmt(lease, exc, checkpoint_id),)
+    except Exception:
+        logger.debug("could not record the failure of %s", lease.thread_id, exc_info=True)
+        return ()
+
+
+def _op_record_failure(lease: Lease, exc: BaseException, checkpoint_id: str | None) -> Op[None]:
+    from langgraph_durable._io import Batch
+
+    yield Batch([_failure_stmt(lease, exc, checkpoint_id)])
+
+
+def _failure_stmt(lease: Lease, exc: BaseException, checkpoint_id: str | None) -> Stmt:
+    from psycopg.types.json import Jsonb
+
+    return Stmt(
+        RECORD_FAILURE_SQL,
+        {
+            "failure": Jsonb(failure_record(exc, checkpoint_id)),
+            "thread_id": lease.thread_id,
+            "token": lease.token,
+            "owner": lease.owner,
+        },
+    )

@@ -283,7 +283,12 @@ def test_exit_outcome(loop: _Loop, exc: BaseException | None, expected: tuple[An
     params, stmts = _release(loop, exc)
     assert (params["status"], params["reset"], params["undo"], params["error"]) == expected
     assert (params["thread_id"], params["token"], params["owner"]) == (THREAD, 3, "me:1")
-    assert len(stmts) == 1
+    # A failed run also records its failure (issue 25), fenced like the release.
+    failures = [p for sql, p in stmts if sql == threads_sql.RECORD_FAILURE_SQL]
+    assert len(stmts) == 1 + len(failures) and len(failures) == (exc is not None and expected[0] == "error")
+    for f in failures:
+        assert (f["thread_id"], f["token"], f["owner"]) == (THREAD, 3, "me:1")
+        assert f["failure"].obj["type"] == "builtins.ValueError" and f["failure"].obj["message"] == "boom"
 
 
 def test_failure_past_the_start_checkpoint_counts_as_a_first_attempt_there() -> None:

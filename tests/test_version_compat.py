@@ -466,9 +466,9 @@ def test_topology_is_written_once_per_version_not_per_step(
     calls: list[str] = []
     real = saver_module.op_record_version
 
-    def counting(version: str, topology: Any) -> Any:
+    def counting(version: str, topology: Any, graph_name: str | None = None) -> Any:
         calls.append(version)
-        return real(version, topology)
+        return real(version, topology, graph_name)
 
     monkeypatch.setattr(saver_module, "op_record_version", counting)
     ran: list[str] = []

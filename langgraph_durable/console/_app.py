@@ -36,6 +36,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from langgraph_durable import audit, poison
+from langgraph_durable.console import _messages as msg
 from langgraph_durable.console import _svg
 from langgraph_durable.console._security import COOKIE, Session, Sessions, csrf_ok
 from langgraph_durable.errors import DurableError
@@ -62,15 +63,11 @@ def _fmt_bytes(n: Any) -> str:
 def _ago(value: Any) -> str:
     if value is None or value == "":
         return "-"
-    if isinstance(value, str):
-        try:
-            value = dt.datetime.fromisoformat(value)
-        except ValueError:
-            return value
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.UTC)
-        s = (dt.datetime.now(dt.UTC) - value).total_seconds()
+    when = _as_datetime(value)
+    if when is None and isinstance(value, str):
+        return value
+    if when is not None:
+        s = (dt.datetime.now(dt.UTC) - when).total_seconds()
         if s < 0:
             return "just now"
         for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
@@ -99,7 +96,54 @@ def _env() -> Environment:
     env.filters["cp"] = lambda v: (str(v)[:18] if v else "-")
     env.filters["q"] = lambda v: quote(str(v), safe="")
     env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, default=str, sort_keys=True)
+    env.filters["pretty"] = _pretty
+    env.filters["abs"] = _abs_time
+    env.filters["dur"] = _duration
+    env.filters["in_unit"] = _in_unit
     return env
+
+
+PRETTY_MAX = 16 * 1024
+
+
+def _pretty(value: Any) -> str:
+    """A value as indented JSON (any other type by its repr), bounded, the cut said."""
+    try:
+        text = json.dumps(value, indent=2, default=repr, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):  # keys of mixed types cannot be sorted
+        text = json.dumps(value, indent=2, default=repr, ensure_ascii=False)
+    if len(text) > PRETTY_MAX:
+        text = text[:PRETTY_MAX] + f"\n… {len(text) - PRETTY_MAX} more characters not shown"
+    return text
+
+
+def _as_datetime(value: Any) -> dt.datetime | None:
+    if isinstance(value, str) and value:
+        try:
+            value = dt.datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if not isinstance(value, dt.datetime):
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+def _abs_time(value: Any) -> str:
+    """An absolute UTC timestamp (beside the relative one)."""
+    when = _as_datetime(value)
+    return "" if when is None else when.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _duration(seconds: Any) -> str:
+    if not isinstance(seconds, int | float) or seconds < 0:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 class Sampler:
@@ -301,20 +345,58 @@ class Console:
         tid = p.get("id")
         if not tid:
             return self.error(request, 400, "missing thread", "give ?id=THREAD")
-        info = lgi.show_thread(self.saver, tid)
-        history = lgi.thread_history(self.saver, tid, limit=int(p.get("history") or 50))
-        ledger = Ledger(self.saver).entries(thread_id=tid, limit=100)
+        info = lgi.show_thread(self.saver, tid, values=True)
+        history = lgi.thread_history(self.saver, tid, limit=min(int(p.get("history") or 50), 500))
+        # The ledger table shows 100 rows; tool calls are linked among up to 500.
+        ledger = Ledger(self.saver).entries(thread_id=tid, limit=500)
         trail = audit.list_audit(self.saver, thread_id=tid, limit=50)
         at = None
         if p.get("cp"):
             at = _state_at(self.saver, tid, lgi.resolve_checkpoint(self.saver, tid, p["cp"]))
         diff = None
         if p.get("a") and p.get("b"):
-            diff = lgi.diff_checkpoints(self.saver, tid, p["a"], p["b"])
+            diff = lgi.diff_checkpoints(self.saver, tid, p["a"], p["b"], values=True)
+        found = _conversations(info, at, diff)
+        nodes = {w["task_id"]: w["node"] for h in history for w in h["writes"]}
+        self._link_ledger(tid, found, ledger, nodes)
+        _durations(history)
         return self.render(
-            request, "thread.html", t=info, history=history, ledger=ledger, trail=trail,
+            request, "thread.html", t=info, history=history, ledger=ledger[:100], trail=trail,
             at=at, diff=diff, a=p.get("a") or "", b=p.get("b") or "",
+            failure=_failure(info),
         )
+
+    def _link_ledger(
+        self, tid: str, transcripts: list[dict[str, Any]], ledger: list[Any],
+        task_nodes: dict[str, str | None],
+    ) -> None:
+        """Each tool call's ledger row, and the result it recorded (decoded, bounded)."""
+        links = msg.ledger_links(tid, msg.tool_call_ids(transcripts), ledger, task_nodes)
+        msg.attach_ledger(transcripts, links)
+        recorded = self._recorded_results(sorted({e.key for e in links.values()}))
+        for tr in transcripts:
+            for turn in tr["turns"]:
+                for call in turn["tool_calls"]:
+                    if call["ledger"] is not None:
+                        call["recorded"] = recorded.get(call["ledger"].key)
+
+    def _recorded_results(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+        """The decoded results of completed ledger rows (one statement), as folded text;
+        an undecodable one says so."""
+        if not keys:
+            return {}
+        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+            cur.execute(q.LEDGER_RESULTS_SQL, (keys,))
+            rows = cur.fetchall()
+        out = {}
+        for row in rows:
+            try:
+                value = self.saver.serde.loads_typed((row["result_type"], bytes(row["result"] or b"")))
+            except Exception as exc:  # a hostile or foreign row: shown, never fatal
+                out[row["key"]] = msg.folded(f"(cannot decode the recorded result: {type(exc).__name__})")
+            else:
+                out[row["key"]] = msg.result_text(value)
+        return out
 
     def quarantine(self, request: Request) -> HTMLResponse:
         entries = poison.list_quarantined(self.saver, limit=500)
@@ -335,24 +417,45 @@ class Console:
         exact = request.query_params.get("exact") == "1"
         fast = self._version_summary()
         summary = versioning.version_summary(self.saver) if exact else fast
-        # The current version: ?current=, else the one the newest thread started on
-        # (new threads start on the deployed code; old versions' threads only resume).
-        newest = max(fast, key=lambda g: g["newest_thread"] or _EPOCH, default=None)
-        current = request.query_params.get("current") or (newest["graph_version"] if newest else None)
-        summary = sorted(summary, key=lambda g: g["graph_version"] != current)
-        drain = [g for g in summary if g["graph_version"] != current and g["unfinished"]]
+        names = self._version_names([g["graph_version"] for g in [*fast, *summary]])
+        # The current version of each graph: ?current= for its graph, else the one its
+        # newest thread started on (new threads start on the deployed code; old
+        # versions' threads only resume). Versions with no recorded name are one graph.
+        currents: dict[str | None, str | None] = {}
+        for g in sorted(fast, key=lambda g: g["newest_thread"] or _EPOCH):
+            currents[names.get(g["graph_version"])] = g["graph_version"]
+        wanted = request.query_params.get("current")
+        if wanted:
+            currents[names.get(wanted)] = wanted
+        for g in summary:
+            g["graph_name"] = names.get(g["graph_version"])
+            g["current"] = currents.get(g["graph_name"]) == g["graph_version"]
+            g["current_version"] = currents.get(g["graph_name"])
+        summary = sorted(summary, key=lambda g: (g["graph_name"] or "", not g["current"]))
+        drain = [g for g in summary if not g["current"] and g["unfinished"]]
         log = versioning.migration_log(self.saver, limit=30)
         dry = None
         p = request.query_params
         if self.graph is not None and p.get("from"):
+            to = p.get("to") or currents.get(names.get(p["from"])) or None
             dry = versioning.migrate_threads(
-                self.saver, p["from"], p.get("to") or current or None, graph=self.graph,
+                self.saver, p["from"], to, graph=self.graph,
                 registry=self.registry, dry_run=True, limit=1000,
             )
         return self.render(
-            request, "versions.html", summary=summary, current=current, drain=drain, log=log,
+            request, "versions.html", summary=summary, drain=drain, log=log,
             dry=dry, has_graph=self.graph is not None, exact=exact,
+            named=any(names.values()),
         )
+
+    def _version_names(self, versions: list[str | None]) -> dict[str | None, str | None]:
+        """version -> the graph name recorded with it (one statement, by primary key)."""
+        wanted = sorted({v for v in versions if v})
+        if not wanted:
+            return {}
+        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+            cur.execute(q.VERSION_NAMES_SQL, (wanted,))
+            return {r["version"]: r["graph_name"] for r in cur.fetchall()}
 
     def _version_summary(self) -> list[dict[str, Any]]:
         """``versioning.version_summary``'s shape from durable_threads alone (fast)."""
@@ -366,6 +469,7 @@ class Console:
         with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.TABLE_SIZES_SQL)
             tables = cur.fetchall()
+            _estimate_rows(cur, tables)
             largest = None
             if p.get("largest") == "1":
                 cur.execute(q.LARGEST_SQL, (15,))
@@ -387,8 +491,9 @@ class Console:
                 dry_run=True,
             )
         bars = [(t["name"], float(t["total_bytes"]), None) for t in tables[:8]]
+        unit = _unit_for(max((int(t["total_bytes"]) for t in tables), default=0))
         return self.render(
-            request, "storage.html", tables=tables, largest=largest, stats=stats, report=report,
+            request, "storage.html", tables=tables, unit=unit, largest=largest, stats=stats, report=report,
             form=form, chart=_svg.bar_chart(bars, title="bytes per table"),
         )
 
@@ -478,6 +583,40 @@ def _dict_row() -> Any:
     return dict_row
 
 
+def _estimate_rows(cur: Any, tables: list[dict[str, Any]]) -> None:
+    """Each table's row estimate, never unknown: pg_class.reltuples, or (-1: never
+    vacuumed nor analyzed) an exact count for a small table, else the statistics'
+    live-tuple count. ``rows_how`` says which, for the page's tooltip."""
+    for t in tables:
+        if int(t["rows_estimate"]) >= 0:
+            t["rows_how"] = "planner estimate (pg_class.reltuples)"
+        elif int(t["heap_bytes"]) <= q.SMALL_TABLE_BYTES:
+            cur.execute(q.count_rows_sql(str(t["name"])))
+            t["rows_estimate"], t["rows_how"] = int(cur.fetchone()["n"]), "counted (never analyzed)"
+        else:
+            t["rows_estimate"] = int(t["live_tuples"])
+            t["rows_how"] = "live tuples (pg_stat_user_tables; never analyzed)"
+
+
+_UNITS = (("B", 1), ("KiB", 1024), ("MiB", 1024**2), ("GiB", 1024**3), ("TiB", 1024**4))
+
+
+def _unit_for(largest: int) -> tuple[str, int]:
+    """One unit for a table of sizes: the largest that keeps the biggest value >= 1."""
+    chosen = _UNITS[0]
+    for unit in _UNITS:
+        if largest >= unit[1]:
+            chosen = unit
+    return chosen
+
+
+def _in_unit(n: Any, unit: tuple[str, int]) -> str:
+    if n is None:
+        return "-"
+    name, size = unit
+    return f"{int(n):,} {name}" if size == 1 else f"{float(n) / size:,.1f} {name}"
+
+
 def _hours(value: str | None) -> float | None:
     if not value:
         return None
@@ -485,6 +624,58 @@ def _hours(value: str | None) -> float | None:
         return float(value) * 3600.0
     except ValueError:
         return None
+
+
+def _conversations(
+    info: dict[str, Any], at: dict[str, Any] | None, diff: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """Transcripts of the message lists the page shows (latest channels, state-at and its
+    pending writes, the diff's after side), set on their rows; the decoded values are
+    dropped once read (they are not rendered). Returns every transcript found."""
+    found: list[dict[str, Any]] = []
+
+    def take(row: dict[str, Any], key: str, out: str = "transcript") -> dict[str, Any] | None:
+        tr = msg.transcript(row.pop(key, None))
+        row[out] = tr
+        if tr is not None:
+            found.append(tr)
+        return tr
+
+    for ch in info.get("channels") or ():
+        take(ch, "value")
+    for part in (at or {}).get("channels", []) + (at or {}).get("pending", []):
+        take(part, "value")
+    for ch in (diff or {}).get("channels") or ():
+        before = msg.transcript(ch.pop("value_a", None))
+        after = take(ch, "value_b", "transcript_after")
+        if after is not None:
+            ch["common"] = msg.trim_common(before, after)
+    return found
+
+
+def _failure(info: dict[str, Any]) -> dict[str, Any] | None:
+    """The thread's last recorded failure (lifecycle.failure_record), if any."""
+    failure = info.get("last_failure")
+    if isinstance(failure, str):  # a driver that hands JSONB back as text
+        try:
+            failure = json.loads(failure)
+        except ValueError:
+            return None
+    return failure if isinstance(failure, dict) else None
+
+
+def _durations(history: list[dict[str, Any]]) -> None:
+    """Each checkpoint's step duration: the time since its parent (newest first)."""
+    for h, older in zip(history, history[1:], strict=False):
+        h["duration"] = _seconds_between(older.get("ts"), h.get("ts"))
+
+
+def _seconds_between(a: Any, b: Any) -> float | None:
+    try:
+        ta, tb = (dt.datetime.fromisoformat(str(x)) for x in (a, b))
+    except (TypeError, ValueError):
+        return None
+    return (tb - ta).total_seconds()
 
 
 def _state_at(saver: DurablePostgresSaver, thread_id: str, checkpoint_id: str) -> dict[str, Any]:
@@ -503,12 +694,12 @@ def _state_at(saver: DurablePostgresSaver, thread_id: str, checkpoint_id: str) -
         "step": md.get("step"),
         "source": md.get("source"),
         "channels": [
-            {"channel": c, "type": type(v).__name__, "preview": lgi.preview(v, 400)}
+            {"channel": c, "type": type(v).__name__, "preview": lgi.preview(v, 400), "value": v}
             for c, v in sorted(values.items())
             if not lgi.is_internal(c)
         ],
         "pending": [
-            {"task_id": t, "channel": c, "preview": lgi.preview(v, 200)}
+            {"task_id": t, "channel": c, "preview": lgi.preview(v, 200), "value": v}
             for t, c, v in saved.pending_writes or ()
         ],
     }

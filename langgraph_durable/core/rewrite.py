@@ -126,7 +126,8 @@ class VersionGate(VersionGateView):
         except Exception:  # a graph we cannot describe: its threads classify "unknown"
             logger.debug("could not describe %r", ctx.graph, exc_info=True)
             return
-        yield Tx(lambda: op_record_version(version, topology))
+        name = graph_name(ctx.graph, getattr(ctx.loop, "config", None))
+        yield Tx(lambda: op_record_version(version, topology, name))
         self._recorded_versions.add(version)
 
     def _op_rewrite(
@@ -290,3 +291,16 @@ class VersionGate(VersionGateView):
             },
             fetch=True,
         )
+
+
+def graph_name(graph: Any, config: Any) -> str | None:
+    """The name a graph's versions are grouped by (issue 25): the run's metadata
+    ``graph_id`` (LangGraph Platform's graph name), else ``assistant_id``, else the
+    compiled graph's ``name`` when it is not LangGraph's default."""
+    metadata = (config.get("metadata") or {}) if isinstance(config, dict) else {}
+    for key in ("graph_id", "assistant_id"):
+        value = metadata.get(key)
+        if isinstance(value, str) and value:
+            return value[:200]
+    name = getattr(graph, "name", None)
+    return name[:200] if isinstance(name, str) and name and name != "LangGraph" else None

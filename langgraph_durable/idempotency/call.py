@@ -37,6 +37,8 @@ from langgraph_durable.idempotency.keys import (
     _Site,
     _task_state,
     _TaskState,
+    legacy_tool_key,
+    tool_key,
 )
 
 logger = logging.getLogger("langgraph_durable.idempotency")
@@ -213,14 +215,12 @@ def _derive_key(
         # the same message dedups), a later turn is another task (the tool runs). The
         # message's own id is not needed, so messages without one are no special case.
         state, await_checkpoint = _stable_task(site, ledger)
-        key = "tool:" + _digest(
-            "tool-task", site.thread_id or "", site.checkpoint_ns, site.task_id, tool_call_id
-        )
-        legacy_key = "tool:" + _digest("tool", site.thread_id or "", tool_call_id)
+        key = tool_key(site.thread_id, site.checkpoint_ns, site.task_id, tool_call_id)
+        legacy_key = legacy_tool_key(site.thread_id, tool_call_id)
         return _Key(key, site.thread_id, legacy_key=legacy_key, state=state, await_checkpoint=await_checkpoint)
     if tool_call_id:
         # Outside a task (a ToolCall invoked directly, ledger=): the caller owns the ids.
-        return _Key("tool:" + _digest("tool", "", tool_call_id), None)
+        return _Key(legacy_tool_key(None, tool_call_id), None)
     if parent is not None:
         key = "call:" + _digest("nested", parent.key, str(parent.counter()))
         return _Key(key, parent.thread_id, ttl=parent.ttl)

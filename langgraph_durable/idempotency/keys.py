@@ -162,6 +162,18 @@ def _digest(*parts: str) -> str:
     return h.hexdigest()[:40]
 
 
+def tool_key(thread_id: str | None, checkpoint_ns: str, task_id: str, tool_call_id: str) -> str:
+    """The ledger key of a model's tool call run by ``@idempotent`` tool inside a task:
+    the task that runs the calling AI message and the call's ``tool_call_id`` (the
+    console recomputes it to link a transcript's tool calls to their ledger rows)."""
+    return "tool:" + _digest("tool-task", thread_id or "", checkpoint_ns, task_id, tool_call_id)
+
+
+def legacy_tool_key(thread_id: str | None, tool_call_id: str) -> str:
+    """The older (thread, tool_call_id) key; also the key outside a task (no thread)."""
+    return "tool:" + _digest("tool", thread_id or "", tool_call_id)
+
+
 def _owner() -> str:
     # The one owner-id maker (leases.owners): claims and leases name processes alike.
     return new_owner_id()

@@ -323,11 +323,14 @@ def _state_of(row: Mapping[str, Any] | None) -> str:
 
 
 def show_thread(
-    saver: DurablePostgresSaver, thread_id: str, *, checkpoint_ns: str = ""
+    saver: DurablePostgresSaver, thread_id: str, *, checkpoint_ns: str = "", values: bool = False
 ) -> dict[str, Any]:
     """The latest state of a thread: channels (type, logical and stored sizes, a
     preview), next nodes, tasks already finished in the current step (their writes are
-    restored on resume, not re-run), interrupts, lease, quarantine and attempts."""
+    restored on resume, not re-run), interrupts, lease, quarantine and attempts.
+
+    ``values``: also the decoded values (each channel's ``value``, each interrupt's and
+    error's ``payload``), for a caller that renders them (the console); not JSON-able."""
     thread_id = str(thread_id)
     out = _thread_facts(saver, thread_id, checkpoint_ns)
     try:
@@ -359,8 +362,10 @@ def show_thread(
     with saver.connection() as conn:
         blob_rows = _rows(conn, BLOB_SIZES_SQL, (thread_id, checkpoint_ns))
         write_rows = _rows(conn, WRITES_SQL, (thread_id, checkpoint_ns, [cid]))
-    out["channels"] = _channel_report(saver, cast(Mapping[str, Any], checkpoint), blob_rows)
-    _task_report(out, write_rows, saved.pending_writes or ())
+    out["channels"] = _channel_report(
+        saver, cast(Mapping[str, Any], checkpoint), blob_rows, keep_values=values
+    )
+    _task_report(out, write_rows, saved.pending_writes or (), keep_values=values)
     # Like LangGraph's StateSnapshot.next: a task whose writes are saved will not run
     # again on resume, so it is listed as finished, not as next.
     finished = {t["node"] for t in out["finished_tasks"]}
@@ -389,6 +394,7 @@ def _thread_facts(saver: DurablePostgresSaver, thread_id: str, checkpoint_ns: st
         "attempts": row["attempts"] if row else None,
         "attempts_checkpoint_id": row["attempts_checkpoint_id"] if row else None,
         "last_error": row["last_error"] if row else None,
+        "last_failure": row.get("last_failure") if row else None,
         "created_at": _plain(row["created_at"]) if row else None,
         "updated_at": _plain(row["updated_at"]) if row else None,
         "lease": None,
@@ -418,7 +424,11 @@ def _thread_facts(saver: DurablePostgresSaver, thread_id: str, checkpoint_ns: st
 
 
 def _channel_report(
-    saver: DurablePostgresSaver, checkpoint: Mapping[str, Any], blob_rows: list[dict[str, Any]]
+    saver: DurablePostgresSaver,
+    checkpoint: Mapping[str, Any],
+    blob_rows: list[dict[str, Any]],
+    *,
+    keep_values: bool = False,
 ) -> list[dict[str, Any]]:
     """One entry per channel: type, version, logical size, stored size and where."""
     stored = {(r["channel"], r["version"]): r for r in blob_rows}
@@ -446,13 +456,18 @@ def _channel_report(
                 "stored": stored_bytes,
                 "storage": storage,
                 "preview": preview(value),
+                **({"value": value} if keep_values else {}),
             }
         )
     return channels
 
 
 def _task_report(
-    out: dict[str, Any], write_rows: list[dict[str, Any]], pending_writes: Iterable[Any]
+    out: dict[str, Any],
+    write_rows: list[dict[str, Any]],
+    pending_writes: Iterable[Any],
+    *,
+    keep_values: bool = False,
 ) -> None:
     """The current step's tasks from their pending writes: finished ones, interrupts,
     errors."""
@@ -480,10 +495,18 @@ def _task_report(
                         "node": node,
                         "id": getattr(intr, "id", None),
                         "value": preview(getattr(intr, "value", intr), 120),
+                        **({"payload": getattr(intr, "value", intr)} if keep_values else {}),
                     }
                 )
         elif channel == "__error__":
-            out["errors"].append({"task_id": task_id, "node": node, "error": preview(value, 200)})
+            out["errors"].append(
+                {
+                    "task_id": task_id,
+                    "node": node,
+                    "error": preview(value, 200),
+                    **({"payload": value} if keep_values else {}),
+                }
+            )
     out["finished_tasks"] = [
         t for t in tasks.values() if not set(t["channels"]) & {"__interrupt__", "__error__"}
     ]
@@ -645,6 +668,7 @@ def diff_checkpoints(
     b: str,
     *,
     checkpoint_ns: str = "",
+    values: bool = False,
 ) -> dict[str, Any]:
     """Which channels differ between two checkpoints of a thread.
 
@@ -674,6 +698,9 @@ def diff_checkpoints(
         _channel_diff(saver, channel, va, vb, xa, xb)
         for channel in sorted(set(va) | set(vb) | set(xa) | set(xb))
     ]
+    if values:  # the decoded values too (the console renders messages from them)
+        for c in channels:
+            c["value_a"], c["value_b"] = xa.get(c["channel"]), xb.get(c["channel"])
     meta = [dict(t.metadata or {}) for t in tuples]
     return {
         "thread_id": thread_id,

@@ -67,10 +67,11 @@ SELECT thread_id, sum(bytes)::bigint AS bytes, sum(rows)::bigint AS rows FROM (
 
 TABLE_SIZES_SQL = """
 SELECT c.relname AS name, c.reltuples::bigint AS rows_estimate,
+       COALESCE(s.n_live_tup, 0)::bigint AS live_tuples,
        pg_total_relation_size(c.oid)::bigint AS total_bytes,
        pg_relation_size(c.oid)::bigint AS heap_bytes,
        pg_indexes_size(c.oid)::bigint AS index_bytes
-FROM pg_class c
+FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
   AND (c.relname LIKE 'durable\\_%%' OR c.relname LIKE 'checkpoint%%')
 ORDER BY pg_total_relation_size(c.oid) DESC
@@ -100,4 +101,25 @@ VERSIONS_SQL = """
 SELECT graph_version, status, count(*)::int AS threads, max(updated_at) AS last_activity,
        max(created_at) AS newest_thread
 FROM durable_threads GROUP BY 1, 2
+"""
+
+# reltuples is -1 until a table's first VACUUM or ANALYZE (issue 25: the page said "?").
+# A table that small is counted exactly (at most SMALL_TABLE_BYTES of heap: a few ms);
+# a larger one takes the statistics' live-tuple count.
+SMALL_TABLE_BYTES = 8 * 1024 * 1024
+
+
+def count_rows_sql(table: str) -> sql.Composed:
+    return sql.SQL("SELECT count(*) AS n FROM {}").format(sql.Identifier(table))
+
+# The recorded results of the ledger rows a transcript links to, in one statement (issue
+# 25; the thread page would otherwise read one row per tool call).
+LEDGER_RESULTS_SQL = """
+SELECT key, result_type, result FROM durable_ledger
+WHERE key = ANY(%s) AND status = 'completed'
+"""
+
+# Each version's graph name (issue 25), for the versions page's per-graph "current".
+VERSION_NAMES_SQL = """
+SELECT version, graph_name FROM durable_graph_versions WHERE version = ANY(%s)
 """

@@ -119,7 +119,7 @@ THREAD_ROW_SQL = """
 SELECT thread_id, status, graph_version, lease_owner, lease_token,
        lease_expires_at,
        EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS lease_expires_in,
-       attempts, attempts_checkpoint_id, last_error, created_at, updated_at
+       attempts, attempts_checkpoint_id, last_error, last_failure, created_at, updated_at
 FROM durable_threads WHERE thread_id = %s
 """
 

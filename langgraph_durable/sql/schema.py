@@ -615,6 +615,17 @@ MIGRATIONS: list[str] = [
                              p_id, p_thread, v_head),
             DETAIL = json_build_object('head', v_head)::text;
     END $$""",
+
+
+    # --- console25 branch ---
+    # The last failure of a run with its traceback (issue 25): node, exception type,
+    # message, traceback bounded at 16 KiB (the cut said), written by the release of a
+    # run that raised (sql.threads.RECORD_FAILURE_SQL); kept through quarantine.
+    "ALTER TABLE durable_threads ADD COLUMN IF NOT EXISTS last_failure JSONB",
+    # The graph's name beside its versions (issue 25): with two graphs in one database,
+    # "current" and "must drain" are per graph. The run's config metadata graph_id (as
+    # LangGraph Platform sets it), else the compiled graph's own name unless the default.
+    "ALTER TABLE durable_graph_versions ADD COLUMN IF NOT EXISTS graph_name TEXT",
 ]
 
 # THE list of this package's tables keyed by thread (beside the stock checkpoints,

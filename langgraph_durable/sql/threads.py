@@ -282,3 +282,12 @@ LEASE_RELEASE_CHECKED_SQL = LEASE_RELEASE_SQL.replace(
                   WHEN durable_guard_fail('gone', %(thread_id)s, NULL, '', %(head)s) THEN %(status)s END,
 """,
 )
+
+
+# The last failure's details (issue 25), written before LEASE_RELEASE_SQL in the release
+# pipeline of a run that raised, while the lease (owner and token) is still held: only
+# failed runs pay this statement. A JSON document (failure.py's record), bounded there.
+RECORD_FAILURE_SQL = """
+UPDATE durable_threads SET last_failure = %(failure)s
+WHERE thread_id = %(thread_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
+"""

@@ -160,11 +160,16 @@ MARK_UNDONE_SQL = "UPDATE durable_migration_log SET undone_at = now() WHERE id =
 # Once per version: a name reused for another topology marks the row ambiguous (its
 # topology no longer says which graph wrote a checkpoint stamped with that name).
 RECORD_VERSION_SQL = """
-INSERT INTO durable_graph_versions AS v (version, fingerprint, topology)
-VALUES (%s, %s, %s)
-ON CONFLICT (version) DO UPDATE SET ambiguous = true
-WHERE v.fingerprint <> EXCLUDED.fingerprint AND NOT v.ambiguous
+INSERT INTO durable_graph_versions AS v (version, fingerprint, topology, graph_name)
+VALUES (%s, %s, %s, %s)
+ON CONFLICT (version) DO UPDATE SET
+    ambiguous = v.ambiguous OR v.fingerprint <> EXCLUDED.fingerprint,
+    graph_name = COALESCE(v.graph_name, EXCLUDED.graph_name)
+WHERE (v.fingerprint <> EXCLUDED.fingerprint AND NOT v.ambiguous)
+   OR (v.graph_name IS NULL AND EXCLUDED.graph_name IS NOT NULL)
 """
+# A version recorded before graph names were (graph_name NULL) gets its name on the
+# next run start of a process that records it: the first name wins.
 
 LOAD_VERSIONS_SQL = """
 SELECT version, fingerprint, topology, ambiguous FROM durable_graph_versions
