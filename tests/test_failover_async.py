@@ -49,7 +49,7 @@ import _cluster  # noqa: E402
 # Ports of this file's clusters (clear of other suites running beside it).
 PORTS = (int(os.environ.get("LGD_FAILOVER_PORT_LOW", "56400")), int(os.environ.get("LGD_FAILOVER_PORT_HIGH", "56499")))
 # Generous deadlines for conditions (never a measured threshold).
-WAIT = float(os.environ.get("LGD_FAILOVER_WAIT", "45"))
+WAIT = float(os.environ.get("LGD_FAILOVER_WAIT", "120"))
 N_WORKERS, CONCURRENCY = 3, 4
 THREADS = [f"t-{i}" for i in range(8)] + [f"idem-{i}" for i in range(4)]
 
