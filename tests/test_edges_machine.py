@@ -68,6 +68,7 @@ from langgraph_durable.ops.retention import retain
 
 SEED = int(os.environ.get("LGD_EDGES_SEED") or random.SystemRandom().randrange(1 << 30))
 FAULTS: Counter[str] = Counter()  # faults injected, by kind, over the whole module
+RUNS: Counter[str] = Counter()  # child runs, turns finished, effects and calls counted
 _CTX: Any = None
 
 
@@ -176,6 +177,7 @@ class EdgesMachine(RuleBasedStateMachine):
         t.outcomes, t.started = [], action == "start"
         for _ in range(len(ce.KILL_POINTS) + 4):
             code, out = _child(self.dsn, t.tid, t.spec, action, t.turns, self.stock)
+            RUNS["child runs"] += 1
             if out is None:
                 assert code == -9, f"child of {t.tid} died with {code} and said nothing"
                 t.kills += 1
@@ -297,6 +299,8 @@ class EdgesMachine(RuleBasedStateMachine):
             self.problems.append(f"{t.tid} turn {turn}: the run returned log {said['log']}, want {want}")
         if effects != 1:
             self.problems.append(f"{t.tid} turn {turn}: the effect happened {effects} times, want 1")
+        RUNS["turns finished"] += 1
+        RUNS["effects checked"] += 1
         self._check_calls(t, state)
         self._check_reruns(t)
 
@@ -440,12 +444,12 @@ def _settings(n: int) -> settings:
 def test_edges_machine() -> None:
     print(f"edges machine: seed {SEED} (LGD_EDGES_SEED={SEED} replays it)")
     seed(SEED)(lambda: run_state_machine_as_test(EdgesMachine, settings=_settings(examples(6, 200))))()
-    print("faults injected:", dict(FAULTS))
+    print("faults injected:", dict(FAULTS), "runs:", dict(RUNS))
     assert FAULTS["sigkill"] > 0 and FAULTS["archive"] > 0, f"the machine injected too little: {dict(FAULTS)}"
     report = os.environ.get("LGD_EDGES_REPORT")
     if report:
         with open(report, "w") as f:
-            json.dump({"seed": SEED, "examples": examples(6, 200), "faults": dict(FAULTS)}, f, indent=2)
+            json.dump({"seed": SEED, "examples": examples(6, 200), "faults": dict(FAULTS), "runs": dict(RUNS)}, f, indent=2)
 
 
 def test_the_stock_saver_fails_the_machine() -> None:
