@@ -367,3 +367,13 @@ __all__ += [
     "SchemaMissingError",
 ]
 _LAZY.update(dict.fromkeys(__all__[-5:], "langgraph_durable.errors"))
+
+# The edges' errors (issue 23): acknowledged work lost in a failover, hostile archives.
+if TYPE_CHECKING:
+    from langgraph_durable.errors import (
+        AcknowledgedWorkLostError,
+        ArchiveRejectedError,
+        ArchiveTooLargeError,
+    )
+__all__ += ["AcknowledgedWorkLostError", "ArchiveRejectedError", "ArchiveTooLargeError"]
+_LAZY.update(dict.fromkeys(__all__[-3:], "langgraph_durable.errors"))

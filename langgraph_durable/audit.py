@@ -221,7 +221,20 @@ def _op_list(
 
     params = {"thread_id": thread_id, "action": action, "before": before, "limit": int(limit)}
     rows = yield Batch([Stmt(AUDIT_LIST_SQL, params, fetch=True, prepare=False)])
-    return [dict(r) for r in rows[0]]
+    # Rows written before URLs were redacted at write time (issue 23) may hold an archive
+    # URL's credentials: every reader (console, CLI, API) sees them redacted.
+    return [{**r, "detail": _redacted(r.get("detail"))} for r in rows[0]]
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` (an audit row's JSON detail) with every URL in its strings redacted."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    return value
 
 
 def list_audit(

@@ -718,3 +718,23 @@ def test_encrypted_archive_round_trips_and_is_checked_with_the_cipher(
         assert restored.ledger_rows_dropped == 0
         back = sorted(r[0] for r in _q(dsn, schema, "SELECT key FROM durable_ledger WHERE thread_id = 'enc'"))
         assert back == keys
+
+
+def test_audit_rows_written_before_redaction_are_read_redacted(
+    dsn: str, schema: str, saver: DurablePostgresSaver
+) -> None:
+    """An audit row a release before the fix wrote, with the archive URL verbatim: every
+    reader (the console's /audit page and the CLI go through list_audit) sees it redacted."""
+    from langgraph_durable.audit import list_audit
+
+    secret = f"oldsecret{SEED % 10_000}"
+    detail = json.dumps({"archive": f"s3://ops:{secret}@bucket/arch?token={secret}", "n": 1})
+    _q(
+        dsn, schema,
+        "INSERT INTO durable_audit (event_id, actor, via, action, thread_id, detail) "
+        "VALUES (%s, 'old', 'cli', 'storage.retain', NULL, %s::jsonb)",
+        str(uuid.uuid4()), detail,
+    )
+    rows = [r for r in list_audit(saver, action="storage.retain") if r["actor"] == "old"]
+    assert rows and secret not in json.dumps(rows, default=str)
+    assert rows[0]["detail"]["n"] == 1 and "bucket/arch" in rows[0]["detail"]["archive"]
