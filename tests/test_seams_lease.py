@@ -27,6 +27,7 @@ import _child_seams_lease as child
 import psycopg
 import pytest
 from _db import q, thread_row
+from conftest import needs
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
@@ -340,9 +341,7 @@ def test_defect6_lease_from_another_namespace_is_not_taken_over(db: str) -> None
     assert (row["lease_owner"], row["lease_token"]) == (owner, 5)
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)"
-)
+@needs(None if os.geteuid() == 0 and shutil.which("unshare") is not None else "unshare: needs root and unshare(1)")
 def test_defect6_run_in_another_pid_namespace_keeps_its_lease(db: str) -> None:
     """A real run under ``unshare --pid --fork --mount-proc`` (same hostname, its own pid
     namespace: the run is pid 1 there, and our pid 1 is another, older process): while
