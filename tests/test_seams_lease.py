@@ -417,6 +417,33 @@ def test_defect7_resume_by_a_machine_whose_clock_is_behind_repeats_no_step(db: s
     assert thread_row(db, tid)["status"] == "done"
 
 
+def test_defect7_stock_saver_with_a_clock_behind_repeats_the_steps(db: str) -> None:
+    """The failure defect 7's test prevents, shown on the stock saver: the same crash of
+    machine A (60 s ahead) in n3 and resume by this process; B's checkpoints sort before
+    A's, so the next invoke(None) resumes from one of A's old checkpoints and charges
+    steps after n2 again."""
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    tid = "d7-resume-stock-" + uuid.uuid4().hex[:6]
+    proc = subprocess.run(
+        [sys.executable, CHILD, db, tid],
+        env=child_env(LGD_CLOCK_OFFSET="60", LGD_CRASH_AT="n3", LGD_STOCK="1"),
+        timeout=LOAD_WAIT * 2,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL
+    assert effects(db, tid) == {"n1": 1, "n2": 1}
+    with PostgresSaver.from_conn_string(db) as saver:
+        graph = child.make_builder(db).compile(checkpointer=saver)
+        out = graph.invoke(None, cfg(tid), durability="sync")
+        assert out["log"] == ["n1", "n2", "n3", "n4", "n5"]
+        graph.invoke(None, cfg(tid), durability="sync")
+    charged = effects(db, tid)
+    repeated = {n: c for n, c in charged.items() if c > 1}
+    print("stock saver, clock behind: effects", charged)
+    assert set(charged) == set(child.NODES) and repeated and not {"n1", "n2"} & set(repeated), charged
+
+
 def test_defect7_put_that_would_sort_before_the_head_is_refused(db: str) -> None:
     """The backstop in the put itself: a checkpoint id behind the thread's head (and not a
     re-put of a stored one) is refused with ClockSkewError naming the skew; nothing is
