@@ -292,10 +292,9 @@ async def test_conformance_with_policy(dsn: str) -> None:
 BUDGET = 0.3
 
 
-def _completed_nodes(dsn: str, thread: str, pid: int) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM gran_runs WHERE thread_id = %s AND pid = %s AND seconds IS NOT NULL",
-                           (thread, pid)).fetchone()
+def _completed_nodes(conn: psycopg.Connection[Any], thread: str, pid: int) -> int:
+    row = conn.execute("SELECT count(*) FROM gran_runs WHERE thread_id = %s AND pid = %s AND seconds IS NOT NULL",
+                       (thread, pid)).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -312,11 +311,12 @@ def _run_child(dsn: str, thread: str, kill_after_nodes: int | None, durability: 
     assert line.strip() == "READY", line
     if kill_after_nodes is not None:
         deadline = time.monotonic() + 60
-        while _completed_nodes(dsn, thread, proc.pid) < kill_after_nodes:
-            assert proc.poll() is None, f"the run ended before its kill after {kill_after_nodes} nodes"
-            assert time.monotonic() < deadline, "the run never reached its kill point"
-            time.sleep(0.005)
-        os.kill(proc.pid, signal.SIGKILL)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while _completed_nodes(conn, thread, proc.pid) < kill_after_nodes:
+                assert proc.poll() is None, f"the run ended before its kill after {kill_after_nodes} nodes"
+                assert time.monotonic() < deadline, "the run never reached its kill point"
+                time.sleep(0.01)
+            os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
         assert proc.returncode == -signal.SIGKILL, f"the kill did not land mid-run (exit {proc.returncode})"
         return None

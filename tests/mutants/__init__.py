@@ -6,7 +6,7 @@ tests/_child_chaos.py in the chaos children, which inherit the environment).
     LGD_MUTANT=refuse-kinds .venv/bin/python -m pytest tests/test_value_roundtrip.py -p no:randomly
     LGD_MUTANT=no-fence     .venv/bin/python -m pytest tests/test_model_chaos.py -p no:randomly
 
-``python3 tests/mutants/run.py`` runs each mutant against its test file and reports
+``.venv/bin/python tests/mutants/run.py`` runs each mutant against its test file and reports
 whether the suite caught it (exit 1 if one survived).
 
 * ``refuse-kinds``: the durable saver's serializer refuses every value containing a
