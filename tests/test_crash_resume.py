@@ -56,7 +56,7 @@ SPECS: list[tuple[str, str, str]] = [
 ]
 MIN_KILL_POINTS = 24
 MAX_KILLS = 12
-KILL_DEPTH_MAX = 48  # node executions of one run (7 threads of 5-9 nodes) before its kill
+KILL_DEPTH_MAX = 50  # node executions of one run before its kill (the first run has 57)
 
 
 class Child:
@@ -247,10 +247,11 @@ def test_sigkill_at_random_moments_then_resume(crash_db: str, reference: dict[st
     rng = random.Random(seed)
     # Kill after this many node executions of the run (events, not moments: the same
     # depths on a loaded machine as on a quiet one). Both ends of the range come first
-    # (the depth-spread check below needs a shallow and a deep kill), the rest at random.
-    depths = [0, 1, KILL_DEPTH_MAX, KILL_DEPTH_MAX - 8]
-    depths += [rng.randint(0, KILL_DEPTH_MAX) for _ in range(MAX_KILLS - len(depths))]
-    rng.shuffle(depths)
+    # (the depth-spread check below needs a shallow and a deep kill, and the kills stop
+    # once MIN_KILL_POINTS are in, after about 6 runs): deep in the first run, while
+    # every thread is fresh; then shallow; the rest at random.
+    rest = [rng.randint(0, KILL_DEPTH_MAX) for _ in range(MAX_KILLS - 4)]
+    depths = [KILL_DEPTH_MAX, 0, KILL_DEPTH_MAX - 6, 1, *rest]
     threads: list[Thread] = []
     serial = 0
 
@@ -363,7 +364,8 @@ def test_sigkill_at_random_moments_then_resume(crash_db: str, reference: dict[st
     print(
         f"\ncrash test: {run_no} processes, {run_no - 1} SIGKILLs, {len(kill_points)} mid-run kill "
         f"points at {len(positions)} distinct positions, {len(threads)} threads, "
-        f"{reruns} node re-runs (all uncommitted), {lease_lost} runs fenced out, {elapsed:.1f} s"
+        f"{reruns} node re-runs (all uncommitted), {lease_lost} runs fenced out, {elapsed:.1f} s; linear "
+        f"kill depths {sorted({len(d) for k, _, _, d, _ in kill_points if k == 'linear'})}"
     )
     assert len(kill_points) >= MIN_KILL_POINTS
     assert len(positions) >= 10

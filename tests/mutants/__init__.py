@@ -48,9 +48,7 @@ _REFUSED = (frozenset, decimal.Decimal, uuid.UUID, dt.datetime, dt.date, dt.time
 
 
 def _contains_refused(value: Any, depth: int = 0) -> bool:
-    from pydantic import BaseModel
-
-    if isinstance(value, (*_REFUSED, BaseModel)):
+    if isinstance(value, _refused_types()):
         return True
     if depth > 30:
         return False
@@ -63,26 +61,42 @@ def _contains_refused(value: Any, depth: int = 0) -> bool:
     return False
 
 
+def _refusal(value: Any, where: Any, root: str) -> Any:
+    """The saver's own typed error, naming the refused element's exact path (the saver's
+    locator with a reject function for the refused kinds): a well-behaved refusal."""
+    from langgraph_durable import _values
+    from langgraph_durable.errors import UnencodableValueError
+
+    def reject(v: Any) -> str | None:
+        return f"{type(v).__name__} refused (mutant refuse-kinds)" if _contains_refused(v) else None
+
+    path, culprit, reason = _values.find_unencodable(value, reject, root) or (root, value, "mutant refuse-kinds")
+    err = UnencodableValueError(**where, path=path, value_type=type(culprit).__name__, reason=reason)
+    err.__cause__ = TypeError(reason)
+    return err
+
+
+def _refused_types() -> tuple[type, ...]:
+    from pydantic import BaseModel
+
+    return (*_REFUSED, BaseModel)
+
+
 @mutant
 def refuse_kinds() -> None:
     from langgraph_durable.core import write
-    from langgraph_durable.errors import UnencodableValueError
 
-    original = write.WriteOps._encode
+    original, rows = write.WriteOps._encode, write.WriteOps._write_rows
 
     def _encode(self: Any, value: Any, where: Any, root: str) -> Any:
         if _contains_refused(value):
-            raise UnencodableValueError(**where, path=root, value_type=type(value).__name__,
-                                        reason="mutant refuse-kinds") from TypeError("refused kind")
+            raise _refusal(value, where, root)
         return original(self, value, where, root)
-
-    rows = write.WriteOps._write_rows
 
     def _write_rows(self: Any, writes: Any, task_id: str, task_path: str, where: Any) -> Any:
         for channel, value in writes:
             if _contains_refused(value):
-                raise UnencodableValueError(**where, path=f"writes[{channel!r}]", value_type=type(value).__name__,
-                                            reason="mutant refuse-kinds") from TypeError("refused kind")
+                raise _refusal(value, where, f"writes[{channel!r}]")
         return rows(self, writes, task_id, task_path, where)
 
     write.WriteOps._encode = _encode  # type: ignore[method-assign]
