@@ -1106,13 +1106,13 @@ class ChaosMachine(RuleBasedStateMachine):
         self.trace[-1] += f" {tid[-12:]}"
         # The holder's nodes are slowed (x15, ~4.5 s) so the forged run starts while it runs.
         holder = self.spawn("run", tid, None, turn=t.turn, version=t.version, run_id=self.new_run(t), slow=15)
-        owner = None
+        owner, token = None, None
         deadline = time.monotonic() + 30  # a cold forkserver imports LangGraph first
         while time.monotonic() < deadline and holder.proc.is_alive():
-            rows = q(self.dsn, "SELECT lease_owner FROM durable_threads WHERE thread_id = %s "
+            rows = q(self.dsn, "SELECT lease_owner, lease_token FROM durable_threads WHERE thread_id = %s "
                      "AND lease_owner IS NOT NULL AND lease_expires_at > now()", (tid,))
             if rows:
-                owner = rows[0]["lease_owner"]
+                owner, token = rows[0]["lease_owner"], rows[0]["lease_token"]
                 break
             time.sleep(0.01)
         if owner is None:
@@ -1122,18 +1122,26 @@ class ChaosMachine(RuleBasedStateMachine):
         forged = self.spawn("run", tid, None, turn=t.turn, version=t.version, run_id=self.new_run(t), claim=owner)
         forged.proc.join(CHILD_WAIT)
         holder_alive = holder.proc.is_alive()
+        # The holder's lease, same token, from before the forged run started until after it
+        # ended: every forged node run happened beside the live holder. Then the holder is
+        # killed (a crash like any other) instead of waited for (~4 s of CI time each).
+        held = bool(q(self.dsn, "SELECT 1 FROM durable_threads WHERE thread_id = %s AND lease_owner = %s "
+                      "AND lease_token = %s AND lease_expires_at > now()", (tid, owner, token)))
         self.finish_child(forged, kill=True)
-        self.finish_child(holder, kill=False)
-        # Forged node runs that started before the holder's last node run: the two runs
-        # overlapped, so the forged key took over a live lease. A forged run that starts
-        # after the holder's run ended (its process still reporting: the long run's one
-        # item-12 report) is just a new run of the thread, which a checkpointer allows.
-        ran = q(
-            self.dsn,
-            "SELECT count(*) AS n FROM chaos_node_runs f WHERE f.pid = %s AND f.at < "
-            "(SELECT max(h.at) FROM chaos_node_runs h WHERE h.pid = %s AND h.thread_id = %s)",
-            (forged.proc.pid, holder.proc.pid, tid),
-        )[0]["n"]
+        self.finish_child(holder, kill=held)
+        if held:
+            ran = q(self.dsn, "SELECT count(*) AS n FROM chaos_node_runs WHERE pid = %s", (forged.proc.pid,))[0]["n"]
+        else:
+            # Forged node runs that started before the holder's last node run: the two
+            # runs overlapped, so the forged key took over a live lease. A forged run that
+            # starts after the holder's run ended (its process still reporting: the long
+            # run's one item-12 report) is a new run of the thread, which is allowed.
+            ran = q(
+                self.dsn,
+                "SELECT count(*) AS n FROM chaos_node_runs f WHERE f.pid = %s AND f.at < "
+                "(SELECT max(h.at) FROM chaos_node_runs h WHERE h.pid = %s AND h.thread_id = %s)",
+                (forged.proc.pid, holder.proc.pid, tid),
+            )[0]["n"]
         if ran and holder_alive:
             # The evidence (both outcomes, the node runs' pids and times, the lease row).
             self.violation("12", "a forged __durable_claim ran nodes beside the live lease holder",
@@ -1377,6 +1385,7 @@ class StockChaosMachine(ChaosMachine):
 # machine: runs killed mid-run 2-13, finished runs 5-13, observations 290-340, effects
 # 42-82; the minimums sit below the lowest. Scaled down for LGD_HYPOTHESIS_EXAMPLES runs
 # smaller than CI's.
+CI_EXAMPLES = 15
 MIN_ACTIVITY = {"sigkill_run": 1, "runs_finished": 3, "observations": 60, "effects": 20}
 
 
@@ -1411,7 +1420,7 @@ def test_model_chaos(dsn: str) -> None:
     VIOLATIONS.clear()
     started = time.monotonic()
     effects_before = int(q(dsn, "SELECT count(*) AS n FROM chaos_effects")[0]["n"])
-    n_examples = examples(ci=15, long=400)
+    n_examples = examples(ci=CI_EXAMPLES, long=400)
     cfg = settings(
         max_examples=n_examples,
         stateful_step_count=25 if is_long() else 14,
@@ -1430,7 +1439,7 @@ def test_model_chaos(dsn: str) -> None:
     assert not VIOLATIONS, f"{len(VIOLATIONS)} violations, see {REPORT}: " + json.dumps(
         Counter(v["what"] for v in VIOLATIONS).most_common()
     )
-    scale = 1.0 if n_examples >= 15 else 0.5 * n_examples / 15
+    scale = min(1.0, n_examples / CI_EXAMPLES)
     low = {k: (STATS[k], need) for k, v in MIN_ACTIVITY.items() if STATS[k] < (need := int(v * scale))}
     assert not low, f"the run went quiet (what happened, what a CI run needs at least): {low}"
 
