@@ -136,15 +136,10 @@ def test_oldest(rest: list[str]) -> int:
     code = _run(py, "-c", "import langgraph_durable._compat as c; print('oldest job on', c.describe_versions())")
     if code != 0:
         return code
+    # No rerun: a failure fails the job. (The random-SIGKILL crash test, which used to
+    # fail about once in ten loaded runs and was rerun, now kills at node events, not
+    # moments, and prints its seed: LGD_SEED=<seed> replays a failure.)
     code = _run(py, "-m", "pytest", *xdist_args(rest, min(TEST_WORKERS, 3)), *OLDEST_SUITES, *OLDEST_EXTRA_SUITES, *rest)
-    if code == 1 and not rest:
-        # The random-SIGKILL crash test has failed about once in ten runs on a heavily
-        # loaded 2-core machine (one run re-ran a committed subgraph node, another missed
-        # its kill-depth spread); not reproduced at fixed kill points. Rerun only what
-        # failed, once, and say so: the lead reads both results in the log.
-        print("test-oldest: some tests failed; rerunning only those once (FLAKY if they pass)", flush=True)
-        code = _run(py, "-m", "pytest", "--last-failed", "--last-failed-no-failures", "none",
-                    *OLDEST_SUITES, *OLDEST_EXTRA_SUITES)
     if os.environ.get("LGD_OLDEST_SUITES", "1") != "0" and not rest:
         # LangGraph's suites of exactly the oldest versions: run.py unpacks the sdists of
         # what this virtualenv has installed (langgraph 1.0.6, checkpoint-postgres 3.2.0).

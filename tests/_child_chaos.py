@@ -29,6 +29,7 @@ from typing import Annotated, Any, TypedDict
 
 import psycopg
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.graph import END, START, StateGraph
 
 from langgraph_durable import (
@@ -39,6 +40,11 @@ from langgraph_durable import (
     idempotent,
 )
 from langgraph_durable.saver import _DurableBase
+
+if os.environ.get("LGD_MUTANT"):  # a deliberately broken package (tests/mutants/)
+    import mutants
+
+    mutants.apply(os.environ["LGD_MUTANT"])
 
 NODES = ["n1", "n2", "n3", "n4"]
 PAUSE = {"n1": 0.05, "n2": 0.12, "n3": 0.08, "n4": 0.05}
@@ -212,7 +218,7 @@ def child_main(spec: dict[str, Any]) -> None:
     SLOW[0] = float(spec.get("slow") or 1.0)
     dsn = psycopg.conninfo.make_conninfo(spec["dsn"], application_name=f"chaos_{spec['child_id']}")
     try:
-        with DurablePostgresSaver.from_conn_string(dsn, pool_size=3, **saver_options()) as saver:
+        with _saver(dsn, spec) as saver:
             mode = spec["mode"]
             result = None
             if mode == "run":
@@ -229,7 +235,16 @@ def child_main(spec: dict[str, Any]) -> None:
     _outcome(spec["dsn"], spec, "done", result=result)
 
 
+def _saver(dsn: str, spec: dict[str, Any]) -> Any:
+    """The durable saver, or the stock one (spec "stock": the machine's stock examples)."""
+    if spec.get("stock"):
+        return PostgresSaver.from_conn_string(dsn)
+    return DurablePostgresSaver.from_conn_string(dsn, pool_size=3, **saver_options())
+
+
 def _graph(dsn: str, saver: Any, version: str) -> Any:
+    if not isinstance(saver, _DurableBase):
+        return build(dsn).compile(checkpointer=saver)
     return build(dsn).compile(
         checkpointer=saver.bind(graph_version=version, migrations=registry())
     )

@@ -5,6 +5,7 @@ inserts a row into ``sl_effects`` (a plain, non-deduplicating "charge"), so a re
 step shows up as a second row. ``LGD_BLOCK_AT=<node>``: that node records a row in
 ``sl_started`` and then blocks forever (the parent kills the process).
 ``LGD_CRASH_AT=<node>``: that node SIGKILLs its own process before its effect.
+``LGD_STOCK=1``: the stock PostgresSaver instead of the durable one.
 ``LGD_CLOCK_OFFSET=<seconds>``: this process's wall clock (``time.time_ns``, which
 LangGraph's uuid6 checkpoint ids come from) runs that far ahead.
 
@@ -96,9 +97,13 @@ def make_builder(dsn: str) -> StateGraph:
 
 def main(argv: list[str]) -> int:
     dsn, thread_id = argv[0], argv[1]
+    from langgraph.checkpoint.postgres import PostgresSaver
+
     from langgraph_durable import DurablePostgresSaver
 
-    with DurablePostgresSaver.from_conn_string(dsn, lease_ttl=30) as saver:
+    # LGD_STOCK=1: the stock saver (the failure the durable one prevents, shown).
+    stock = os.environ.get("LGD_STOCK") == "1"
+    with (PostgresSaver.from_conn_string(dsn) if stock else DurablePostgresSaver.from_conn_string(dsn, lease_ttl=30)) as saver:
         graph = make_builder(dsn).compile(checkpointer=saver)
         graph.invoke({"log": []}, {"configurable": {"thread_id": thread_id}}, durability="sync")
     return 0

@@ -30,12 +30,12 @@ def pgbouncer_binary() -> str | None:
 
 
 def require_pgbouncer() -> str:
-    """The binary, else skip (locally) or fail (``CI=true``): CI installs it (.ci/run)."""
+    """The binary, else skip (locally) or fail (CI, tests/conftest.py): CI installs it (.ci/run)."""
     found = pgbouncer_binary()
     if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("pgbouncer is not installed (CI installs it: apt-get install pgbouncer)")
-        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+        from conftest import require_or_skip
+
+        require_or_skip("pgbouncer is not installed (apt-get install pgbouncer; CI installs it)")
     return found
 
 

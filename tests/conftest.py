@@ -2,7 +2,15 @@
 
 DSN resolution (session scope): ``LANGGRAPH_DURABLE_TEST_DSN`` if set, else a server on
 127.0.0.1:5432 if one answers, else the embedded PostgreSQL. Each test module gets a
-fresh database. With ``CI=true`` a missing database is a failure, never a skip.
+fresh database. With ``CI`` set (see ``in_ci``) a missing database is a failure, never a skip.
+
+Skips: one rule, here. A test that needs something the machine may lack (pgbouncer, a
+browser, the notebook kernel, Studio, ``unshare``, a standby cluster, PostgreSQL) calls
+``require_or_skip(reason)`` (``missing(reason)`` at module level): a skip locally, a
+failure in CI. The terminal summary lists what was skipped, by reason, in the last lines.
+
+Mutants (``LGD_MUTANT``, tests/mutants/): the package deliberately broken, to show the
+property and chaos tests catch it; see tests/mutants/__init__.py.
 """
 
 from __future__ import annotations
@@ -11,13 +19,60 @@ import os
 import re
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar
 
 import psycopg
 import pytest
 from psycopg import conninfo as ci
 
+F = TypeVar("F", bound=Callable[..., Any])
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+# The usual truthy spellings of CI=...: GitHub, GitLab and most runners set "true", others
+# "1" or "yes"; a missing dependency must fail the run under each of them.
+_TRUTHY = frozenset({"true", "1", "yes", "on", "y"})
+
+
+def in_ci() -> bool:
+    """Whether this run is CI (``CI`` truthy, case-insensitive): skips become failures."""
+    return os.environ.get("CI", "").strip().lower() in _TRUTHY
+
+
+def require_or_skip(reason: str, *, module_level: bool = False) -> NoReturn:
+    """The one skip rule: ``reason`` names what is missing. CI fails; locally, a skip
+    (listed by the terminal summary)."""
+    if in_ci():
+        pytest.fail(f"CI: {reason} (a skip is not allowed in CI)", pytrace=False)
+    pytest.skip(reason, allow_module_level=module_level)
+
+
+def missing_mark(reason: str | None) -> list[pytest.MarkDecorator]:
+    """Marks for a module or test whose dependency may be missing (None: present): a skip
+    mark locally; in CI a mark that fails it (``require_or_skip`` at setup)."""
+    if reason is None:
+        return []
+    if in_ci():
+        return [pytest.mark.usefixtures("_fail_missing"), pytest.mark.lgd_missing(reason)]
+    return [pytest.mark.skip(reason=reason)]
+
+
+def needs(reason: str | None) -> Callable[[F], F]:
+    """A test decorator: ``missing_mark(reason)`` applied (None: the dependency is there)."""
+
+    def apply(fn: F) -> F:
+        for mark in missing_mark(reason):
+            fn = mark(fn)
+        return fn
+
+    return apply
+
+
+@pytest.fixture
+def _fail_missing(request: pytest.FixtureRequest) -> None:
+    mark = request.node.get_closest_marker("lgd_missing")
+    require_or_skip(mark.args[0] if mark else "a dependency is missing")
 
 
 def _answers(dsn: str) -> bool:
@@ -45,9 +100,7 @@ def admin_dsn() -> Iterator[str]:
         home = os.environ.get("LANGGRAPH_DURABLE_TEST_HOME") or tempfile.mkdtemp(prefix="lgd-test-")
         yield embedded_dsn(os.path.join(home, "pgdata"))
     except Exception as exc:  # pragma: no cover - depends on the machine
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"no PostgreSQL available in CI: {exc}")
-        pytest.skip(f"no PostgreSQL available: {exc}")
+        require_or_skip(f"no PostgreSQL available: {exc}")
 
 
 def make_database(admin_dsn: str, label: str) -> str:
@@ -129,6 +182,41 @@ SLOW_FIRST = (
 SLOW_FIRST += ("test_failover_async.py",)  # 20-45 (one primary + standby, 4 worker processes)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "collect_mode(env): collected only when the env variable is 1")
+    config.addinivalue_line("markers", "lgd_missing(reason): a missing dependency, a failure in CI")
+    if os.environ.get("LGD_MUTANT"):
+        import mutants
+
+        mutants.apply(os.environ["LGD_MUTANT"])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A test that only means something in a collect mode (e.g. LGD_VALUE_COLLECT=1: fail
+    # once listing every failure found) is not collected otherwise: never a pass that
+    # checked nothing.
+    off = [i for i in items if (m := i.get_closest_marker("collect_mode")) and os.environ.get(m.args[0]) != "1"]
+    if off:
+        config.hook.pytest_deselected(items=off)
+        items[:] = [i for i in items if i not in off]
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The last lines say what did not run: every skip, grouped by reason (which
+    dependency was missing), with its files. ``python3 dev.py test`` ends with it."""
+    reasons: dict[str, set[str]] = {}
+    count: dict[str, int] = {}
+    for rep in terminalreporter.stats.get("skipped", []):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons.setdefault(reason, set()).add(rep.nodeid.split("::", 1)[0])
+        count[reason] = count.get(reason, 0) + 1
+    if not reasons:
+        terminalreporter.write_line("skipped parts: none")
+        return
+    terminalreporter.write_sep("=", f"skipped parts ({sum(count.values())} tests; CI would fail them)")
+    for reason in sorted(reasons):
+        files = ", ".join(sorted(reasons[reason]))
+        terminalreporter.write_line(f"SKIPPED {count[reason]:4d} x {reason[:160]}  [{files[:200]}]")

@@ -8,6 +8,7 @@ and after the restore.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import operator
 import os
@@ -26,6 +27,7 @@ from typing import Annotated, Any, TypedDict
 
 import psycopg
 import pytest
+from conftest import require_or_skip
 from langchain_core.messages import AIMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
@@ -180,7 +182,8 @@ def saver(dsn: str, schema: str) -> Iterator[DurablePostgresSaver]:
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "local":
         return str(tmp_path / "archive")
-    pytest.importorskip("fsspec")
+    if importlib.util.find_spec("fsspec") is None:
+        require_or_skip("fsspec is not installed (the test extra)")
     return f"memory://lgd-archive-{uuid.uuid4().hex[:8]}"
 
 
@@ -296,7 +299,8 @@ def test_restore_one_thread_and_cli(dsn: str, schema: str, saver: DurablePostgre
 
 
 async def test_async_archive_round_trip(dsn: str, schema: str) -> None:
-    pytest.importorskip("fsspec")
+    if importlib.util.find_spec("fsspec") is None:
+        require_or_skip("fsspec is not installed (the test extra)")
     url = f"memory://lgd-async-{uuid.uuid4().hex[:8]}"
     async with AsyncDurablePostgresSaver.from_conn_string(dsn, schema=schema, artifact_threshold=256) as s:
         await s.asetup()

@@ -33,6 +33,7 @@ from typing import Annotated, Any, TypedDict
 
 import psycopg
 import pytest
+from conftest import require_or_skip
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 from psycopg.rows import dict_row
@@ -369,7 +370,6 @@ def test_python_api_and_cli_actions_are_audited(console_saver: Any, data: Data) 
 
 # ------------------------------------------------------------------ browser
 def _browser_or_skip() -> Any:
-    ci = os.environ.get("CI", "").lower() == "true"
     reason = None
     try:
         from playwright.sync_api import sync_playwright
@@ -378,9 +378,7 @@ def _browser_or_skip() -> Any:
     if reason is None and not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
         reason = f"no chromium at {CHROMIUM} (apt-get install chromium)"
     if reason is not None:
-        if ci:
-            pytest.fail(f"CI=true and the browser test cannot run: {reason}")
-        pytest.skip(reason)
+        require_or_skip(f"browser: {reason}")
     return sync_playwright
 
 

@@ -56,6 +56,7 @@ SPECS: list[tuple[str, str, str]] = [
 ]
 MIN_KILL_POINTS = 24
 MAX_KILLS = 12
+KILL_DEPTH_MAX = 50  # node executions of one run before its kill (the first run has 57)
 
 
 class Child:
@@ -155,6 +156,16 @@ def committed_nodes(saver: DurablePostgresSaver, thread_id: str) -> set[str]:
     return done
 
 
+def wait_node_runs(conn: psycopg.Connection[Any], child: Child, n: int) -> None:
+    """Wait until ``child`` has started ``n`` more node executions (or ended)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and child.alive():
+        row = conn.execute("SELECT count(*) FROM node_runs WHERE run_no = %s", (child.run_no,)).fetchone()
+        if row is not None and row[0] > n:
+            return
+        time.sleep(0.005)
+
+
 def node_rows(conn: psycopg.Connection[Any], thread_id: str) -> dict[str, list[int]]:
     runs: dict[str, list[int]] = defaultdict(list)
     for node, run_no in conn.execute(
@@ -231,7 +242,16 @@ def reference(crash_db: str) -> dict[str, dict[str, Any]]:
 
 
 def test_sigkill_at_random_moments_then_resume(crash_db: str, reference: dict[str, dict[str, Any]]) -> None:
-    rng = random.Random(int(os.environ.get("CRASH_SEED", time.time_ns() % 10_000)))
+    seed = int(os.environ.get("LGD_SEED") or os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"\nkill points from seed {seed} (replay: LGD_SEED={seed})")
+    rng = random.Random(seed)
+    # Kill after this many node executions of the run (events, not moments: the same
+    # depths on a loaded machine as on a quiet one). Both ends of the range come first
+    # (the depth-spread check below needs a shallow and a deep kill, and the kills stop
+    # once MIN_KILL_POINTS are in, after about 6 runs): deep in the first run, while
+    # every thread is fresh; then shallow; the rest at random.
+    rest = [rng.randint(0, KILL_DEPTH_MAX) for _ in range(MAX_KILLS - 4)]
+    depths = [KILL_DEPTH_MAX, 0, KILL_DEPTH_MAX - 6, 1, *rest]
     threads: list[Thread] = []
     serial = 0
 
@@ -259,7 +279,7 @@ def test_sigkill_at_random_moments_then_resume(crash_db: str, reference: dict[st
             child.wait_ready()
             if killing:
                 wait_first_node(conn, child)
-                time.sleep(rng.uniform(0.0, 1.3))
+                wait_node_runs(conn, child, depths[(run_no - 1) % len(depths)])
                 child.kill()
                 events = child.events()
                 wait_backends_gone(conn, run_no)
@@ -344,7 +364,8 @@ def test_sigkill_at_random_moments_then_resume(crash_db: str, reference: dict[st
     print(
         f"\ncrash test: {run_no} processes, {run_no - 1} SIGKILLs, {len(kill_points)} mid-run kill "
         f"points at {len(positions)} distinct positions, {len(threads)} threads, "
-        f"{reruns} node re-runs (all uncommitted), {lease_lost} runs fenced out, {elapsed:.1f} s"
+        f"{reruns} node re-runs (all uncommitted), {lease_lost} runs fenced out, {elapsed:.1f} s; linear "
+        f"kill depths {sorted({len(d) for k, _, _, d, _ in kill_points if k == 'linear'})}"
     )
     assert len(kill_points) >= MIN_KILL_POINTS
     assert len(positions) >= 10

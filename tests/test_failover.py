@@ -39,6 +39,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import missing_mark
+
+from langgraph_durable._pool import RECONNECT_MAX_DELAY
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -49,12 +52,13 @@ pytestmark = pytest.mark.chaos
 # Seconds between the kill and the promotion: a failover manager (Patroni, a managed
 # service) needs a few to notice a dead primary; the workers ride through the gap.
 PROMOTE_DELAY = float(os.environ.get("LGD_PROMOTE_DELAY", "3.5"))
+# A worker's step after its pool reconnected (its checkpoint write and the effect), on top
+# of the pool's reconnect cap: the bound on the workers' resume after the promoted
+# server takes writes.
+FAILOVER_SLACK = float(os.environ.get("LGD_FAILOVER_SLACK", "1.5"))
 
 _reason = _cluster.missing_reason()
-if _reason is not None:
-    if os.environ.get("CI") == "true":
-        raise RuntimeError(f"failover tests cannot run in CI: {_reason}")
-    pytestmark = [pytest.mark.chaos, pytest.mark.skip(reason=_reason)]
+pytestmark = [pytest.mark.chaos, *missing_mark(None if _reason is None else f"standby cluster: {_reason}")]
 
 
 @pytest.fixture
@@ -189,10 +193,14 @@ def test_sync_failover_loses_nothing(
     # (A put acknowledged a few ms after the kill may be a commit made just before it
     # whose reply was read late: count only those after the promotion began.)
     first_worker_ack = min(a["t"] for a in acks if a["t"] > promote_started)
-    # The workers resume within about a second of the promotion (_pool.py caps the
-    # pool's reconnect backoff at 1 s). psycopg_pool's own schedule (1, 2, 4 s...) had
-    # them wait for its attempt at ~7 s after the kill: 3.5 s after the promotion.
-    assert first_worker_ack - promoted_at < 2.5, (first_worker_ack - promoted_at)
+    # The workers resume within the pool's reconnect cap (_pool.py: RECONNECT_MAX_DELAY)
+    # of the promoted server taking writes, plus one worker step (FAILOVER_SLACK).
+    # Measured from the probe's first write, not the promotion command: the probe pays
+    # the same load as the workers, so the bound comes from the configuration, not from
+    # how fast this machine is today. psycopg_pool's own schedule (1, 2, 4 s...) had them
+    # wait for its attempt at ~7 s after the kill: 3.5 s after the promotion.
+    limit = RECONNECT_MAX_DELAY + FAILOVER_SLACK
+    assert first_worker_ack - max(probe_at, promoted_at) < limit, (first_worker_ack - probe_at, limit)
     print(
         f"\nFAILOVER sync replication, {'async' if asynchronous else 'sync'} saver: threads={len(done)} steps={child.N_STEPS} effects={len(rows)}/{total} "
         f"(in before the kill: {before}) duplicated={len(dup)} missing={len(missing)} "

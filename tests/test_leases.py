@@ -139,14 +139,30 @@ def test_second_invoke_is_busy_or_waits(db: str) -> None:
     assert sorted(r["node"] for r in log_rows(db, "busy-1")) == ["s0", "s1", "s2"]
 
 
+# The lease of the renewal test: long enough that a loaded machine's scheduling pauses
+# (the renewer renews every ttl/3) do not let it lapse; LGD_TEST_LEASE_TTL overrides it.
+RENEW_TTL = float(os.environ.get("LGD_TEST_LEASE_TTL", "2.0"))
+
+
+def _lease_outlived(db: str, thread_id: str, expires_at: Any, timeout: float = 60) -> None:
+    """Wait (an event, not a sleep) until the server's clock is past ``expires_at``."""
+    deadline = time.monotonic() + timeout
+    while not q(db, "SELECT now() > %s AS past", (expires_at,))[0]["past"]:
+        assert time.monotonic() < deadline, "the server clock never passed the first expiry"
+        time.sleep(0.02)
+
+
 def test_renewal_keeps_a_long_node_leased(db: str) -> None:
-    ttl = 1.0
+    ttl = RENEW_TTL
     rows: list[dict[str, Any]] = []
     mid, resume = threading.Event(), threading.Event()
 
     def long_node(state: Any, config: Any) -> None:
         rows.append(thread_row(db, "renew-1"))
-        time.sleep(3 * ttl)  # three lease lifetimes inside one node
+        # Inside one node, until the lease's expiry is past on the server's clock, twice
+        # (two lifetimes at least): only renewals can keep it.
+        for _ in range(2):
+            _lease_outlived(db, "renew-1", thread_row(db, "renew-1")["lease_expires_at"])
         rows.append(thread_row(db, "renew-1"))
         mid.set()
         assert resume.wait(60)

@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import require_or_skip
 from psycopg.rows import dict_row
 
 pytestmark = pytest.mark.notebook
@@ -28,9 +29,7 @@ def _require(*modules: str) -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         msg = f"missing test dependencies: {', '.join(missing)}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        require_or_skip(f"notebook kernel: {msg}")
 
 
 def _outputs(nb: Any, kind: str) -> list[Any]:

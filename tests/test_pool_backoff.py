@@ -7,7 +7,11 @@ workers waited for the next attempt, up to as long again as the outage itself
 
 from __future__ import annotations
 
-from langgraph_durable import DurablePostgresSaver
+from typing import Any
+
+import pytest
+
+from langgraph_durable import DurablePostgresSaver, _pool
 from langgraph_durable._pool import (
     RECONNECT_MAX_DELAY,
     AsyncDurableConnectionPool,
@@ -34,13 +38,36 @@ def test_reconnect_gives_up_after_reconnect_timeout() -> None:
     assert attempt.time_to_give_up(2.0)
 
 
-def test_from_conn_string_uses_the_capped_pool(dsn: str) -> None:
+@pytest.fixture
+def backoffs(monkeypatch: pytest.MonkeyPatch) -> list[CappedBackoff]:
+    """Every CappedBackoff made from now on (the pool makes one per connection it adds
+    when the hook is active; psycopg_pool's own schedule otherwise)."""
+    made: list[CappedBackoff] = []
+    original = CappedBackoff.__init__
+
+    def spy(self: CappedBackoff, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(CappedBackoff, "__init__", spy)
+    return made
+
+
+def test_from_conn_string_uses_the_capped_pool(dsn: str, backoffs: list[CappedBackoff]) -> None:
+    """Behaviourally: the saver's pool adds its connections through the hook (a private
+    psycopg_pool API that a new release could rename, silently restoring 1-2-4-8 s)."""
     with DurablePostgresSaver.from_conn_string(dsn) as saver:
         assert isinstance(saver.conn, DurableConnectionPool)
+        saver.conn.wait(timeout=30)  # its connections were added
+        assert _pool._HOOKABLE, "psycopg_pool no longer offers the reconnect hook"
+        assert backoffs, "the pool added its connections without the capped backoff"
+        assert all(b.timeout == saver.conn.reconnect_timeout for b in backoffs)
 
 
-async def test_async_from_conn_string_uses_the_capped_pool(dsn: str) -> None:
+async def test_async_from_conn_string_uses_the_capped_pool(dsn: str, backoffs: list[CappedBackoff]) -> None:
     from langgraph_durable import AsyncDurablePostgresSaver
 
     async with AsyncDurablePostgresSaver.from_conn_string(dsn) as saver:
         assert isinstance(saver.conn, AsyncDurableConnectionPool)
+        await saver.conn.wait(timeout=30)
+        assert backoffs, "the async pool added its connections without the capped backoff"

@@ -27,6 +27,7 @@ import _child_seams_lease as child
 import psycopg
 import pytest
 from _db import q, thread_row
+from conftest import needs
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
@@ -340,9 +341,7 @@ def test_defect6_lease_from_another_namespace_is_not_taken_over(db: str) -> None
     assert (row["lease_owner"], row["lease_token"]) == (owner, 5)
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)"
-)
+@needs(None if os.geteuid() == 0 and shutil.which("unshare") is not None else "unshare: needs root and unshare(1)")
 def test_defect6_run_in_another_pid_namespace_keeps_its_lease(db: str) -> None:
     """A real run under ``unshare --pid --fork --mount-proc`` (same hostname, its own pid
     namespace: the run is pid 1 there, and our pid 1 is another, older process): while
@@ -416,6 +415,33 @@ def test_defect7_resume_by_a_machine_whose_clock_is_behind_repeats_no_step(db: s
         assert head > head_a  # B's checkpoints sort after A's despite B's clock
     assert effects(db, tid) == {n: 1 for n in child.NODES}
     assert thread_row(db, tid)["status"] == "done"
+
+
+def test_defect7_stock_saver_with_a_clock_behind_repeats_the_steps(db: str) -> None:
+    """The failure defect 7's test prevents, shown on the stock saver: the same crash of
+    machine A (60 s ahead) in n3 and resume by this process; B's checkpoints sort before
+    A's, so the next invoke(None) resumes from one of A's old checkpoints and charges
+    steps after n2 again."""
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    tid = "d7-resume-stock-" + uuid.uuid4().hex[:6]
+    proc = subprocess.run(
+        [sys.executable, CHILD, db, tid],
+        env=child_env(LGD_CLOCK_OFFSET="60", LGD_CRASH_AT="n3", LGD_STOCK="1"),
+        timeout=LOAD_WAIT * 2,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL
+    assert effects(db, tid) == {"n1": 1, "n2": 1}
+    with PostgresSaver.from_conn_string(db) as saver:
+        graph = child.make_builder(db).compile(checkpointer=saver)
+        out = graph.invoke(None, cfg(tid), durability="sync")
+        assert out["log"] == ["n1", "n2", "n3", "n4", "n5"]
+        graph.invoke(None, cfg(tid), durability="sync")
+    charged = effects(db, tid)
+    repeated = {n: c for n, c in charged.items() if c > 1}
+    print("stock saver, clock behind: effects", charged)
+    assert set(charged) == set(child.NODES) and repeated and not {"n1", "n2"} & set(repeated), charged
 
 
 def test_defect7_put_that_would_sort_before_the_head_is_refused(db: str) -> None:

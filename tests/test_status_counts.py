@@ -9,9 +9,9 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import _hypothesis_profiles  # noqa: F401  (registers the settings profiles)
 import psycopg
 import pytest
+from _hypothesis_profiles import examples  # (and registers the settings profiles)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -606,7 +606,7 @@ _op = st.one_of(
 
 
 @given(ops=st.lists(_op, max_size=25))
-@settings(max_examples=60)
+@settings(max_examples=examples(ci=60, long=1000))
 def test_new_count_equals_the_full_scan_on_random_histories(
     store: DurablePostgresSaver, dsn: str, ops: list[tuple[str, str, str]]
 ) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from conftest import require_or_skip
 from psycopg.rows import dict_row
 
 pytestmark = pytest.mark.studio
@@ -71,9 +72,7 @@ def _langgraph_cli() -> str:
     found = str(beside) if beside.exists() else shutil.which("langgraph")
     if found is None or importlib.util.find_spec("langgraph_api") is None:
         msg = 'langgraph dev is not installed: pip install "langgraph-cli[inmem]"'
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        require_or_skip(f"Studio: {msg}")
     return found
 
 
