@@ -38,7 +38,7 @@ import psycopg
 import pytest
 from _cluster import Node, _as_pg, _run, find_bindir, missing_reason
 from _pgbouncer import pgbouncer, require_pgbouncer
-from conftest import drop_database, make_database
+from conftest import drop_database, make_database, require_or_skip
 from langgraph.checkpoint.conformance.test_utils import (
     generate_checkpoint,
     generate_config,
@@ -90,9 +90,7 @@ def cluster() -> Iterator[Node]:
     refusable: the shared server trusts everyone)."""
     reason = missing_reason()
     if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        require_or_skip(reason)
     bindir = find_bindir()
     assert bindir is not None
     root = Path(tempfile.mkdtemp(prefix="lgd-config-"))

@@ -45,6 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import _child_failover_async as child  # noqa: E402
 import _cluster  # noqa: E402
+from conftest import needs, require_or_skip  # noqa: E402
 
 # Ports of this file's clusters (clear of other suites running beside it).
 PORTS = (int(os.environ.get("LGD_FAILOVER_PORT_LOW", "56400")), int(os.environ.get("LGD_FAILOVER_PORT_HIGH", "56499")))
@@ -54,9 +55,7 @@ N_WORKERS, CONCURRENCY = 3, 4
 THREADS = [f"t-{i}" for i in range(8)] + [f"idem-{i}" for i in range(4)]
 
 _reason = _cluster.missing_reason()
-cluster = pytest.mark.skipif(_reason is not None, reason=_reason or "")
-if _reason is not None and os.environ.get("CI") == "true":
-    raise RuntimeError(f"failover tests cannot run in CI: {_reason}")
+cluster = needs(_reason)  # the one skip rule (tests/conftest.py): CI fails instead
 
 
 # Seconds between the kill and the promotion (a failover manager notices a dead primary
@@ -68,7 +67,7 @@ PROMOTE_DELAY = float(os.environ.get("LGD_PROMOTE_DELAY", "1.0"))
 def failover(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
     """The scenario, run once for the tests that read its figures (by group)."""
     if _reason is not None:
-        pytest.skip(_reason)
+        require_or_skip(_reason)
     pair = _cluster.make_pair(synchronous=False, ports=PORTS)
     try:
         yield _scenario(pair, tmp_path_factory.mktemp("failover"))
