@@ -7,8 +7,8 @@ The graph puts the capabilities added last side by side in one run, each with it
 * ``prep`` may be deferred (node metadata ``{"checkpoint": "defer"}``), or the whole saver
   may run under ``ReworkBudget``: the tasks after it then run from a deferred checkpoint.
 * ``charge`` performs an effect through ``@idempotent(transactional=True)``.
-* ``work`` calls a journaled model (``invoke`` or ``stream``) and parses its JSON answer under
-  a ``RetryPolicy``; the consumer of the stream may raise after two chunks, and the model's
+* ``work`` (a node, or a subgraph around one) calls a journaled model (``invoke`` or
+  ``stream``) and parses its JSON answer under a ``RetryPolicy``; the consumer of the stream may raise after two chunks, and the model's
   first answer may be invalid JSON (an ``OutputParserException``).
 * ``join`` may have its lease taken by another owner (the token moved, the expiry in the past).
 * ``ask`` waits on an interrupt; ``final`` may return a value that cannot be stored.
@@ -242,7 +242,19 @@ def build(dsn: str, spec: dict[str, Any], *, stock: bool = False) -> StateGraph:
     prep_meta = {"checkpoint": "defer"} if spec.get("defer_prep") else None
     g.add_node("prep", prep, metadata=prep_meta)
     g.add_node("charge", charge)
-    g.add_node("work", work, retry_policy=retry)
+    if spec.get("subgraph"):  # the model call one level down: a subgraph called from the node
+        inner = StateGraph(State)
+        inner.add_node("work", work, retry_policy=retry)
+        inner.add_edge(START, "work")
+        sub = inner.compile()
+
+        def work_outer(s: State) -> dict[str, Any]:
+            out = sub.invoke({"turn": s["turn"], "log": []})
+            return {"log": out["log"], "answer": out["answer"]}
+
+        g.add_node("work", work_outer)
+    else:
+        g.add_node("work", work, retry_policy=retry)
     g.add_node("join", join)
     g.add_node("final", final)
     g.add_edge(START, "prep")

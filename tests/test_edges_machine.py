@@ -32,13 +32,16 @@ far more and writes the fault counts to ``LGD_EDGES_REPORT`` if set.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import uuid
 from collections import Counter
 from typing import Any
@@ -81,13 +84,20 @@ def forkserver() -> Any:
     return _CTX
 
 
-def _child(dsn: str, tid: str, spec: dict[str, Any], action: str, turn: int, stock: bool) -> tuple[int, dict[str, Any] | None]:
-    """Run one child to its end; (exit code, its report if it ended on its own)."""
+def _child(
+    dsn: str, tid: str, spec: dict[str, Any], action: str, turn: int, stock: bool, kill_after: float | None = None
+) -> tuple[int, dict[str, Any] | None]:
+    """Run one child to its end (SIGKILLed after ``kill_after`` s if given); (exit code,
+    its report if it ended on its own)."""
     ctx = forkserver()
     r, w = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=ce.child_entry, args=(w, dsn, tid, spec, action, turn, stock), daemon=True)
     proc.start()
     w.close()
+    timer = None
+    if kill_after is not None:
+        timer = threading.Timer(kill_after, lambda: proc.pid and _kill(proc.pid))
+        timer.start()
     out = None
     try:
         if r.poll(120):
@@ -95,11 +105,18 @@ def _child(dsn: str, tid: str, spec: dict[str, Any], action: str, turn: int, sto
     except EOFError:  # the child was killed: it sent nothing
         out = None
     proc.join(60)
+    if timer is not None:
+        timer.cancel()
     if proc.exitcode is None:
         proc.kill()
         proc.join()
         raise AssertionError(f"child of {tid} ({spec}, {action}) hung")
     return proc.exitcode, out
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def specs(kill_points: tuple[str | None, ...]) -> st.SearchStrategy[dict[str, Any]]:
@@ -115,13 +132,16 @@ def specs(kill_points: tuple[str | None, ...]) -> st.SearchStrategy[dict[str, An
             "poison": st.sampled_from([False, False, False, True]),
             "steal": st.sampled_from([False, False, True]),
             "via_stream": st.booleans(),
+            "subgraph": st.booleans(),
+            "kill_delay": st.floats(min_value=0.05, max_value=1.5),
             "durability": st.sampled_from(["sync", "async"]),
             "kill_at": st.sampled_from(kill_points),
         }
     )
 
 
-SPECS = specs((None, *ce.KILL_POINTS))
+# "timer": a SIGKILL at a random moment of the turn's first run (counts then within bounds).
+SPECS = specs((None, "timer", *ce.KILL_POINTS))
 
 
 def expected_calls(spec: dict[str, Any]) -> tuple[int, int]:
@@ -175,8 +195,10 @@ class EdgesMachine(RuleBasedStateMachine):
     # --- running a turn to its end, resuming after each kill ------------------------------
     def _drive(self, t: Thread, action: str) -> None:
         t.outcomes, t.started = [], action == "start"
-        for _ in range(len(ce.KILL_POINTS) + 4):
-            code, out = _child(self.dsn, t.tid, t.spec, action, t.turns, self.stock)
+        for i in range(len(ce.KILL_POINTS) + 4):
+            timer = t.spec.get("kill_at") == "timer" and i == 0 and action == "start"
+            code, out = _child(self.dsn, t.tid, t.spec, action, t.turns, self.stock,
+                               t.spec["kill_delay"] if timer else None)
             RUNS["child runs"] += 1
             if out is None:
                 assert code == -9, f"child of {t.tid} died with {code} and said nothing"
@@ -308,7 +330,10 @@ class EdgesMachine(RuleBasedStateMachine):
         turn, spec = t.turns, t.spec
         calls = self._q("SELECT count(*) FROM edges_calls WHERE thread_id = %s AND turn = %s", t.tid, turn)[0][0]
         want, _ = expected_calls(spec)
-        if calls != want:
+        if spec.get("kill_at") == "timer":  # a kill after the answer, before its record: asked again
+            if not want <= calls <= want + t.kills:
+                self.problems.append(f"{t.tid} turn {turn}: the model was called {calls} times, want {want}..{want + t.kills}")
+        elif calls != want:
             self.problems.append(f"{t.tid} turn {turn}: the model was called {calls} times, want {want} ({spec})")
         if state.values.get("answer") != f"a{calls}":
             self.problems.append(f"{t.tid} turn {turn}: state holds answer {state.values.get('answer')!r} after {calls} calls")
@@ -334,7 +359,8 @@ class EdgesMachine(RuleBasedStateMachine):
         late = {"final": steal}
         for node, want in exact.items():
             got = runs.get(node, 0)
-            hi = want + (slack if spec.get("budget") or self.stock else late.get(node, 0))
+            loose = spec.get("budget") or self.stock or spec.get("kill_at") == "timer"
+            hi = want + (slack if loose else late.get(node, 0))
             if not want <= got <= hi:
                 self.problems.append(f"{t.tid} turn {turn}: {node} ran {got} times, want {want}..{hi} ({spec})")
 
