@@ -65,8 +65,11 @@ def pooler_clash(exc: BaseException) -> Exception | None:
     any other error."""
     from langgraph_durable.errors import PoolerMismatchError
 
+    # ProtocolViolation: our cached _pg3_N is another client's statement on this server
+    # connection ("bind message supplies 6 parameters, but prepared statement ... requires 14").
     clash = isinstance(exc, psycopg.errors.DuplicatePreparedStatement) or (
-        isinstance(exc, psycopg.errors.InvalidSqlStatementName) and "_pg3_" in str(exc)
+        isinstance(exc, psycopg.errors.InvalidSqlStatementName | psycopg.errors.ProtocolViolation)
+        and "_pg3_" in str(exc)
     )
     return PoolerMismatchError(str(exc).strip().splitlines()[0]) if clash else None
 

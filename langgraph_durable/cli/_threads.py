@@ -20,6 +20,7 @@ from langgraph_durable.cli._common import (
     SchemaOption,
     console,
     err_console,
+    fail,
     fmt_bytes,
     open_saver,
     print_json,
@@ -52,14 +53,18 @@ STATE_STYLE = {
 
 
 @contextmanager
-def _saver(dsn: str | None, schema: str | None) -> Iterator[Any]:
+def _saver(dsn: str | None, schema: str | None, json_out: bool = False) -> Iterator[Any]:
     """A saver for reading; typed errors (a missing thread, a checkpoint that does not
-    decode) become a message and exit code 1, never a traceback."""
+    decode) become a message and exit code 1, never a traceback. With ``--json`` the
+    error is a JSON document on stdout, as the other commands print it: a script that
+    reads stdout must not get an empty document."""
     from rich.text import Text
     try:
         with open_saver(dsn, schema, readonly=True) as saver:
             yield saver
     except DurableError as exc:
+        if json_out:
+            raise fail(True, type(exc).__name__, exc.message, exc.fields) from None
         # Text, not markup: a message may hold brackets (ids, reprs of values).
         err_console.print(Text.assemble(("error: ", "red"), str(exc)), highlight=False)
         raise typer.Exit(1) from None
@@ -197,7 +202,7 @@ def threads_list(
     from rich.table import Table
 
     from langgraph_durable.ops import inspection as lgi
-    with _saver(dsn, schema) as saver:
+    with _saver(dsn, schema, json_out) as saver:
         rows = lgi.list_threads(saver, status=status, prefix=prefix, limit=limit, after=after)
     if json_out:
         print_json(rows)
@@ -257,7 +262,7 @@ def threads_show(
 ) -> None:
     """Latest state of a thread: channels and sizes, next nodes, lease, quarantine."""
     from langgraph_durable.ops import inspection as lgi
-    with _saver(dsn, schema) as saver:
+    with _saver(dsn, schema, json_out) as saver:
         info = lgi.show_thread(saver, thread_id)
     if json_out:
         print_json(info)
@@ -372,7 +377,7 @@ def threads_history(
     from rich.table import Table
 
     from langgraph_durable.ops import inspection as lgi
-    with _saver(dsn, schema) as saver:
+    with _saver(dsn, schema, json_out) as saver:
         rows = lgi.thread_history(saver, thread_id, limit=limit)
     if json_out:
         print_json(rows)
@@ -439,7 +444,7 @@ def threads_diff(
     from rich.text import Text
 
     from langgraph_durable.ops import inspection as lgi
-    with _saver(dsn, schema) as saver:
+    with _saver(dsn, schema, json_out) as saver:
         diff = lgi.diff_checkpoints(saver, thread_id, cp1, cp2)
     if json_out:
         print_json(diff)
@@ -489,7 +494,7 @@ def _print_status(dsn: str | None, schema: str | None, json_out: bool, untracked
     from rich.text import Text
 
     from langgraph_durable.ops import inspection as lgi
-    with _saver(dsn, schema) as saver:
+    with _saver(dsn, schema, json_out) as saver:
         counts: dict[str, int | None] = dict(lgi.thread_status_counts(saver, untracked=untracked))
         pending = [] if json_out else lgi.takeover_pending(saver)
     if not untracked:
@@ -547,7 +552,7 @@ def stats(
     from rich.text import Text
 
     from langgraph_durable.ops import inspection as lgi
-    with _saver(dsn, schema) as saver:
+    with _saver(dsn, schema, json_out) as saver:
         data = lgi.storage_stats(saver)
     if json_out:
         print_json(data)

@@ -43,11 +43,11 @@ def ui_command(
 
         from langgraph_durable.console import create_app
     except ImportError as exc:
-        err_console.print(
-            f"[red]error:[/] the console needs the 'console' extra: "
-            f"pip install 'langgraph-durable[console]' ({exc})"
-        )
-        raise typer.Exit(1) from None
+        from langgraph_durable.cli._common import fail
+
+        # Through fail(): the message is text, so rich does not eat "[console]" as markup.
+        hint = f"the console needs the 'console' extra: pip install 'langgraph-durable[console]' ({exc})"
+        raise fail(False, "ImportError", hint, {}) from None
     from langgraph_durable.cli._common import saver_or_exit
     from langgraph_durable.console._security import new_token
 
