@@ -55,6 +55,12 @@ def _one_line_summaries(typer_app: typer.Typer) -> None:
             _one_line_summaries(group.typer_instance)
 
 
+_SHORT_TYPES = {
+    "<str>": "TEXT", "<int>": "INT", "<float>": "FLOAT", "<list[str]>": "TEXT",
+    "<int range>": "INT", "<float range>": "FLOAT", "<Path>": "PATH",
+}
+
+
 def _flags_without_placeholders() -> None:
     """A flag takes no value, so its help row shows none (typer 0.29 prints ``--json <bool>``).
     A test (tests/test_cli_help.py) fails if typer stops honouring this."""
@@ -63,7 +69,12 @@ def _flags_without_placeholders() -> None:
     shown = TyperOption.display_type_rich
 
     def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
-        return None if self.is_flag else shown(self, ctx)
+        if self.is_flag:
+            return None
+        label = shown(self, ctx)
+        # Short value names (click's own style): "<list[str]>", "<int range>" took the
+        # width an 80-column help needs for the descriptions (issue 24 review).
+        return _SHORT_TYPES.get(label, label) if isinstance(label, str) else label
 
     TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
