@@ -45,6 +45,17 @@ logger = logging.getLogger("langgraph_durable")
 PARENT_CHECK = [True]
 
 
+def checks_parent(lease: Lease | None, parent_id: str | None) -> bool:
+    """Whether a put under ``lease`` checks that its parent is on the server: only a
+    parent the run loaded or had acknowledged is its own; any
+    other came from the caller's config (a checkpoint id the thread does not have:
+    LangGraph starts fresh, as the stock saver does) and is not acknowledged work."""
+    if not PARENT_CHECK[0] or lease is None or parent_id is None:
+        return False
+    # Not lease.checkpoint_id: that is the id the caller asked for when it named one.
+    return parent_id == lease.loaded or parent_id in lease.acked.values()
+
+
 def report_work_lost(err: AcknowledgedWorkLostError, lease: Lease | None, where: str) -> None:
     """Tell the operator, once per run: one ERROR line, the counter
     ``langgraph_durable_acknowledged_work_lost_total{where}``; the run's lease keeps the
@@ -121,7 +132,7 @@ class FenceOps(FenceView):
                 raise AcknowledgedWorkLostError(**lease.work_lost.fields)
             params = guard_params(
                 "lease", thread_id, lease.token, lease.owner, checkpoint_ns, checkpoint_id,
-                parent_id if PARENT_CHECK[0] else None,
+                parent_id if checks_parent(lease, parent_id) else None,
             )
             return "lease", params, lease
         mode: GuardMode = "foreign" if self.leases_enabled else "none"
