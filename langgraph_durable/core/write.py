@@ -364,7 +364,7 @@ class WriteOps(WriteView):
         row: tuple[Any, ...] = (thread_id, checkpoint_ns, checkpoint["id"], parent_id, cp_json, md_json)
         # A run's put with a parent also checks the parent is on the server (issue 23,
         # _GUARD_PARENT: a failover may have lost it); guard_params added its parameters.
-        child = mode == "lease" and checks_parent(lease, parent_id)
+        child = mode == "lease" and checks_parent(lease, checkpoint_ns, parent_id)
         if VERSION_KEY not in md and parent_id:
             # No version known (a write outside a run, e.g. update_state from a script):
             # inherit the parent's, so editing a thread never makes it "unversioned".

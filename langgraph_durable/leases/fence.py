@@ -45,15 +45,13 @@ logger = logging.getLogger("langgraph_durable")
 PARENT_CHECK = [True]
 
 
-def checks_parent(lease: Lease | None, parent_id: str | None) -> bool:
-    """Whether a put under ``lease`` checks that its parent is on the server: only a
-    parent the run loaded or had acknowledged is its own; any
-    other came from the caller's config (a checkpoint id the thread does not have:
-    LangGraph starts fresh, as the stock saver does) and is not acknowledged work."""
+def checks_parent(lease: Lease | None, ns: str, parent_id: str | None) -> bool:
+    """Whether a put under ``lease`` checks that its parent is on the server: not the
+    first root put of a run that started fresh (``Lease.fresh``), whose parent is the
+    caller's checkpoint id, never stored for this thread (the stock saver starts fresh)."""
     if not PARENT_CHECK[0] or lease is None or parent_id is None:
         return False
-    # Not lease.checkpoint_id: that is the id the caller asked for when it named one.
-    return parent_id == lease.loaded or parent_id in lease.acked.values()
+    return not (lease.fresh and ns == "" and "" not in lease.acked)
 
 
 def report_work_lost(err: AcknowledgedWorkLostError, lease: Lease | None, where: str) -> None:
@@ -132,7 +130,7 @@ class FenceOps(FenceView):
                 raise AcknowledgedWorkLostError(**lease.work_lost.fields)
             params = guard_params(
                 "lease", thread_id, lease.token, lease.owner, checkpoint_ns, checkpoint_id,
-                parent_id if checks_parent(lease, parent_id) else None,
+                parent_id if checks_parent(lease, checkpoint_ns or "", parent_id) else None,
             )
             return "lease", params, lease
         mode: GuardMode = "foreign" if self.leases_enabled else "none"

@@ -47,15 +47,15 @@ class Lease:
     # The AcknowledgedWorkLostError this run hit (its writes stop there; the release
     # hands the thread back as 'stopped', recorded in durable_audit).
     work_lost: Any = None
-    # The checkpoint the run's start loaded (None: it found none). A caller's config may
-    # name a checkpoint id the thread does not have (a reused config after delete_thread,
-    # another thread's id): LangGraph then starts fresh and its first put names that id
-    # as the parent; the parent check must not take it for this run's own (review23).
-    loaded: str | None = None
+    # The run's start found no checkpoint to resume (a new thread, or a config naming a
+    # checkpoint id the thread does not have: a reused config after delete_thread,
+    # another thread's id). LangGraph then starts fresh and its first put names the
+    # caller's id as its parent: not this run's acknowledged work (review23).
+    fresh: bool = False
 
     def acknowledged(self, checkpoint_id: str) -> bool:
         """Was ``checkpoint_id`` on the server for this run (loaded or acknowledged)?"""
-        return checkpoint_id in (self.checkpoint_id, self.loaded) or checkpoint_id in self.acked.values()
+        return checkpoint_id == self.checkpoint_id or checkpoint_id in self.acked.values()
 
 
 # The lease of the root run executing in this context. LangGraph copies the context
