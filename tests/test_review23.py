@@ -9,14 +9,26 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import psycopg
 import pytest
+import zstandard
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.graph import END, START, StateGraph
 
 from langgraph_durable import DurablePostgresSaver
+from langgraph_durable import archive as A
+from langgraph_durable.artifacts import _digest, _element_content, _zstd_dict
+from langgraph_durable.errors import ArchiveError
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_archive_hostile as H  # noqa: E402  (its forging helpers)
 
 
 class _S(TypedDict):
@@ -68,3 +80,57 @@ def test_config_with_unknown_checkpoint_id_is_not_work_lost(
     with PostgresSaver.from_conn_string(dsn) as stock:
         cfg = {"configurable": {"thread_id": f"{dst}-stock", "checkpoint_id": head}}
         assert _two_steps().compile(checkpointer=stock).invoke({"steps": []}, cfg)["steps"] == [1, 2]
+
+
+# --------------------------------------------------------------------------- archives
+
+
+@pytest.fixture
+def hsaver(dsn: str) -> Iterator[tuple[DurablePostgresSaver, str]]:
+    """A saver in a schema of its own, artifacts from 256 bytes (test_archive_hostile's)."""
+    schema = "r23_" + uuid.uuid4().hex[:10]
+    with DurablePostgresSaver.from_conn_string(dsn, schema=schema, artifact_threshold=256) as s:
+        s.setup()
+        yield s, schema
+
+
+def test_artifact_compressed_without_content_size_cannot_poison_a_later_thread(
+    dsn: str, hsaver: tuple[DurablePostgresSaver, str], tmp_path: Path
+) -> None:
+    """The attack of defect 5 with a file that passes the new digest check: the planted
+    artifact holds the RIGHT content for its digest (the value an unrelated thread stores
+    later), but as a zstd frame written without its content size. Restore's check reads
+    such a frame (a bounded stream reader) and accepted it; the saver's own reader
+    (``ZstdDecompressor.decompress``) cannot ("could not determine content size"). The
+    later thread's put deduplicated onto the planted row, and a fresh saver's
+    ``get_state`` of that thread failed: the victim loses its state, which was never
+    stored anywhere else. Restore must refuse what the saver could not read."""
+    saver, schema = hsaver
+    path = H.archived(dsn, schema, saver, tmp_path, "attacker")
+    victim_value = H.big("victim-value", 2000)
+    tag, data = saver.serde.dumps_typed(victim_value)
+    content = _element_content(tag, data)
+    digest = _digest(content)
+    odd = zstandard.ZstdCompressor(dict_data=_zstd_dict(), write_dict_id=False, write_content_size=False)
+    stream = odd.compressobj()
+    frame = stream.compress(content) + stream.flush()
+    assert zstandard.frame_content_size(frame) == -1
+    body = H.read_body(path)
+    H.add_row(
+        body["artifacts"], digest=digest, size=len(content), data=frame,
+        created_at="2026-01-01T00:00:00+00:00", last_used_at="2026-01-01T00:00:00+00:00",
+    )
+    H.forge(path, body)
+    err: ArchiveError | None = None
+    try:
+        A.restore(saver, str(path))
+    except ArchiveError as exc:
+        err = exc
+        print(f"refused: {exc}")
+    H._graph(saver, victim_value).invoke({"value": "v"}, H._cfg("victim"))
+    with DurablePostgresSaver.from_conn_string(dsn, schema=schema, artifact_threshold=256) as fresh:
+        state = H._graph(fresh).get_state(H._cfg("victim"))
+    assert state.values["value"] == victim_value
+    assert err is not None and err.fields["reason"] == "bad_artifact" and digest.hex() in str(err)
+    with pytest.raises(ArchiveError):
+        A.verify(str(path))
