@@ -29,6 +29,7 @@ from langgraph_durable.errors import ArchiveError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_archive_hostile as H  # noqa: E402  (its forging helpers)
+import test_seams_lease as SL  # noqa: E402  (lost_commit_replies)
 
 
 class _S(TypedDict):
@@ -134,3 +135,59 @@ def test_artifact_compressed_without_content_size_cannot_poison_a_later_thread(
     assert err is not None and err.fields["reason"] == "bad_artifact" and digest.hex() in str(err)
     with pytest.raises(ArchiveError):
         A.verify(str(path))
+
+
+# --------------------------------------------------------------------------- deferral
+
+
+class _D(TypedDict):
+    log: Annotated[list[str], operator.add]
+
+
+def _deferred_fanout(runs: dict[str, int]) -> StateGraph:
+    """START -> prep (deferred) -> {charge, ship} ("always") -> done (deferred) -> END."""
+
+    def node(name: str) -> Any:
+        def fn(s: _D) -> dict[str, Any]:
+            runs[name] = runs.get(name, 0) + 1
+            return {"log": [name]}
+
+        return fn
+
+    g = StateGraph(_D)
+    g.add_node("prep", node("prep"), metadata={"checkpoint": "defer"})
+    g.add_node("charge", node("charge"))
+    g.add_node("ship", node("ship"))
+    g.add_node("done", node("done"), metadata={"checkpoint": "defer"})
+    g.add_edge(START, "prep")
+    g.add_edge("prep", "charge")
+    g.add_edge("prep", "ship")
+    g.add_edge(["charge", "ship"], "done")
+    g.add_edge("done", END)
+    return g
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_deferred_flush_with_lost_commit_replies(dsn: str, durability: str) -> None:
+    """Every statement batch of the run (the deferred flushes, the always tasks' writes,
+    the puts, the release) commits and then loses its reply: the driver retries it on a
+    fresh connection. A retried flush must be recognised as its own (a re-put), never
+    as clock skew or lost work, and nothing may run twice: the user would see a run fail
+    or a node re-run though every write was stored."""
+    runs: dict[str, int] = {}
+    tid = f"lostreply-{durability}"
+    cfg: Any = {"configurable": {"thread_id": tid}}
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        graph = _deferred_fanout(runs).compile(checkpointer=saver)
+        with SL.lost_commit_replies() as seen:
+            out = graph.invoke({"log": []}, cfg, durability=durability)
+        assert seen["injected"] > 3
+        stats = saver._granularity.stats  # the flush under test happened
+        assert stats.deferred >= 1 and stats.flushed >= 1, stats
+        assert sorted(out["log"]) == ["charge", "done", "prep", "ship"]
+        assert runs == {"prep": 1, "charge": 1, "ship": 1, "done": 1}
+        assert graph.get_state(cfg).values == out and graph.get_state(cfg).next == ()
+    assert _rows(dsn, "SELECT status FROM durable_threads WHERE thread_id = %s", (tid,)) == [("done",)]
+    chain = _rows(dsn, "SELECT checkpoint_id, parent_checkpoint_id FROM checkpoints WHERE thread_id = %s", (tid,))
+    ids = {c for c, _ in chain}
+    assert all(p is None or p in ids for _, p in chain), chain
