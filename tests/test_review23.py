@@ -191,3 +191,32 @@ def test_deferred_flush_with_lost_commit_replies(dsn: str, durability: str) -> N
     chain = _rows(dsn, "SELECT checkpoint_id, parent_checkpoint_id FROM checkpoints WHERE thread_id = %s", (tid,))
     ids = {c for c, _ in chain}
     assert all(p is None or p in ids for _, p in chain), chain
+
+
+@pytest.mark.parametrize("shape", ["send", "subgraph"])
+def test_journaled_calls_in_deferred_send_and_subgraph_survive_sigkill(dsn: str, shape: str) -> None:
+    """prep (deferred) fans out with ``Send`` to two workers (deferred; a plain node or
+    a subgraph), each asks a ``journaled`` model; the process is SIGKILLed in the last
+    worker after its call. The resume runs that worker again: its model call must
+    replay (the flush before each journaled call stored the checkpoint the
+    task ids hash). Otherwise the user pays for, and may get different, answers."""
+    import subprocess
+
+    import _child_review23 as child
+
+    tid = f"jdefer-{shape}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS r23_calls (thread text, prompt text)")
+        conn.execute("CREATE TABLE IF NOT EXISTS r23_asks (thread text, q text)")
+    proc = subprocess.run([sys.executable, child.__file__, dsn, tid, shape], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    first = _rows(dsn, "SELECT prompt FROM r23_calls WHERE thread = %s ORDER BY prompt", (tid,))
+    assert [p for (p,) in first] == list(child.QUESTIONS)
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        out = child.build(dsn, tid, shape, saver, kill=False).invoke(None, {"configurable": {"thread_id": tid}}, durability="sync")
+    assert sorted(out["answers"]) == [f"answer to {q}" for q in child.QUESTIONS]
+    calls = _rows(dsn, "SELECT prompt FROM r23_calls WHERE thread = %s ORDER BY prompt", (tid,))
+    assert [p for (p,) in calls] == list(child.QUESTIONS), "a journaled call was made again on resume"
+    # The killed worker did run again: the replay was exercised.
+    asks = _rows(dsn, "SELECT q, count(*) FROM r23_asks WHERE thread = %s GROUP BY q", (tid,))
+    assert dict(asks)[child.QUESTIONS[-1]] == 2, asks
