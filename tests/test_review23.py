@@ -220,3 +220,44 @@ def test_journaled_calls_in_deferred_send_and_subgraph_survive_sigkill(dsn: str,
     # The killed worker did run again: the replay was exercised.
     asks = _rows(dsn, "SELECT q, count(*) FROM r23_asks WHERE thread = %s GROUP BY q", (tid,))
     assert dict(asks)[child.QUESTIONS[-1]] == 2, asks
+
+
+@pytest.mark.parametrize("policy", ["none", "defer"])
+def test_journaled_call_before_an_interrupt_is_replayed_on_resume(dsn: str, policy: str) -> None:
+    """A node (with a ``RetryPolicy``, deferred or not) asks a ``journaled`` model, then
+    ``interrupt()``s for approval: LangGraph raises ``GraphInterrupt`` out of the node,
+    and the resume runs it again from its first line. An interrupt is not a rejected
+    attempt: the answer must be replayed, not asked again (the user pays twice and may
+    get another answer than the one the human approved)."""
+    from langchain_core.runnables import RunnableLambda
+    from langgraph.types import Command, RetryPolicy, interrupt
+
+    from langgraph_durable import journaled
+
+    calls: list[str] = []
+
+    def answer(prompt: Any) -> str:
+        calls.append(str(prompt))
+        return f"draft {len(calls)}"
+
+    model = journaled(RunnableLambda(answer, name="model"))
+
+    def draft(s: _D) -> dict[str, Any]:
+        text = model.invoke("write it")
+        verdict = interrupt(f"approve {text}?")
+        return {"log": [f"{text}:{verdict}"]}
+
+    g = StateGraph(_D)
+    g.add_node("prep", lambda s: {"log": ["prep"]}, metadata={"checkpoint": "defer"} if policy == "defer" else None)
+    g.add_node("draft", draft, retry_policy=RetryPolicy(max_attempts=3), metadata={"checkpoint": "defer"} if policy == "defer" else None)
+    g.add_edge(START, "prep")
+    g.add_edge("prep", "draft")
+    g.add_edge("draft", END)
+    cfg: Any = {"configurable": {"thread_id": f"jinterrupt-{policy}"}}
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        first = g.compile(checkpointer=saver).invoke({"log": []}, cfg)
+        assert "__interrupt__" in first and calls == ["write it"]
+    with DurablePostgresSaver.from_conn_string(dsn) as other:
+        out = g.compile(checkpointer=other).invoke(Command(resume="ok"), cfg)
+    assert calls == ["write it"], calls
+    assert out["log"] == ["prep", "draft 1:ok"]
