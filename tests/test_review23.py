@@ -25,7 +25,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph_durable import DurablePostgresSaver
 from langgraph_durable import archive as A
 from langgraph_durable.artifacts import _digest, _element_content, _zstd_dict
-from langgraph_durable.errors import ArchiveError
+from langgraph_durable.errors import ArchiveError, UnencodableValueError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_archive_hostile as H  # noqa: E402  (its forging helpers)
@@ -261,3 +261,54 @@ def test_journaled_call_before_an_interrupt_is_replayed_on_resume(dsn: str, poli
         out = g.compile(checkpointer=other).invoke(Command(resume="ok"), cfg)
     assert calls == ["write it"], calls
     assert out["log"] == ["prep", "draft 1:ok"]
+
+
+class _V(TypedDict, total=False):
+    log: Annotated[list[str], operator.add]
+    v: Any
+
+
+@pytest.mark.parametrize("policy", ["none", "defer"])
+def test_failed_flush_of_an_always_task_raises_the_put_error(
+    dsn: str, policy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """prep (deferred) leaves an unencodable value (an int beyond 64 bits) in a channel;
+    charge ("always") runs from prep's deferred checkpoint, overwrites the value and
+    finishes, so its writes flush that checkpoint, and the flush fails. LangGraph runs
+    put_writes in the background and goes on: the next put (charge's step, encodable)
+    named the never-stored checkpoint as its parent, and the parent check refused it as
+    AcknowledgedWorkLostError ("failover?"), logged ACKNOWLEDGED WORK LOST and handed the
+    thread back 'stopped' with no attempt counted, so every resume (a recovery worker's,
+    for ever) ran prep and charge again and was never quarantined. The user gets a false
+    data-loss alarm, a wrong error, and the "always" task repeated without bound.
+    Without the policy the put raises UnencodableValueError and the attempt counts."""
+    runs: dict[str, int] = {}
+
+    def node(name: str, out: dict[str, Any]) -> Any:
+        def fn(s: _V) -> dict[str, Any]:
+            runs[name] = runs.get(name, 0) + 1
+            return {**out, "log": [name]}
+
+        return fn
+
+    md = {"checkpoint": "defer"} if policy == "defer" else None
+    g = StateGraph(_V)
+    g.add_node("prep", node("prep", {"v": 2**70}), metadata=md)
+    g.add_node("charge", node("charge", {"v": "ok"}))
+    g.add_node("done", node("done", {}))
+    g.add_edge(START, "prep")
+    g.add_edge("prep", "charge")
+    g.add_edge("charge", "done")
+    g.add_edge("done", END)
+    tid = f"flushfail-{policy}"
+    cfg: Any = {"configurable": {"thread_id": tid}}
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        graph = g.compile(checkpointer=saver)
+        with caplog.at_level(logging.ERROR, logger="langgraph_durable"), pytest.raises(UnencodableValueError) as err:
+            graph.invoke({"log": []}, cfg, durability="sync")
+    assert err.value.thread_id == tid and "2**70" in str(err.value)
+    assert "ACKNOWLEDGED WORK LOST" not in caplog.text
+    status, attempts = _rows(dsn, "SELECT status, attempts FROM durable_threads WHERE thread_id = %s", (tid,))[0]
+    assert status == "error" and attempts >= 1, (status, attempts)
+    assert _rows(dsn, "SELECT count(*) FROM durable_audit WHERE action = 'work_lost' AND thread_id = %s", (tid,)) == [(0,)]
+    assert runs.get("done") is None
