@@ -312,3 +312,57 @@ def test_failed_flush_of_an_always_task_raises_the_put_error(
     assert status == "error" and attempts >= 1, (status, attempts)
     assert _rows(dsn, "SELECT count(*) FROM durable_audit WHERE action = 'work_lost' AND thread_id = %s", (tid,)) == [(0,)]
     assert runs.get("done") is None
+
+
+def test_astream_cancelled_mid_run_stores_the_deferred_steps(dsn: str) -> None:
+    """a and b (deferred) then slow; the consumer of ``astream`` is cancelled while slow
+    runs (a web request dropped). The run's exit must store b's deferred checkpoint and
+    hand the thread back unfinished: the resume runs only slow again (a and b are not
+    repeated, the thread is not 'done')."""
+    import asyncio
+
+    from langgraph_durable import AsyncDurablePostgresSaver
+
+    runs: dict[str, int] = {}
+    tid = "astream-cancel"
+    cfg: Any = {"configurable": {"thread_id": tid}}
+
+    async def main() -> dict[str, Any]:
+        inside = asyncio.Event()
+
+        def node(name: str) -> Any:
+            async def fn(s: _S) -> dict[str, Any]:
+                runs[name] = runs.get(name, 0) + 1
+                if name == "slow" and runs[name] == 1:
+                    inside.set()
+                    await asyncio.sleep(3600)
+                return {"steps": [len(runs)]}
+
+            return fn
+
+        g = StateGraph(_S)
+        for name in ("a", "b"):
+            g.add_node(name, node(name), metadata={"checkpoint": "defer"})
+        g.add_node("slow", node("slow"))
+        g.add_edge(START, "a")
+        g.add_edge("a", "b")
+        g.add_edge("b", "slow")
+        g.add_edge("slow", END)
+        async with AsyncDurablePostgresSaver.from_conn_string(dsn) as saver:
+            graph = g.compile(checkpointer=saver)
+
+            async def consume() -> None:
+                async for _ in graph.astream({"steps": []}, cfg, durability="sync"):
+                    pass
+
+            task = asyncio.create_task(consume())
+            await asyncio.wait_for(inside.wait(), 60)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert _rows(dsn, "SELECT status FROM durable_threads WHERE thread_id = %s", (tid,)) != [("done",)]
+            return await graph.ainvoke(None, cfg, durability="sync")
+
+    out = asyncio.run(main())
+    assert runs == {"a": 1, "b": 1, "slow": 2}, runs
+    assert len(out["steps"]) == 3
