@@ -366,3 +366,34 @@ def test_astream_cancelled_mid_run_stores_the_deferred_steps(dsn: str) -> None:
     out = asyncio.run(main())
     assert runs == {"a": 1, "b": 1, "slow": 2}, runs
     assert len(out["steps"]) == 3
+
+
+# --------------------------------------------------------------------------- failover
+
+
+@pytest.mark.parametrize("idem", [False, True])
+def test_lost_parent_through_pgbouncer_transaction_mode(dsn: str, idem: bool) -> None:
+    """The in-process lost-parent case of test_failover_async (a run's acknowledged
+    checkpoint removed under it) through PgBouncer in transaction mode: the parent check,
+    the work-lost release and its audit row are new statements; each must run without
+    session state (no prepared statement, no SET) or the run fails with a pooler error
+    instead of the typed one, and the thread stays leased until its lease expires."""
+    import collections
+
+    import _pgbouncer
+    import test_failover_async as FA
+
+    from langgraph_durable.errors import AcknowledgedWorkLostError
+
+    _pgbouncer.require_pgbouncer()
+    tid = f"bouncer-lost-{idem}"
+    cfg: Any = {"configurable": {"thread_id": tid}}
+    runs: collections.Counter[str] = collections.Counter()
+    with _pgbouncer.pgbouncer(dsn) as through, DurablePostgresSaver.from_conn_string(through, pooler="transaction") as saver:
+        graph = FA._lose_parent_graph(dsn, runs, idem=idem).compile(checkpointer=saver)
+        with pytest.raises(AcknowledgedWorkLostError):
+            graph.invoke({"steps": []}, cfg, durability="sync")
+        assert _rows(dsn, "SELECT status, lease_owner FROM durable_threads WHERE thread_id = %s", (tid,)) == [("stopped", None)]
+        assert _rows(dsn, "SELECT count(*) FROM durable_audit WHERE action = 'work_lost' AND thread_id = %s", (tid,)) == [(1,)]
+        out = graph.invoke(None, cfg, durability="sync")
+    assert out["steps"] == [0, 1, 2] and runs == {"a": 1, "b": 2, "c": 1}
