@@ -397,3 +397,18 @@ def test_lost_parent_through_pgbouncer_transaction_mode(dsn: str, idem: bool) ->
         assert _rows(dsn, "SELECT count(*) FROM durable_audit WHERE action = 'work_lost' AND thread_id = %s", (tid,)) == [(1,)]
         out = graph.invoke(None, cfg, durability="sync")
     assert out["steps"] == [0, 1, 2] and runs == {"a": 1, "b": 2, "c": 1}
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def test_redact_url_hides_a_token_in_the_fragment() -> None:
+    """An archive URL handed over with its credential in the fragment (OAuth-style
+    ``#access_token=...``, a pre-signed link pasted whole) went verbatim into
+    durable_audit, logs and errors, and the console's /audit page showed it: the
+    credential leaks to anyone who can read the audit trail."""
+    from langgraph_durable.audit import redact_url
+
+    assert redact_url("https://h.example/arch#access_token=SECRET&x=1") == "https://h.example/arch#access_token=***&x=1"
+    assert redact_url("https://u:pw@h.example/a?sig=S#frag") == "https://***@h.example/a?sig=***#frag"
+    assert redact_url("/plain/path") == "/plain/path"
