@@ -28,8 +28,8 @@ from langgraph_durable.artifacts import _digest, _element_content, _zstd_dict
 from langgraph_durable.errors import ArchiveError, UnencodableValueError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_archive_hostile as H  # noqa: E402  (its forging helpers)
-import test_seams_lease as SL  # noqa: E402  (lost_commit_replies)
+import test_archive_hostile as H  # its forging helpers
+import test_seams_lease as SL  # lost_commit_replies
 
 
 class _S(TypedDict):
