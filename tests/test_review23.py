@@ -412,3 +412,51 @@ def test_redact_url_hides_a_token_in_the_fragment() -> None:
     assert redact_url("https://h.example/arch#access_token=SECRET&x=1") == "https://h.example/arch#access_token=***&x=1"
     assert redact_url("https://u:pw@h.example/a?sig=S#frag") == "https://***@h.example/a?sig=***#frag"
     assert redact_url("/plain/path") == "/plain/path"
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_delete_thread_during_a_run_is_lease_lost_not_work_lost(dsn: str, durability: str) -> None:
+    """Another process deletes the thread while a run is in a node. The run must stop
+    with LeaseLostError (its lease row is gone), not AcknowledgedWorkLostError (a false
+    failover alarm, and a 'stopped' hand-back that a recovery worker would resume), and
+    nothing of it may be written back after the delete."""
+    import threading
+
+    from langgraph_durable.errors import AcknowledgedWorkLostError, LeaseLostError
+
+    inside, go = threading.Event(), threading.Event()
+
+    def slow(s: _S) -> dict[str, Any]:
+        inside.set()
+        go.wait(60)
+        return {"steps": [2]}
+
+    g = StateGraph(_S)
+    g.add_node("a", lambda s: {"steps": [1]})
+    g.add_node("slow", slow)
+    g.add_node("c", lambda s: {"steps": [3]})
+    g.add_edge(START, "a")
+    g.add_edge("a", "slow")
+    g.add_edge("slow", "c")
+    g.add_edge("c", END)
+    tid = f"deleted-mid-run-{durability}"
+    result: dict[str, BaseException] = {}
+    with DurablePostgresSaver.from_conn_string(dsn) as saver, DurablePostgresSaver.from_conn_string(dsn) as other:
+        graph = g.compile(checkpointer=saver)
+
+        def run() -> None:
+            try:
+                graph.invoke({"steps": []}, {"configurable": {"thread_id": tid}}, durability=durability)
+            except BaseException as exc:
+                result["error"] = exc
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        assert inside.wait(60)
+        other.delete_thread(tid)
+        go.set()
+        worker.join(60)
+    err = result.get("error")
+    assert isinstance(err, LeaseLostError) and not isinstance(err, AcknowledgedWorkLostError), repr(err)
+    assert _rows(dsn, "SELECT count(*) FROM checkpoints WHERE thread_id = %s", (tid,)) == [(0,)]
+    assert _rows(dsn, "SELECT count(*) FROM durable_threads WHERE thread_id = %s", (tid,)) == [(0,)]
