@@ -460,3 +460,33 @@ def test_delete_thread_during_a_run_is_lease_lost_not_work_lost(dsn: str, durabi
     assert isinstance(err, LeaseLostError) and not isinstance(err, AcknowledgedWorkLostError), repr(err)
     assert _rows(dsn, "SELECT count(*) FROM checkpoints WHERE thread_id = %s", (tid,)) == [(0,)]
     assert _rows(dsn, "SELECT count(*) FROM durable_threads WHERE thread_id = %s", (tid,)) == [(0,)]
+
+
+def test_stock_written_thread_interrupted_in_a_subgraph_resumes_under_the_parent_check(dsn: str) -> None:
+    """A thread the stock saver wrote (rows the package never acknowledged), stopped at
+    an interrupt inside a subgraph, is resumed by the package: the root's and the
+    subgraph's first puts name stock checkpoints as parents, which the server has. A
+    false AcknowledgedWorkLostError here would strand every thread of an adopting user."""
+    from langgraph.types import Command, interrupt
+
+    sub = StateGraph(_S)
+    sub.add_node("ask", lambda s: {"steps": [10 if interrupt("ok?") == "yes" else 0]})
+    sub.add_node("after", lambda s: {"steps": [11]})
+    sub.add_edge(START, "ask")
+    sub.add_edge("ask", "after")
+    sub.add_edge("after", END)
+    g = StateGraph(_S)
+    g.add_node("a", lambda s: {"steps": [1]})
+    g.add_node("sub", sub.compile())
+    g.add_node("c", lambda s: {"steps": [3]})
+    g.add_edge(START, "a")
+    g.add_edge("a", "sub")
+    g.add_edge("sub", "c")
+    g.add_edge("c", END)
+    cfg: Any = {"configurable": {"thread_id": "stock-sub-interrupt"}}
+    with PostgresSaver.from_conn_string(dsn) as stock:
+        first = g.compile(checkpointer=stock).invoke({"steps": []}, cfg)
+    assert "__interrupt__" in first
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        out = g.compile(checkpointer=saver).invoke(Command(resume="yes"), cfg, durability="sync")
+    assert 10 in out["steps"] and 11 in out["steps"] and out["steps"][-1] == 3
