@@ -619,6 +619,11 @@ def _check_artifacts(
                 raise refuse("bad_artifact", f"artifact {shown} does not decrypt", digest=shown) from None
             space = _space(name.decode())
         try:
+            if zstandard.frame_content_size(data) < 0:
+                # The right content in a frame the saver's reader refuses (it needs the
+                # declared size, as the saver writes it): planted under a digest a later
+                # thread deduplicates onto, that thread's value is unreadable (review23).
+                raise refuse("bad_artifact", f"artifact {shown} is a zstd frame without its content size, which the saver cannot read", digest=shown)
             content = _bounded_zstd(data, limits.max_value_bytes, dict_data)
         except _TooLarge as exc:
             raise ArchiveTooLargeError(

@@ -378,15 +378,22 @@ def redact_url(url: object) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         netloc = REDACTED + "@" + netloc.rsplit("@", 1)[1]
-    query = parts.query
-    if query:
-        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-        query = "&".join(
-            f"{urllib.parse.quote(k, safe='-_.~')}="
-            + (REDACTED if _SECRET_PARAM.search(k) else urllib.parse.quote(v, safe="-_.~/"))
-            for k, v in pairs
-        )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    # The fragment too when it holds parameters (an OAuth-style ``#access_token=...``).
+    query, fragment = _redact_params(parts.query), parts.fragment
+    if "=" in fragment:
+        fragment = _redact_params(fragment)
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
+
+
+def _redact_params(query: str) -> str:
+    if not query:
+        return query
+    pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    return "&".join(
+        f"{urllib.parse.quote(k, safe='-_.~')}="
+        + (REDACTED if _SECRET_PARAM.search(k) else urllib.parse.quote(v, safe="-_.~/"))
+        for k, v in pairs
+    )
 
 
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")

@@ -147,6 +147,13 @@ class _Run:
     # the wait, the child's put could commit first and the flush then fail the order
     # check, seen with durability="async" and a subgraph's writes flushing the head).
     flushing: set[str] = field(default_factory=set)
+    # A flush that failed (review23): (its error, the last durable checkpoint before it).
+    # LangGraph runs put_writes in the background and goes on after its failure, so an
+    # "always" task's failed flush would leave the run writing children on top of a
+    # checkpoint never stored (refused as AcknowledgedWorkLostError, the thread handed
+    # back 'stopped', uncounted: resumed for ever, the task re-run each time). Every
+    # later write of the run raises it, and the run's exit releases as failed with it.
+    failed: tuple[BaseException, str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -251,6 +258,8 @@ class Deferrals:
                 return None
             del self.runs[lease.thread_id]
             run.closed = True
+            if run.failed is not None:
+                return ExitFlush(*run.failed)
             # Before _take_pending marks the deferred head durable: its put may fail.
             stored = run.durable_id
             ops = self._take_pending(run)
@@ -351,6 +360,8 @@ class Deferrals:
         run = self._run_for(saver, config)
         if run is None:
             return None
+        if run.failed is not None:
+            raise run.failed[0]
         configurable = config["configurable"]
         ns = configurable.get("checkpoint_ns", "")
         if ns:
@@ -424,6 +435,8 @@ class Deferrals:
         run = self._run_for(saver, config)
         if run is None:
             return None
+        if run.failed is not None:
+            raise run.failed[0]
         configurable = config["configurable"]
         if configurable.get("checkpoint_ns", ""):
             with self.lock:
@@ -527,6 +540,10 @@ class Deferrals:
                 yield from self._wait_flushes(run, before)
                 try:
                     result = yield from self._run_ops(saver, [("put", put)])
+                except Exception as error:
+                    with self.lock:
+                        run.failed = run.failed or (error, put[3])
+                    raise
                 finally:
                     with self.lock:
                         run.flushing.discard(put[1]["id"])

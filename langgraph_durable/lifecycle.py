@@ -192,6 +192,7 @@ class RunLifecycle(RunLifecycleView):
         _RUN_LEASE.set(lease)
         try:
             saved = yield from self._flow_enter_run(config, ctx, lease, version, policy, loaded)
+            lease.fresh = saved is None
             return saved, lease
         except PoisonCheckpointError:
             _RUN_LEASE.set(outer)

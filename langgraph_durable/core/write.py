@@ -50,7 +50,7 @@ from langgraph_durable.errors import (
     SerializationError,
     UnencodableValueError,
 )
-from langgraph_durable.leases.fence import PARENT_CHECK
+from langgraph_durable.leases.fence import checks_parent
 from langgraph_durable.leases.model import Lease
 from langgraph_durable.sql.artifacts import (
     ARTIFACT_LOCK_CLASS,
@@ -364,7 +364,7 @@ class WriteOps(WriteView):
         row: tuple[Any, ...] = (thread_id, checkpoint_ns, checkpoint["id"], parent_id, cp_json, md_json)
         # A run's put with a parent also checks the parent is on the server (issue 23,
         # _GUARD_PARENT: a failover may have lost it); guard_params added its parameters.
-        child = mode == "lease" and parent_id is not None and PARENT_CHECK[0]
+        child = mode == "lease" and checks_parent(lease, checkpoint_ns, parent_id)
         if VERSION_KEY not in md and parent_id:
             # No version known (a write outside a run, e.g. update_state from a script):
             # inherit the parent's, so editing a thread never makes it "unversioned".

@@ -45,6 +45,15 @@ logger = logging.getLogger("langgraph_durable")
 PARENT_CHECK = [True]
 
 
+def checks_parent(lease: Lease | None, ns: str, parent_id: str | None) -> bool:
+    """Whether a put under ``lease`` checks that its parent is on the server: not the
+    first root put of a run that started fresh (``Lease.fresh``), whose parent is the
+    caller's checkpoint id, never stored for this thread (the stock saver starts fresh)."""
+    if not PARENT_CHECK[0] or lease is None or parent_id is None:
+        return False
+    return not (lease.fresh and ns == "" and "" not in lease.acked)
+
+
 def report_work_lost(err: AcknowledgedWorkLostError, lease: Lease | None, where: str) -> None:
     """Tell the operator, once per run: one ERROR line, the counter
     ``langgraph_durable_acknowledged_work_lost_total{where}``; the run's lease keeps the
@@ -121,7 +130,7 @@ class FenceOps(FenceView):
                 raise AcknowledgedWorkLostError(**lease.work_lost.fields)
             params = guard_params(
                 "lease", thread_id, lease.token, lease.owner, checkpoint_ns, checkpoint_id,
-                parent_id if PARENT_CHECK[0] else None,
+                parent_id if checks_parent(lease, checkpoint_ns or "", parent_id) else None,
             )
             return "lease", params, lease
         mode: GuardMode = "foreign" if self.leases_enabled else "none"

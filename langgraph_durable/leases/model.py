@@ -47,6 +47,11 @@ class Lease:
     # The AcknowledgedWorkLostError this run hit (its writes stop there; the release
     # hands the thread back as 'stopped', recorded in durable_audit).
     work_lost: Any = None
+    # The run's start found no checkpoint to resume (a new thread, or a config naming a
+    # checkpoint id the thread does not have: a reused config after delete_thread,
+    # another thread's id). LangGraph then starts fresh and its first put names the
+    # caller's id as its parent: not this run's acknowledged work (review23).
+    fresh: bool = False
 
     def acknowledged(self, checkpoint_id: str) -> bool:
         """Was ``checkpoint_id`` on the server for this run (loaded or acknowledged)?"""
