@@ -171,7 +171,9 @@ def test_node_metadata_and_saver_mapping(dsn: str) -> None:
         ({}, {n: defer for n in names}, 2),  # input + the flushed last checkpoint
         (None, {n: defer for n in names}, 2),  # the default honours node metadata
         ({}, {"a": defer, "b": defer}, 5),  # a, b deferred; b stored when c ("always") finishes from it: input, b, c, d, e
-        ({"c": "defer", "a": "always"}, {"a": defer, "b": defer}, 4),  # the mapping wins: input, a, d, e
+        # the mapping wins (a always, c deferred): input; the start step's checkpoint and c's,
+        # each stored when an "always" task (a, d) finishes from it; a, d, e
+        ({"c": "defer", "a": "always"}, {"a": defer, "b": defer}, 6),
     ]
     for policy, metadata, expected in cases:
         thread = f"nodes-{uuid.uuid4()}"
