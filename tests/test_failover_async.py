@@ -210,8 +210,13 @@ def _scenario(pair: _cluster.Pair, tmp: Path) -> dict[str, dict[str, Any]]:
         time.sleep(PROMOTE_DELAY)
         pair.promote()
         timing["kill"] = time.monotonic() - t0
-        _until(lambda: _rows(pair.standby.dsn, "SELECT count(*) FROM durable_threads WHERE status = 'done'")[0][0]
-               == len(every), "every thread done on the promoted standby")
+        try:
+            _until(lambda: _rows(pair.standby.dsn, "SELECT count(*) FROM durable_threads WHERE status = 'done'")[0][0]
+                   == len(every), "every thread done on the promoted standby")
+        except AssertionError as exc:  # say where each thread is: a stall is not a slow machine
+            rows = _rows(pair.standby.dsn, "SELECT thread_id, status, lease_owner, attempts, last_error "
+                         "FROM durable_threads WHERE status IS DISTINCT FROM 'done' ORDER BY 1")
+            raise AssertionError(f"{exc}; not done: {rows}") from None
         timing["done"] = time.monotonic() - t0
     finally:
         for _, p in procs:
