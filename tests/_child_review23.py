@@ -41,6 +41,23 @@ def _model(dsn: str, thread: str) -> Any:
     return journaled(RunnableLambda(answer, name="model"))
 
 
+def _until_answers_recorded(dsn: str, thread: str) -> None:
+    """Until both workers' answers are recorded in the journal (at most 10 s): the kill
+    must land after every call completed, or the other worker's unrecorded call is
+    rightly asked again (seen under load)."""
+    import time
+
+    deadline = time.monotonic() + 10
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM durable_ledger WHERE thread_id = %s AND status = 'completed'", (thread,)
+            ).fetchone()
+            if row and row[0] >= len(QUESTIONS):
+                return
+            time.sleep(0.02)
+
+
 def build(dsn: str, thread: str, shape: str, saver: Any, kill: bool) -> Any:
     model = _model(dsn, thread)
 
@@ -49,6 +66,7 @@ def build(dsn: str, thread: str, shape: str, saver: Any, kill: bool) -> Any:
             conn.execute("INSERT INTO r23_asks VALUES (%s, %s)", (thread, s["q"]))
         answer = model.invoke(s["q"]).content
         if kill and s["q"] == QUESTIONS[-1]:
+            _until_answers_recorded(dsn, thread)  # the other worker's call too: exact counts
             os.kill(os.getpid(), signal.SIGKILL)  # after its journaled call, before its writes
         return {"answers": [answer]}
 
