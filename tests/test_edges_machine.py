@@ -204,7 +204,9 @@ class EdgesMachine(RuleBasedStateMachine):
                 assert code == -9, f"child of {t.tid} died with {code} and said nothing"
                 t.kills += 1
                 FAULTS["sigkill"] += 1
-                action = "resume"
+                # Killed before this turn's input was stored: it is started again (an
+                # invoke(None) would find nothing to resume, or the previous turn's end).
+                action = "resume" if self._stored_turn(t.tid) == t.turns else "start"
                 continue
             t.outcomes.append(out)
             if out["event"] == "error":
@@ -220,6 +222,13 @@ class EdgesMachine(RuleBasedStateMachine):
             return
         t.state = "stuck"
         self.problems.append(f"{t.tid}: no end after {len(t.outcomes)} runs: {t.outcomes}")
+
+    def _stored_turn(self, tid: str) -> int | None:
+        rows = self._q(
+            "SELECT checkpoint -> 'channel_values' ->> 'turn' FROM checkpoints WHERE thread_id = %s "
+            "AND checkpoint_ns = '' ORDER BY checkpoint_id DESC LIMIT 1", tid,
+        )
+        return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
     def _count_faults(self, spec: dict[str, Any]) -> None:
         for kind in ("consumer_raise", "parser_fail", "steal", "poison"):
@@ -469,13 +478,20 @@ def _settings(n: int) -> settings:
 
 def test_edges_machine() -> None:
     print(f"edges machine: seed {SEED} (LGD_EDGES_SEED={SEED} replays it)")
-    seed(SEED)(lambda: run_state_machine_as_test(EdgesMachine, settings=_settings(examples(6, 200))))()
-    print("faults injected:", dict(FAULTS), "runs:", dict(RUNS))
+    outcome = "passed"
+    try:
+        seed(SEED)(lambda: run_state_machine_as_test(EdgesMachine, settings=_settings(examples(6, 200))))()
+    except BaseException:
+        outcome = "failed"
+        raise
+    finally:
+        print("faults injected:", dict(FAULTS), "runs:", dict(RUNS))
+        report = os.environ.get("LGD_EDGES_REPORT")
+        if report:
+            with open(report, "w") as f:
+                json.dump({"seed": SEED, "examples": examples(6, 200), "outcome": outcome,
+                           "faults": dict(FAULTS), "runs": dict(RUNS)}, f, indent=2)
     assert FAULTS["sigkill"] > 0 and FAULTS["archive"] > 0, f"the machine injected too little: {dict(FAULTS)}"
-    report = os.environ.get("LGD_EDGES_REPORT")
-    if report:
-        with open(report, "w") as f:
-            json.dump({"seed": SEED, "examples": examples(6, 200), "faults": dict(FAULTS), "runs": dict(RUNS)}, f, indent=2)
 
 
 def test_the_stock_saver_fails_the_machine() -> None:
