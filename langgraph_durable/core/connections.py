@@ -18,6 +18,7 @@ from langgraph_durable._pool import AsyncDurableConnectionPool, DurableConnectio
 from langgraph_durable.errors import (
     ConfigurationError,
     DatabaseUnreachableError,
+    ReadDsnUnreachableError,
     UnsupportedConnectionError,
 )
 from langgraph_durable.pooler import (
@@ -25,7 +26,9 @@ from langgraph_durable.pooler import (
     Pooler,
     pooler_chosen,
     prepare_threshold,
+    resolve_pooler,
 )
+from langgraph_durable.sql.replication import READ_ONLY_SESSION_SQL
 from langgraph_durable.sql.schema import set_search_path
 
 logger = logging.getLogger("langgraph_durable")
@@ -287,3 +290,78 @@ async def apreflight(dsn: str, pooler: str | None) -> Pooler | None:
     except psycopg.OperationalError as exc:
         raise _unreachable(dsn, exc) from exc
     return _detected(first, second)
+
+
+# --------------------------------------------------------------------------- read_dsn
+# --- standby26 ---
+# The pool behind read_dsn (core/reader.py) is small: operator reads, a console's
+# few concurrent pages; never a run's statement.
+READ_POOL_SIZE = 4
+
+
+def _configure_read(schema: str | None, pooled: Pooler) -> Callable[[Connection[Any]], None]:
+    def configure(conn: Connection[Any]) -> None:
+        if pooled:  # session settings would leak to the pooler's other clients
+            return
+        if schema:
+            conn.execute(set_search_path(schema))
+        conn.execute(READ_ONLY_SESSION_SQL)
+
+    return configure
+
+
+def _aconfigure_read(schema: str | None, pooled: Pooler) -> Callable[[AsyncConnection[Any]], Any]:
+    async def configure(conn: AsyncConnection[Any]) -> None:
+        if pooled:
+            return
+        if schema:
+            await conn.execute(set_search_path(schema))
+        await conn.execute(READ_ONLY_SESSION_SQL)
+
+    return configure
+
+
+def _read_failed(exc: ConfigurationError) -> ConfigurationError:
+    if isinstance(exc, DatabaseUnreachableError):
+        return ReadDsnUnreachableError(exc.fields["dsn"], exc.fields["reason"], exc.fields["kind"])
+    return ConfigurationError(f"read_dsn: {exc.message}", **exc.fields, setting="read_dsn")
+
+
+def preflight_read(dsn: str) -> Pooler:
+    """``preflight`` for ``read_dsn``: one connection within seconds, or
+    ``ReadDsnUnreachableError``; the pooler probe unless ``LANGGRAPH_DURABLE_POOLER``
+    chose. Returns the read pool's pooler mode."""
+    try:
+        found = preflight(dsn, None)
+    except ConfigurationError as exc:
+        raise _read_failed(exc) from exc.__cause__
+    return "transaction" if found else resolve_pooler(None)
+
+
+async def apreflight_read(dsn: str) -> Pooler:
+    try:
+        found = await apreflight(dsn, None)
+    except ConfigurationError as exc:
+        raise _read_failed(exc) from exc.__cause__
+    return "transaction" if found else resolve_pooler(None)
+
+
+def open_read_pool(dsn: str, pooled: Pooler, schema: str | None) -> DurableConnectionPool:
+    """The read_dsn pool: sessions read-only (``default_transaction_read_only``), the
+    saver's schema, opened now."""
+    pool = DurableConnectionPool(
+        dsn, min_size=1, max_size=READ_POOL_SIZE, kwargs=_conn_kwargs(pooled),
+        configure=_configure_read(schema, pooled), open=True, name="langgraph-durable-read",
+    )
+    pool._durable_own = True  # type: ignore[attr-defined]
+    return pool
+
+
+def aopen_read_pool(dsn: str, pooled: Pooler, schema: str | None) -> AsyncDurableConnectionPool:
+    """``open_read_pool`` for the async saver (the caller awaits ``open()``)."""
+    pool = AsyncDurableConnectionPool(
+        dsn, min_size=1, max_size=READ_POOL_SIZE, kwargs=_conn_kwargs(pooled),
+        configure=_aconfigure_read(schema, pooled), open=False, name="langgraph-durable-read",
+    )
+    pool._durable_own = True  # type: ignore[attr-defined]
+    return pool
