@@ -225,8 +225,10 @@ class DurablePostgresSaver(_DurableBase):
 
         ``read_dsn`` (else ``LANGGRAPH_DURABLE_READ_DSN``): a streaming standby for
         operator reads through ``saver.reader()`` (the console, the CLI's read commands,
-        inspection, listings); checked at once (``ReadDsnUnreachableError`` in seconds).
-        The run path never reads from it. ``read_max_lag``: seconds of replay lag above
+        inspection, listings). Given here, it is checked at once
+        (``ReadDsnUnreachableError`` in seconds); from the variable, at the first
+        ``reader()``, so a process that only runs graphs never connects to it (``""``:
+        ignore the variable). The run path never reads from it. ``read_max_lag``: seconds of replay lag above
         which ``reader().read_lag.over`` (the CLI and console warn); ``read_fallback``:
         then read the primary instead (docs/configuration.md)."""
         if not isinstance(pipeline, bool):
@@ -252,7 +254,7 @@ class DurablePostgresSaver(_DurableBase):
                 read_dsn=read, read_max_lag=read_max_lag, read_fallback=read_fallback,
             )
             try:
-                if read is not None:  # fail in seconds on a wrong read_dsn too
+                if read is not None and read_dsn:  # given: fail in seconds if wrong
                     saver._open_reads()
                 yield saver
             finally:
@@ -488,7 +490,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
                 read_dsn=read, read_max_lag=read_max_lag, read_fallback=read_fallback,
             )
             try:
-                if read is not None:  # fail in seconds on a wrong read_dsn too
+                if read is not None and read_dsn:  # given: fail in seconds if wrong
                     await saver._aopen_reads()
                 yield saver
             finally:

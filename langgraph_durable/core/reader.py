@@ -48,11 +48,11 @@ RECHECK_AFTER = 0.05
 
 
 def resolve_read_dsn(read_dsn: str | None, *, env: bool = True) -> str | None:
-    """``read_dsn``, else ``LANGGRAPH_DURABLE_READ_DSN`` (``env``); blanks are unset."""
-    value = (read_dsn or "").strip()
-    if not value and env:
-        value = (os.environ.get(ENV_READ_DSN) or "").strip()
-    return value or None
+    """``read_dsn``; None: ``LANGGRAPH_DURABLE_READ_DSN`` (with ``env``). A blank string
+    is "no read_dsn", the variable ignored (a process that only runs graphs)."""
+    if read_dsn is None:
+        read_dsn = os.environ.get(ENV_READ_DSN) if env else None
+    return (read_dsn or "").strip() or None
 
 
 def server_of(dsn: str) -> str:
@@ -232,11 +232,14 @@ class ReadOnlyView:
     def _refuse(self, method: str, thread_id: Any = None) -> None:
         raise ReadOnlyViewError(method, None if thread_id is None else str(thread_id))
 
+    # The saver this view was made from: reader() measures again (a console page).
+    _origin: Any
+
     def reader(self) -> Any:
-        return self
+        return self._origin.reader()
 
     async def areader(self) -> Any:
-        return self
+        return await self._origin.areader()
 
     # A reader is never a run: LangGraph's run path (PregelLoop) loads with its runtime
     # in configurable; a listing (get_state, get_state_history, the CLI) does not.
@@ -320,6 +323,7 @@ def make_reader(saver: Any, driver: Any, lag: ReadLag, *, conninfo: str | None, 
     view.__class__ = saver._reader_class
     view._driver = driver
     view.read_lag = lag
+    view._origin = getattr(saver, "_origin", saver)
     if conninfo is not None:
         view._conninfo = conninfo
         view.pooler = pooler
