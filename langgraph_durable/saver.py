@@ -46,6 +46,7 @@ from langgraph_durable._io import (
 from langgraph_durable.config import SaverOptions
 from langgraph_durable.core.base import _DurableBase as _DurableBase
 from langgraph_durable.core.connections import (
+    READ_POOL_WAIT,
     _check_conn,
     _check_pipe,
     _conninfo_of,
@@ -345,6 +346,7 @@ class DurablePostgresSaver(_DurableBase):
                 pooled = preflight_read(dsn)
                 pool = open_read_pool(dsn, pooled, self.schema)
                 try:
+                    pool.wait(READ_POOL_WAIT)  # its connection made now, not during a run
                     driver = SyncDriver(pool, None)
                     note_not_standby(slot.settings, lag_of(
                         driver.run_op(lambda: op_standby_lag(None), transaction=False),
@@ -595,6 +597,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
                     pool = aopen_read_pool(dsn, pooled, self.schema)
                     await pool.open()
                     try:
+                        await pool.wait(READ_POOL_WAIT)
                         driver = AsyncDriver(pool, None)
                         row = await driver.run_op(lambda: op_standby_lag(None), transaction=False)
                         note_not_standby(slot.settings, lag_of(row, slot.settings, primary_reachable=False))

@@ -297,6 +297,8 @@ async def apreflight(dsn: str, pooler: str | None) -> Pooler | None:
 # The pool behind read_dsn (core/reader.py) is small: operator reads, a console's
 # few concurrent pages; never a run's statement.
 READ_POOL_SIZE = 4
+# Seconds to wait for the read pool's first connection once the preflight has connected.
+READ_POOL_WAIT = 2 * CONNECT_TIMEOUT
 
 
 def _configure_read(schema: str | None, pooled: Pooler) -> Callable[[Connection[Any]], None]:
