@@ -55,6 +55,7 @@ from langgraph_durable.errors import (
     ReadDsnUnreachableError,
     ReadOnlyViewError,
 )
+from langgraph_durable.recovery import recover, submit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -164,6 +165,11 @@ def test_run_path_never_reads_the_standby(paused: _cluster.Pair) -> None:
         assert graph.get_state(cfg).values["items"][-1] == "edit"
         history = list(graph.get_state_history(cfg))
         assert len(history) >= 7 and len(list(saver.list(cfg))) == len(history)
+        # A queued thread, claimed and run by a recovery worker: the claim path too.
+        queued = {"configurable": {"thread_id": f"queued-{uuid.uuid4().hex[:8]}"}}
+        submit(graph, {"items": ["q"]}, queued)
+        assert recover(graph).claimed >= 1
+        assert graph.get_state(queued).values["items"] == ["q", "a", "b"]
         assert _statements(pair, since) == [], "a run-path statement went to the standby"
 
         # The reader reads the standby, which has not replayed any of it.
@@ -333,3 +339,40 @@ def test_reader_refuses_writes(dsn: str) -> None:
             conn.execute("CREATE TABLE lgd_read_probe (x int)")
         reader.close()  # closes nothing: the saver still reads and writes
         assert saver.reader().get_tuple(cfg) is None
+
+
+@cluster
+def test_operator_reads_work_on_a_standby(pair: _cluster.Pair) -> None:
+    """Every read API the CLI and the console use runs on a hot standby (read-only
+    transactions, no lock a standby refuses), through ``saver.reader()``."""
+    from langgraph_durable import audit
+    from langgraph_durable.idempotency import Ledger
+    from langgraph_durable.ops import inspection as lgi
+    from langgraph_durable.ops import migrations, poison
+
+    primary, standby = _db(pair.primary.dsn), _db(pair.standby.dsn)
+    cfg = {"configurable": {"thread_id": f"ops-{uuid.uuid4().hex[:8]}"}}
+    with DurablePostgresSaver.from_conn_string(primary, read_dsn=standby) as saver:
+        _builder().compile(checkpointer=saver).invoke({"items": ["x"]}, cfg)
+        _wait_caught_up(pair)
+        reader = saver.reader()
+        assert reader.read_lag.source == "standby" and reader.read_lag.seconds == 0.0
+        tid = cfg["configurable"]["thread_id"]
+        since = _mark(pair)
+        assert tid in {r["thread_id"] for r in lgi.list_threads(reader, limit=1000)}
+        assert lgi.show_thread(reader, tid)["checkpoint"]["step"] == 2
+        assert len(lgi.thread_history(reader, tid)) == 4
+        assert lgi.thread_status_counts(reader, untracked=True)["done"] >= 1
+        assert lgi.diff_checkpoints(reader, tid, "latest~1", "latest")["channels"]
+        assert lgi.storage_stats(reader)["tables"]
+        assert lgi.takeover_pending(reader) == []
+        assert poison.list_quarantined(reader) == [] and poison.show(reader, tid).thread_id == tid
+        assert Ledger(reader).entries(limit=5) == []
+        assert any(g["graph_version"] is None or g for g in migrations.version_summary(reader))
+        assert migrations.migration_log(reader) == []
+        assert audit.list_audit(reader, limit=5) == []
+        assert _statements(pair, since), "they ran on the standby"
+    for cmd in (["threads", "show", tid], ["threads", "status"], ["stats"], ["versions", "list"],
+                ["ledger", "list"], ["quarantine", "list"]):
+        out = _cli(*cmd, "--dsn", primary, "--read-dsn", standby)
+        assert out.returncode == 0 and "reading from standby" in out.stderr, (cmd, out.stderr)
