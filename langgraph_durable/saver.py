@@ -28,7 +28,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from functools import partial
 from typing import Any, ClassVar, cast
 
 import psycopg
@@ -43,7 +42,7 @@ from langgraph_durable._io import (
     Op,
     SyncDriver,
 )
-from langgraph_durable.config import SaverOptions
+from langgraph_durable.config import DEFAULT_MAX_LAG, SaverOptions
 from langgraph_durable.core.base import _DurableBase as _DurableBase
 from langgraph_durable.core.connections import (
     READ_POOL_WAIT,
@@ -54,18 +53,18 @@ from langgraph_durable.core.connections import (
     aopen_read_pool,
     apreflight,
     apreflight_read,
+    aprobe_standby,
     open_pool,
     open_read_pool,
     preflight,
     preflight_read,
+    probe_standby,
 )
 from langgraph_durable.core.jsonb import _jsonb as _jsonb
 from langgraph_durable.core.reader import (
-    DEFAULT_MAX_LAG,
     RECHECK_AFTER,
     ReadLag,
     ReadOnlyView,
-    ReadSettings,
     ReadSlot,
     fallback_lag,
     lag_of,
@@ -76,9 +75,10 @@ from langgraph_durable.core.reader import (
     op_standby_lag,
     primary_lag,
     resolve_read_dsn,
+    unanswered_lag,
 )
 from langgraph_durable.embedded import resolve_dsn
-from langgraph_durable.errors import ConfigurationError, DurableError
+from langgraph_durable.errors import ConfigurationError, DurableError, ReadDsnUnreachableError
 from langgraph_durable.granularity import CheckpointPolicy
 from langgraph_durable.leases.model import _RUN_LEASE as _RUN_LEASE
 from langgraph_durable.leases.model import Lease as Lease
@@ -158,7 +158,7 @@ class DurablePostgresSaver(_DurableBase):
         read_max_lag: float = DEFAULT_MAX_LAG,
         read_fallback: bool = False,
     ) -> None:
-        super().__init__(serde=serde, options=SaverOptions.from_keywords(
+        options = SaverOptions.from_keywords(
             schema=schema, graph_version=graph_version,
             version_policy=version_policy, unversioned_policy=unversioned_policy,
             migrations=migrations, max_resume_attempts=max_resume_attempts,
@@ -168,7 +168,9 @@ class DurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
             pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
-        ))
+            read_dsn=read_dsn, read_max_lag=read_max_lag, read_fallback=read_fallback,
+        )
+        super().__init__(serde=serde, options=options)
         _check_conn("DurablePostgresSaver", conn, asynchronous=False)
         _check_pipe("DurablePostgresSaver", conn, pipe, ConnectionPool)
         check_pooled_conn("DurablePostgresSaver", conn, self.pooler, (ConnectionPool,))
@@ -177,7 +179,7 @@ class DurablePostgresSaver(_DurableBase):
         self.supports_pipeline = Capabilities().has_pipeline()
         self._driver = SyncDriver(conn, session_schema(self) if not getattr(conn, "_durable_own", False) else None)
         self._conninfo = _conninfo_of(conn)
-        self._reads = ReadSlot(ReadSettings.of(read_dsn, read_max_lag, read_fallback))
+        self._reads = ReadSlot(options.reads)
 
     @classmethod
     @contextmanager
@@ -311,8 +313,13 @@ class DurablePostgresSaver(_DurableBase):
         settings = self._reads.settings
         if settings.dsn is None:
             return cast(DurablePostgresReader, make_reader(self, self._driver, primary_lag(settings), conninfo=None, pooler=None))
-        slot = self._open_reads()
-        lag = self._measure_reads(slot.driver)
+        try:
+            slot = self._open_reads()
+            lag = self._measure_reads()
+        except ReadDsnUnreachableError as exc:
+            if not settings.fallback:
+                raise
+            return cast(DurablePostgresReader, make_reader(self, self._driver, unanswered_lag(settings, exc), conninfo=None, pooler=None))
         if lag.over and settings.fallback:
             return cast(DurablePostgresReader, make_reader(self, self._driver, fallback_lag(lag), conninfo=None, pooler=None))
         return cast(DurablePostgresReader, make_reader(self, slot.driver, lag, conninfo=slot.conninfo, pooler=slot.pooler))
@@ -321,14 +328,14 @@ class DurablePostgresSaver(_DurableBase):
         """``reader()`` from async code (in a worker thread)."""
         return await asyncio.to_thread(self.reader)
 
-    def _measure_reads(self, driver: SyncDriver) -> ReadLag:
+    def _measure_reads(self) -> ReadLag:
         settings = self._reads.settings
         for look in range(2):
             try:
                 lsn, reachable = self._driver.run_op(op_primary_lsn, transaction=False), True
             except (psycopg.Error, DurableError):
                 lsn, reachable = None, False
-            row = driver.run_op(partial(op_standby_lag, lsn), transaction=False)
+            row = probe_standby(self._reads.pool, lsn)
             lag = lag_of(row, settings, primary_reachable=reachable)
             if look or not needs_second_look(lag):
                 break
@@ -413,7 +420,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         read_max_lag: float = DEFAULT_MAX_LAG,
         read_fallback: bool = False,
     ) -> None:
-        super().__init__(serde=serde, options=SaverOptions.from_keywords(
+        options = SaverOptions.from_keywords(
             schema=schema, graph_version=graph_version,
             version_policy=version_policy, unversioned_policy=unversioned_policy,
             migrations=migrations, max_resume_attempts=max_resume_attempts,
@@ -423,7 +430,9 @@ class AsyncDurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
             pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
-        ))
+            read_dsn=read_dsn, read_max_lag=read_max_lag, read_fallback=read_fallback,
+        )
+        super().__init__(serde=serde, options=options)
         _check_conn("AsyncDurablePostgresSaver", conn, asynchronous=True)
         _check_pipe("AsyncDurablePostgresSaver", conn, pipe, AsyncConnectionPool)
         check_pooled_conn("AsyncDurablePostgresSaver", conn, self.pooler, (AsyncConnectionPool,))
@@ -432,7 +441,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         self.supports_pipeline = Capabilities().has_pipeline()
         self._driver = AsyncDriver(conn, session_schema(self) if not getattr(conn, "_durable_own", False) else None)
         self._conninfo = _conninfo_of(conn)
-        self._reads = ReadSlot(ReadSettings.of(read_dsn, read_max_lag, read_fallback))
+        self._reads = ReadSlot(options.reads)
         self.loop = asyncio.get_running_loop()
 
     @classmethod
@@ -560,8 +569,13 @@ class AsyncDurablePostgresSaver(_DurableBase):
         settings = self._reads.settings
         if settings.dsn is None:
             return cast(AsyncDurablePostgresReader, make_reader(self, self._driver, primary_lag(settings), conninfo=None, pooler=None))
-        slot = await self._aopen_reads()
-        lag = await self._ameasure_reads(slot.driver)
+        try:
+            slot = await self._aopen_reads()
+            lag = await self._ameasure_reads()
+        except ReadDsnUnreachableError as exc:
+            if not settings.fallback:
+                raise
+            return cast(AsyncDurablePostgresReader, make_reader(self, self._driver, unanswered_lag(settings, exc), conninfo=None, pooler=None))
         if lag.over and settings.fallback:
             return cast(AsyncDurablePostgresReader, make_reader(self, self._driver, fallback_lag(lag), conninfo=None, pooler=None))
         return cast(AsyncDurablePostgresReader, make_reader(self, slot.driver, lag, conninfo=slot.conninfo, pooler=slot.pooler))
@@ -571,14 +585,14 @@ class AsyncDurablePostgresSaver(_DurableBase):
         self._check_thread()
         return asyncio.run_coroutine_threadsafe(self.areader(), self.loop).result()
 
-    async def _ameasure_reads(self, driver: AsyncDriver) -> ReadLag:
+    async def _ameasure_reads(self) -> ReadLag:
         settings = self._reads.settings
         for look in range(2):
             try:
                 lsn, reachable = await self._driver.run_op(op_primary_lsn, transaction=False), True
             except (psycopg.Error, DurableError):
                 lsn, reachable = None, False
-            row = await driver.run_op(partial(op_standby_lag, lsn), transaction=False)
+            row = await aprobe_standby(self._reads.pool, lsn)
             lag = lag_of(row, settings, primary_reachable=reachable)
             if look or not needs_second_look(lag):
                 break

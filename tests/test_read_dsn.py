@@ -376,3 +376,28 @@ def test_operator_reads_work_on_a_standby(pair: _cluster.Pair) -> None:
                 ["ledger", "list"], ["quarantine", "list"]):
         out = _cli(*cmd, "--dsn", primary, "--read-dsn", standby)
         assert out.returncode == 0 and "reading from standby" in out.stderr, (cmd, out.stderr)
+
+
+def test_standby_gone_mid_session_is_typed_or_falls_back(admin_dsn: str, dsn: str) -> None:
+    """After a good start the read_dsn server stops answering (here: its database
+    dropped): ``reader()`` is ``ReadDsnUnreachableError`` in seconds, or with
+    ``read_fallback`` a reader on the primary that says why."""
+    from conftest import drop_database, make_database
+
+    gone = make_database(admin_dsn, "read_gone")
+    try:
+        with DurablePostgresSaver.from_conn_string(dsn, read_dsn=gone) as saver, \
+                DurablePostgresSaver.from_conn_string(dsn, read_dsn=gone, read_fallback=True) as falls:
+            assert saver.reader().read_lag.server is not None and falls.reader().read_lag.source == "standby"
+            drop_database(admin_dsn, gone)
+            t0 = time.monotonic()
+            with pytest.raises(ReadDsnUnreachableError) as err:
+                saver.reader()
+            assert time.monotonic() - t0 < 15 and err.value.fields["setting"] == "read_dsn"
+            reader = falls.reader()
+            lag = reader.read_lag
+            assert (lag.source, lag.fell_back, lag.over) == ("primary", True, True)
+            assert "does not answer" in lag.describe() and lag.standby_error
+            assert reader.get_tuple({"configurable": {"thread_id": "none"}}) is None  # the primary
+    finally:
+        drop_database(admin_dsn, gone)

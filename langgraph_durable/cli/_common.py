@@ -140,6 +140,8 @@ def say_where(reader: Any) -> None:
             "primary)",
             highlight=False,
         )
+    elif lag.fell_back:
+        err_console.print(f"[yellow]note:[/] {escape(lag.describe())}", highlight=False)
     else:
         err_console.print(f"[dim]{escape(lag.describe())}[/]", highlight=False)
 

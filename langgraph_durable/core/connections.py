@@ -12,7 +12,7 @@ import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg import conninfo as ci
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from langgraph_durable._pool import AsyncDurableConnectionPool, DurableConnectionPool
 from langgraph_durable.errors import (
@@ -28,7 +28,7 @@ from langgraph_durable.pooler import (
     prepare_threshold,
     resolve_pooler,
 )
-from langgraph_durable.sql.replication import READ_ONLY_SESSION_SQL
+from langgraph_durable.sql.replication import READ_ONLY_SESSION_SQL, STANDBY_LAG_SQL
 from langgraph_durable.sql.schema import set_search_path
 
 logger = logging.getLogger("langgraph_durable")
@@ -299,6 +299,11 @@ async def apreflight(dsn: str, pooler: str | None) -> Pooler | None:
 READ_POOL_SIZE = 4
 # Seconds to wait for the read pool's first connection once the preflight has connected.
 READ_POOL_WAIT = 2 * CONNECT_TIMEOUT
+# A read waits this long for a connection of the read pool (the pool's own default is
+# 30 s); the lag probe before each reader() this long at most, so a standby that went
+# away mid-session is a typed error in seconds (not the driver's retries, each waiting).
+READ_POOL_TIMEOUT = 2 * CONNECT_TIMEOUT
+PROBE_TIMEOUT = 3.0
 
 
 def _configure_read(schema: str | None, pooled: Pooler) -> Callable[[Connection[Any]], None]:
@@ -354,6 +359,7 @@ def open_read_pool(dsn: str, pooled: Pooler, schema: str | None) -> DurableConne
     pool = DurableConnectionPool(
         dsn, min_size=1, max_size=READ_POOL_SIZE, kwargs=_conn_kwargs(pooled),
         configure=_configure_read(schema, pooled), open=True, name="langgraph-durable-read",
+        timeout=READ_POOL_TIMEOUT,
     )
     pool._durable_own = True  # type: ignore[attr-defined]
     return pool
@@ -364,6 +370,52 @@ def aopen_read_pool(dsn: str, pooled: Pooler, schema: str | None) -> AsyncDurabl
     pool = AsyncDurableConnectionPool(
         dsn, min_size=1, max_size=READ_POOL_SIZE, kwargs=_conn_kwargs(pooled),
         configure=_aconfigure_read(schema, pooled), open=False, name="langgraph-durable-read",
+        timeout=READ_POOL_TIMEOUT,
     )
     pool._durable_own = True  # type: ignore[attr-defined]
     return pool
+
+
+def read_unreachable(dsn: str, exc: BaseException) -> ReadDsnUnreachableError:
+    """The standby stopped answering after a good start (a restart, a network cut): the
+    same typed error as at the start, with what the driver or the pool said."""
+    if isinstance(exc, psycopg.Error):
+        err = _unreachable(dsn, exc)
+        return ReadDsnUnreachableError(err.fields["dsn"], err.fields["reason"], err.fields["kind"])
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    kind = "timeout" if "timeout" in type(exc).__name__.lower() else "other"
+    return ReadDsnUnreachableError(redact_dsn(dsn), reason, kind)
+
+
+def probe_standby(pool: ConnectionPool[Any], primary_lsn: str | None) -> dict[str, Any]:
+    """The lag statement (``STANDBY_LAG_SQL``) on the read pool, within
+    ``PROBE_TIMEOUT`` seconds and one retry after a broken connection, else
+    ``ReadDsnUnreachableError``."""
+    for attempt in range(2):
+        try:
+            with pool.connection(timeout=PROBE_TIMEOUT) as conn:
+                row = conn.execute(STANDBY_LAG_SQL, {"primary_lsn": primary_lsn}).fetchone()
+                return dict(row) if row else {}
+        except psycopg.OperationalError as exc:
+            if attempt:
+                raise read_unreachable(str(pool.conninfo), exc) from exc
+            pool.check()
+        except PoolTimeout as exc:
+            raise read_unreachable(str(pool.conninfo), exc) from exc
+    raise AssertionError("unreachable")
+
+
+async def aprobe_standby(pool: AsyncConnectionPool[Any], primary_lsn: str | None) -> dict[str, Any]:
+    """``probe_standby`` for the async saver's read pool."""
+    for attempt in range(2):
+        try:
+            async with pool.connection(timeout=PROBE_TIMEOUT) as conn:
+                cur = await conn.execute(STANDBY_LAG_SQL, {"primary_lsn": primary_lsn})
+                return dict(await cur.fetchone() or {})
+        except psycopg.OperationalError as exc:
+            if attempt:
+                raise read_unreachable(str(pool.conninfo), exc) from exc
+            await pool.check()
+        except PoolTimeout as exc:
+            raise read_unreachable(str(pool.conninfo), exc) from exc
+    raise AssertionError("unreachable")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,14 +30,13 @@ from typing import Any
 from psycopg import conninfo as ci
 
 from langgraph_durable._io import Batch, Op, Stmt
-from langgraph_durable.errors import ConfigurationError, ReadOnlyViewError
+from langgraph_durable.config import DEFAULT_MAX_LAG, ReadOptions
+from langgraph_durable.errors import ReadOnlyViewError
 from langgraph_durable.sql.replication import PRIMARY_WAL_LSN_SQL, STANDBY_LAG_SQL
 
 logger = logging.getLogger("langgraph_durable")
 
 ENV_READ_DSN = "LANGGRAPH_DURABLE_READ_DSN"
-# Seconds behind above which read commands warn (or read the primary with read_fallback).
-DEFAULT_MAX_LAG = 10.0
 # When a first look says the standby is more than this behind and replay is not
 # paused, look once more: an idle primary writes WAL records of its own (a checkpoint,
 # a running-transactions snapshot) that a standby replays within milliseconds; a look
@@ -67,33 +65,6 @@ def server_of(dsn: str) -> str:
 
 
 @dataclass(frozen=True)
-class ReadSettings:
-    """A saver's ``read_dsn`` options, validated."""
-
-    dsn: str | None = None
-    max_lag: float = DEFAULT_MAX_LAG
-    fallback: bool = False
-
-    @classmethod
-    def of(cls, dsn: str | None, max_lag: float, fallback: bool) -> ReadSettings:
-        if dsn is not None and not isinstance(dsn, str):
-            raise ConfigurationError(
-                f"read_dsn must be a connection string, not {type(dsn).__name__}", read_dsn=repr(dsn)
-            )
-        try:
-            lag = float(max_lag)
-        except (TypeError, ValueError):
-            lag = math.nan
-        if not lag >= 0 or math.isinf(lag):
-            raise ConfigurationError(
-                f"read_max_lag must be a number of seconds >= 0, not {max_lag!r}", read_max_lag=max_lag
-            )
-        if not isinstance(fallback, bool):
-            raise ConfigurationError(f"read_fallback must be a bool, not {fallback!r}", read_fallback=fallback)
-        return cls(resolve_read_dsn(dsn, env=False), lag, fallback)
-
-
-@dataclass(frozen=True)
 class ReadLag:
     """Where a reader reads and how far behind that is, as measured when it was made.
 
@@ -116,10 +87,14 @@ class ReadLag:
     primary_reachable: bool = True
     max_lag: float = DEFAULT_MAX_LAG
     fell_back: bool = False
+    # The standby did not answer (read_fallback then read the primary): why.
+    standby_error: str | None = None
 
     @property
     def over(self) -> bool:
         """Behind by more than ``max_lag`` seconds (or behind by an unknown time)."""
+        if self.standby_error is not None:
+            return True
         if not self.in_recovery:
             return False
         if self.seconds is None:
@@ -130,6 +105,11 @@ class ReadLag:
         """One line: ``reading from standby h:5433/db, 12.3 s behind (replay paused)``."""
         if self.server is None:
             return "reading from the primary"
+        if self.fell_back and self.standby_error is not None:
+            return (
+                f"reading from the primary: the standby {self.server} does not answer "
+                f"({self.standby_error}) (read_fallback)"
+            )
         if self.fell_back:
             return (
                 f"reading from the primary: the standby {self.server} is {self._behind()}, "
@@ -155,7 +135,8 @@ class ReadLag:
             "source": self.source, "server": self.server, "in_recovery": self.in_recovery,
             "seconds": self.seconds, "behind_bytes": self.behind_bytes, "paused": self.paused,
             "primary_reachable": self.primary_reachable, "max_lag": self.max_lag,
-            "over": self.over, "fell_back": self.fell_back, "message": self.describe(),
+            "over": self.over, "fell_back": self.fell_back,
+            "standby_error": self.standby_error, "message": self.describe(),
         }
 
 
@@ -181,7 +162,7 @@ def op_standby_lag(primary_lsn: str | None) -> Op[dict[str, Any]]:
     return dict(rows[0][0])
 
 
-def lag_of(row: dict[str, Any], settings: ReadSettings, *, primary_reachable: bool) -> ReadLag:
+def lag_of(row: dict[str, Any], settings: ReadOptions, *, primary_reachable: bool) -> ReadLag:
     """A ``ReadLag`` from the standby's row (``op_standby_lag``)."""
     server = server_of(settings.dsn) if settings.dsn else None
     if not row["in_recovery"]:
@@ -209,7 +190,7 @@ def needs_second_look(lag: ReadLag) -> bool:
 _NOT_STANDBY_LOGGED: set[str] = set()
 
 
-def note_not_standby(settings: ReadSettings, lag: ReadLag) -> None:
+def note_not_standby(settings: ReadOptions, lag: ReadLag) -> None:
     """Once per process and read_dsn: its server is not in recovery (a primary)."""
     if lag.in_recovery is False and settings.dsn and settings.dsn not in _NOT_STANDBY_LOGGED:
         _NOT_STANDBY_LOGGED.add(settings.dsn)
@@ -334,7 +315,16 @@ def fallback_lag(lag: ReadLag) -> ReadLag:
     return replace(lag, source="primary", fell_back=True)
 
 
-def primary_lag(settings: ReadSettings) -> ReadLag:
+def unanswered_lag(settings: ReadOptions, error: BaseException) -> ReadLag:
+    """read_fallback and a standby that does not answer: the primary, saying why."""
+    reason = getattr(error, "fields", {}).get("reason") or type(error).__name__
+    return ReadLag(
+        "primary", server_of(settings.dsn or ""), None, None, None, False, True,
+        settings.max_lag, fell_back=True, standby_error=str(reason),
+    )
+
+
+def primary_lag(settings: ReadOptions) -> ReadLag:
     """No read_dsn: reads go to the primary, nothing to measure."""
     return ReadLag("primary", None, None, 0.0, None, False, True, settings.max_lag)
 
@@ -344,7 +334,7 @@ class ReadSlot:
     """The read_dsn state a saver and its clones (``bind()``, ``with_allowlist``) share:
     the settings, and once opened the pool, its driver, conninfo and pooler mode."""
 
-    def __init__(self, settings: ReadSettings) -> None:
+    def __init__(self, settings: ReadOptions) -> None:
         import threading
 
         self.settings = settings
