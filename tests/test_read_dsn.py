@@ -221,13 +221,41 @@ def test_run_path_never_reads_the_standby_async(paused: _cluster.Pair) -> None:
 
 
 # ------------------------------------------------------------------ what an operator sees
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+# Several CLI commands in one child process (the CLI's import is paid once): each
+# command's exit code, stdout and stderr, split on a marker line.
+_MANY = """
+import json, sys
+from langgraph_durable.cli import app
+for args in json.loads(sys.argv[1]):
+    try:
+        app(args, standalone_mode=False)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    except Exception as exc:
+        print(repr(exc), file=sys.stderr)
+        code = 99
+    sys.stdout.flush(); sys.stderr.flush()
+    print("@@END", code, flush=True); print("@@END", code, file=sys.stderr, flush=True)
+"""
+
+
+def _cli(*commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("LANGGRAPH_DURABLE_READ_DSN", None)
-    return subprocess.run(
-        [sys.executable, "-c", "from langgraph_durable.cli import main; main()", *args],
-        capture_output=True, text=True, timeout=60, env=env,
+    proc = subprocess.run(
+        [sys.executable, "-c", _MANY, json.dumps([list(c) for c in commands])],
+        capture_output=True, text=True, timeout=120, env=env,
     )
+    outs, errs = proc.stdout.split("@@END"), proc.stderr.split("@@END")
+    assert len(outs) == len(commands) + 1, (proc.stdout[-2000:], proc.stderr[-2000:])
+    done = []
+    for i, args in enumerate(commands):
+        code = int(outs[i + 1].split("\n", 1)[0]) if i + 1 < len(outs) else -1
+        out = outs[i].split("\n", 1)[1] if i else outs[i]
+        err = errs[i].split("\n", 1)[1] if i else errs[i]
+        done.append(subprocess.CompletedProcess(args, code, out, err))
+    return done
 
 
 @cluster
@@ -254,20 +282,22 @@ def test_operator_sees_the_lag(paused: _cluster.Pair) -> None:
         assert "this page may be out of date" in page and tid not in page
 
     base = ["threads", "list", "--dsn", primary, "--read-dsn", standby]
-    late = _cli(*base, "--read-max-lag", "1")
+    late, fine, fallback = _cli(
+        [*base, "--read-max-lag", "1"],
+        [*base, "--read-max-lag", "3600", "--json"],
+        [*base, "--read-max-lag", "1", "--read-fallback"],
+    )
     assert late.returncode == 0, late.stderr
     assert "warning:" in late.stderr and "s behind" in late.stderr and "replay paused" in late.stderr
     assert tid not in late.stdout
-    fine = _cli(*base, "--read-max-lag", "3600", "--json")
     assert fine.returncode == 0 and "warning:" not in fine.stderr and "reading from standby" in fine.stderr
     assert tid not in {r["thread_id"] for r in json.loads(fine.stdout)}
-    fallback = _cli(*base, "--read-max-lag", "1", "--read-fallback")
     assert fallback.returncode == 0, fallback.stderr
     assert "reading from the primary" in fallback.stderr and tid in fallback.stdout
 
     _standby(pair, "SELECT pg_wal_replay_resume()")
     _wait_caught_up(pair)
-    caught = _cli(*base, "--read-max-lag", "1")
+    (caught,) = _cli([*base, "--read-max-lag", "1"])
     assert "0.0 s behind" in caught.stderr and "warning:" not in caught.stderr and tid in caught.stdout
 
 
@@ -372,17 +402,23 @@ def test_operator_reads_work_on_a_standby(pair: _cluster.Pair) -> None:
         assert migrations.migration_log(reader) == []
         assert audit.list_audit(reader, limit=5) == []
         assert _statements(pair, since), "they ran on the standby"
-    for cmd in (["threads", "show", tid], ["threads", "status"], ["stats"], ["versions", "list"],
-                ["ledger", "list"], ["quarantine", "list"]):
-        out = _cli(*cmd, "--dsn", primary, "--read-dsn", standby)
-        assert out.returncode == 0 and "reading from standby" in out.stderr, (cmd, out.stderr)
+    commands = [["threads", "show", tid], ["threads", "status"], ["stats"], ["versions", "list"],
+                ["ledger", "list"], ["quarantine", "list"], ["versions", "log"]]
+    for out in _cli(*([*c, "--dsn", primary, "--read-dsn", standby] for c in commands)):
+        assert out.returncode == 0 and "reading from standby" in out.stderr, (out.args, out.stderr)
 
 
-def test_standby_gone_mid_session_is_typed_or_falls_back(admin_dsn: str, dsn: str) -> None:
+def test_standby_gone_mid_session_is_typed_or_falls_back(
+    admin_dsn: str, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """After a good start the read_dsn server stops answering (here: its database
-    dropped): ``reader()`` is ``ReadDsnUnreachableError`` in seconds, or with
-    ``read_fallback`` a reader on the primary that says why."""
+    dropped): ``reader()`` is ``ReadDsnUnreachableError`` within the probe's timeout
+    (3 s; 1 s here), or with ``read_fallback`` a reader on the primary that says why."""
     from conftest import drop_database, make_database
+
+    import langgraph_durable.core.connections as connections
+
+    monkeypatch.setattr(connections, "PROBE_TIMEOUT", 1.0)
 
     gone = make_database(admin_dsn, "read_gone")
     try:
