@@ -53,11 +53,13 @@ from langgraph_durable.core.connections import (
     aopen_read_pool,
     apreflight,
     apreflight_read,
+    aprobe_primary,
     aprobe_standby,
     open_pool,
     open_read_pool,
     preflight,
     preflight_read,
+    probe_primary,
     probe_standby,
 )
 from langgraph_durable.core.jsonb import _jsonb as _jsonb
@@ -231,9 +233,10 @@ class DurablePostgresSaver(_DurableBase):
         inspection, listings). Given here, it is checked at once
         (``ReadDsnUnreachableError`` in seconds); from the variable, at the first
         ``reader()``, so a process that only runs graphs never connects to it (``""``:
-        ignore the variable). The run path never reads from it. ``read_max_lag``: seconds of replay lag above
-        which ``reader().read_lag.over`` (the CLI and console warn); ``read_fallback``:
-        then read the primary instead (docs/configuration.md)."""
+        ignore the variable). The run path never reads from it. ``read_max_lag``:
+        seconds of replay lag above which ``reader().read_lag.over`` (the CLI and the
+        console warn); ``read_fallback``: then read the primary instead
+        (docs/configuration.md)."""
         if not isinstance(pipeline, bool):
             raise ConfigurationError(f"pipeline must be a bool, not {pipeline!r}", pipeline=pipeline)
         dsn = resolve_dsn(conn_string)
@@ -331,10 +334,8 @@ class DurablePostgresSaver(_DurableBase):
     def _measure_reads(self) -> ReadLag:
         settings = self._reads.settings
         for look in range(2):
-            try:
-                lsn, reachable = self._driver.run_op(op_primary_lsn, transaction=False), True
-            except (psycopg.Error, DurableError):
-                lsn, reachable = None, False
+            lsn = self._primary_lsn()
+            reachable = lsn is not None
             row = probe_standby(self._reads.pool, lsn)
             lag = lag_of(row, settings, primary_reachable=reachable)
             if look or not needs_second_look(lag):
@@ -342,6 +343,16 @@ class DurablePostgresSaver(_DurableBase):
             time.sleep(RECHECK_AFTER)
         note_not_standby(settings, lag)
         return lag
+
+    def _primary_lsn(self) -> str | None:
+        """The primary's WAL position, None when it does not answer: a pool within
+        seconds; the user's single connection through the driver (its lock)."""
+        if isinstance(self.conn, ConnectionPool):
+            return probe_primary(self.conn)
+        try:
+            return self._driver.run_op(op_primary_lsn, transaction=False)
+        except (psycopg.Error, DurableError):
+            return None
 
     def _open_reads(self) -> ReadSlot:
         """The read_dsn pool, opened on first use (``from_conn_string``: at once):
@@ -588,10 +599,8 @@ class AsyncDurablePostgresSaver(_DurableBase):
     async def _ameasure_reads(self) -> ReadLag:
         settings = self._reads.settings
         for look in range(2):
-            try:
-                lsn, reachable = await self._driver.run_op(op_primary_lsn, transaction=False), True
-            except (psycopg.Error, DurableError):
-                lsn, reachable = None, False
+            lsn = await self._aprimary_lsn()
+            reachable = lsn is not None
             row = await aprobe_standby(self._reads.pool, lsn)
             lag = lag_of(row, settings, primary_reachable=reachable)
             if look or not needs_second_look(lag):
@@ -599,6 +608,15 @@ class AsyncDurablePostgresSaver(_DurableBase):
             await asyncio.sleep(RECHECK_AFTER)
         note_not_standby(settings, lag)
         return lag
+
+    async def _aprimary_lsn(self) -> str | None:
+        """``DurablePostgresSaver._primary_lsn`` for the async saver."""
+        if isinstance(self.conn, AsyncConnectionPool):
+            return await aprobe_primary(self.conn)
+        try:
+            return cast("str | None", await self._driver.run_op(op_primary_lsn, transaction=False))
+        except (psycopg.Error, DurableError):
+            return None
 
     async def _aopen_reads(self) -> ReadSlot:
         """``DurablePostgresSaver._open_reads`` for the async saver."""

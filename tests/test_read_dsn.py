@@ -437,3 +437,32 @@ def test_standby_gone_mid_session_is_typed_or_falls_back(
             assert reader.get_tuple({"configurable": {"thread_id": "none"}}) is None  # the primary
     finally:
         drop_database(admin_dsn, gone)
+
+
+# ------------------------------------------------------------------ the lag rule, pure
+@pytest.mark.parametrize(
+    ("row", "reachable", "seconds", "over", "says"),
+    [
+        # caught up with the primary's position: 0 whatever the last commit's age
+        ({"behind_bytes": 0, "since_replay": 900.0, "paused": False}, True, 0.0, False, "0.0 s behind"),
+        # behind: the age of the last replayed transaction
+        ({"behind_bytes": 4096, "since_replay": 42.0, "paused": True}, True, 42.0, True,
+         "42.0 s behind (4.0 KiB of WAL not replayed, replay paused)"),
+        ({"behind_bytes": 100, "since_replay": 2.0, "paused": False}, True, 2.0, False, "2.0 s behind"),
+        # nothing replayed since the standby started, and behind: unknown, counted over
+        ({"behind_bytes": 100, "since_replay": None, "paused": False}, True, None, True, "unknown time"),
+        # the primary did not answer: the age alone, and it says so
+        ({"behind_bytes": None, "since_replay": 3.0, "paused": False}, False, 3.0, False,
+         "primary not reachable to compare"),
+        ({"behind_bytes": None, "since_replay": None, "paused": False}, False, None, True, "unknown time"),
+    ],
+)
+def test_lag_rule(row: dict[str, Any], reachable: bool, seconds: float | None, over: bool, says: str) -> None:
+    from langgraph_durable.config import ReadOptions
+    from langgraph_durable.core.reader import lag_of
+
+    settings = ReadOptions("host=h port=5433 dbname=app", 10.0, False)
+    lag = lag_of({"in_recovery": True, "replay_lsn": "0/1", **row}, settings, primary_reachable=reachable)
+    assert (lag.seconds, lag.over) == (seconds, over)
+    assert says in lag.describe() and lag.describe().startswith("reading from standby h:5433/app")
+    assert lag.to_dict()["over"] is over

@@ -28,7 +28,11 @@ from langgraph_durable.pooler import (
     prepare_threshold,
     resolve_pooler,
 )
-from langgraph_durable.sql.replication import READ_ONLY_SESSION_SQL, STANDBY_LAG_SQL
+from langgraph_durable.sql.replication import (
+    PRIMARY_WAL_LSN_SQL,
+    READ_ONLY_SESSION_SQL,
+    STANDBY_LAG_SQL,
+)
 from langgraph_durable.sql.schema import set_search_path
 
 logger = logging.getLogger("langgraph_durable")
@@ -419,3 +423,25 @@ async def aprobe_standby(pool: AsyncConnectionPool[Any], primary_lsn: str | None
         except PoolTimeout as exc:
             raise read_unreachable(str(pool.conninfo), exc) from exc
     raise AssertionError("unreachable")
+
+
+def probe_primary(pool: ConnectionPool[Any]) -> str | None:
+    """The primary's ``pg_current_wal_lsn()`` for the lag, within ``PROBE_TIMEOUT``
+    seconds (a primary that does not answer must not hold an operator's read for the
+    driver's retries); None when it did not answer."""
+    try:
+        with pool.connection(timeout=PROBE_TIMEOUT) as conn:
+            row = conn.execute(PRIMARY_WAL_LSN_SQL).fetchone()
+    except (psycopg.Error, PoolTimeout):
+        return None
+    return None if row is None else str(row["lsn"] if isinstance(row, dict) else row[0])
+
+
+async def aprobe_primary(pool: AsyncConnectionPool[Any]) -> str | None:
+    """``probe_primary`` for the async saver's pool."""
+    try:
+        async with pool.connection(timeout=PROBE_TIMEOUT) as conn:
+            row = await (await conn.execute(PRIMARY_WAL_LSN_SQL)).fetchone()
+    except (psycopg.Error, PoolTimeout):
+        return None
+    return None if row is None else str(row["lsn"] if isinstance(row, dict) else row[0])
