@@ -24,7 +24,8 @@ from typing import Any
 
 import orjson
 
-from langgraph_durable._keyring_stub import DecryptionError, Keyring, is_encrypting
+from langgraph_durable.errors import DecryptionError
+from langgraph_durable.keyring import Keyring, is_encrypting
 
 __all__ = [
     "CLEAR_METADATA",
@@ -47,6 +48,7 @@ TEXT_PREFIX = "lgd:sealed:v1:"
 JSON_KEY = "lgd:sealed"
 SEALED_METADATA_KEY = "lgd:sealed"
 ENCRYPTED = "<encrypted>"
+NO_KEY = "it is encrypted and this saver has no key (configure its encrypting serializer)"
 
 # Run-metadata keys kept in the clear: LangGraph's own (source, step, parents), the
 # package's graph-version stamp and migration marks (queried in SQL by the version gate,
@@ -107,7 +109,9 @@ def open_text(
         return value
     if ring is None:
         if strict:
-            raise DecryptionError(thread_id, where, "it is encrypted and no key is configured", checkpoint_id)
+            raise DecryptionError(
+                thread_id=thread_id, where=where, reason=NO_KEY, checkpoint_id=checkpoint_id
+            )
         return ENCRYPTED
     raw = ring.open(base64.b64decode(value[len(TEXT_PREFIX):]), thread_id=thread_id, where=where,
                     checkpoint_id=checkpoint_id)
@@ -137,7 +141,9 @@ def open_json(
     clear = {k: v for k, v in value.items() if k != JSON_KEY}
     if ring is None:
         if strict:
-            raise DecryptionError(thread_id, where, "it is encrypted and no key is configured", checkpoint_id)
+            raise DecryptionError(
+                thread_id=thread_id, where=where, reason=NO_KEY, checkpoint_id=checkpoint_id
+            )
         return {**clear, "encrypted": True}
     raw = ring.open(base64.b64decode(value[JSON_KEY]), thread_id=thread_id, where=where,
                     checkpoint_id=checkpoint_id)
@@ -166,7 +172,7 @@ def open_metadata(
     sealed = md[SEALED_METADATA_KEY]
     out = {k: v for k, v in md.items() if k != SEALED_METADATA_KEY}
     if ring is None:
-        raise DecryptionError(thread_id, "metadata", "it is encrypted and no key is configured", checkpoint_id)
+        raise DecryptionError(thread_id=thread_id, where="metadata", reason=NO_KEY, checkpoint_id=checkpoint_id)
     raw = ring.open(base64.b64decode(sealed), thread_id=thread_id, where="metadata", checkpoint_id=checkpoint_id)
     out.update(orjson.loads(raw))
     return out
@@ -206,7 +212,11 @@ def decrypt_failure(
     ``EncryptedSerializer`` tags its output ``<type>+<cipher>`` and pycryptodome raises
     ``ValueError("MAC check failed")``."""
     if isinstance(exc, DecryptionError):
-        return exc
-    if "+" not in tag or not is_encrypting(serde) or not isinstance(exc, ValueError | KeyError | AssertionError):
+        if getattr(exc, "thread_id", None) is not None:
+            return exc
+        reason = str(getattr(exc, "reason", exc))  # raised by the cipher, which does not know the row
+    elif "+" in tag and is_encrypting(serde) and isinstance(exc, ValueError | KeyError | AssertionError):
+        reason = f"{type(exc).__name__}: {exc}"
+    else:
         return None
-    return DecryptionError(thread_id, where, f"{type(exc).__name__}: {exc}", checkpoint_id)
+    return DecryptionError(thread_id=thread_id, where=where, reason=reason, checkpoint_id=checkpoint_id)

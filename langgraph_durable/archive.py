@@ -616,9 +616,10 @@ def _check_artifacts(
             name, _, ciphertext = data[1:].partition(b"\x00")
             try:
                 data = cipher.decrypt(name.decode(), ciphertext)
-            except ValueError as exc:  # the tag check failed: a wrong key (issue 27)
+            except (ValueError, _sealing.DecryptionError) as exc:  # the tag check failed: a wrong key (issue 27)
                 raise _sealing.DecryptionError(
-                    dump.thread_id, f"artifact {shown[:16]} of archive {url}", f"{type(exc).__name__}: {exc}"
+                    thread_id=dump.thread_id, where=f"artifact {shown[:16]} of archive {url}",
+                    reason=getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}",
                 ) from exc
             except Exception:
                 raise refuse("bad_artifact", f"artifact {shown} does not decrypt", digest=shown) from None

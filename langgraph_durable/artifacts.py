@@ -318,7 +318,7 @@ class ArtifactCodec:
             name, _, ciphertext = data[1:].partition(b"\x00")
             try:
                 data = cipher.decrypt(name.decode(), ciphertext)
-            except ValueError as exc:  # pycryptodome: "MAC check failed"
+            except (ValueError, _sealing.DecryptionError) as exc:  # pycryptodome: "MAC check failed"
                 raise _WrongKey() from exc
             return self.decompress(data), _space(name.decode())
         return self.decompress(data), b""
@@ -486,10 +486,12 @@ class ArtifactCodec:
             except _WrongKey as exc:  # the tag check failed: not this saver's key
                 if locate is not None:
                     where = dict(locate(digest) or where)
+                cause = exc.__cause__
                 raise _sealing.DecryptionError(
-                    where.get("thread_id"), f"artifact {digest.hex()[:16]}", str(exc.__cause__ or exc),
-                    where.get("checkpoint_id"),
-                ) from exc.__cause__
+                    thread_id=where.get("thread_id"), where=f"artifact {digest.hex()[:16]}",
+                    reason=getattr(cause, "reason", None) or f"{type(cause).__name__}: {cause}",
+                    checkpoint_id=where.get("checkpoint_id"),
+                ) from cause
             except Exception as exc:  # zstd or cipher failure: the bytes are not ours
                 if locate is not None:
                     where = dict(locate(digest) or where)

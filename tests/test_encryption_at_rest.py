@@ -46,6 +46,7 @@ from langgraph_durable import (
 )
 from langgraph_durable.archive import restore
 from langgraph_durable.artifacts import _digest, _element_content, _space, _zstd_dict
+from langgraph_durable.keyring import DurableEncryptedSerializer
 from langgraph_durable.ops import poison
 from langgraph_durable.ops.migrations import migrate_threads
 from langgraph_durable.ops.retention import retain
@@ -58,8 +59,13 @@ CANARY_INT = 918273645546372  # an int channel value (inline without encryption)
 THRESHOLD = 256
 
 
-def _serde(key: bytes | None) -> Any:
-    return None if key is None else EncryptedSerializer.from_pycryptodome_aes(key=key)
+def _serde(key: bytes | None, form: str = "langgraph") -> Any:
+    """LangGraph's own serializer, or the package's rotating one (same stored form)."""
+    if key is None:
+        return None
+    if form == "rotating":
+        return DurableEncryptedSerializer(current=key, old=[b"0" * 32])
+    return EncryptedSerializer.from_pycryptodome_aes(key=key)
 
 
 def _cfg(thread: str, **metadata: Any) -> dict[str, Any]:
@@ -137,8 +143,8 @@ def _interrupted(saver: DurablePostgresSaver, key: str) -> None:
 
 
 class Run:
-    def __init__(self, dsn: str, schema: str, archive: Path, key: bytes | None) -> None:
-        self.dsn, self.schema, self.archive, self.key = dsn, schema, archive, key
+    def __init__(self, dsn: str, schema: str, archive: Path, key: bytes | None, form: str = "langgraph") -> None:
+        self.dsn, self.schema, self.archive, self.key, self.form = dsn, schema, archive, key, form
         tag = uuid.uuid4().hex[:8]
         self.main, self.failing, self.archived, self.migrating = (f"{n}-{tag}" for n in ("main", "fail", "arch", "mig"))
         self.ledger_key = f"refund-{tag}"
@@ -146,7 +152,7 @@ class Run:
     def saver(self, key: bytes | None = None, **kw: Any) -> Any:
         key = self.key if key is None else key
         return DurablePostgresSaver.from_conn_string(
-            self.dsn, schema=self.schema, serde=_serde(key), artifact_threshold=THRESHOLD,
+            self.dsn, schema=self.schema, serde=_serde(key, self.form), artifact_threshold=THRESHOLD,
             max_resume_attempts=1, **kw,
         )
 
@@ -273,9 +279,10 @@ def plain(dsn: str, tmp_path: Path) -> Run:
     return run
 
 
-@pytest.fixture
-def sealed(dsn: str, tmp_path: Path) -> Run:
-    run = Run(dsn, "enc_sealed_" + uuid.uuid4().hex[:8], tmp_path / "archive-sealed", KEY)
+@pytest.fixture(params=["langgraph", "rotating"])
+def sealed(dsn: str, tmp_path: Path, request: pytest.FixtureRequest) -> Run:
+    """EncryptedSerializer.from_pycryptodome_aes, and rekey27's DurableEncryptedSerializer."""
+    run = Run(dsn, "enc_sealed_" + uuid.uuid4().hex[:8], tmp_path / "archive-sealed", KEY, request.param)
     _workload(run)
     return run
 
@@ -316,7 +323,7 @@ def test_with_the_key_everything_reads_back(sealed: Run) -> None:
 def test_offloaded_values_have_keyed_digests(sealed: Run) -> None:
     """The plaintext sha256 of an offloaded value (what the table stored before) is not
     findable; the HMAC digest is, and deduplication holds (one row per document)."""
-    serde = _serde(KEY)
+    serde = _serde(KEY, sealed.form)
     stored = {bytes(r[0]) for r in _q(sealed, "SELECT digest FROM durable_artifacts")}
     space = _space("aes")
     doc = f"document 0 about {CANARY} " + "x" * 400

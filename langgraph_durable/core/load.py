@@ -135,7 +135,13 @@ class LoadOps(LoadView):
     ) -> Any:
         try:
             return self.codec.decode(self.serde, tag, data, local=local, **where)
-        except DurableError:
+        except DurableError as exc:
+            if isinstance(exc, _sealing.DecryptionError) and getattr(exc, "thread_id", None) is None:
+                # Raised by a rotating cipher, which does not know the row: name it.
+                raise _sealing.decrypt_failure(
+                    self.serde, tag, exc, thread_id=where.get("thread_id"), where=f"a {tag!r} value",
+                    checkpoint_id=where.get("checkpoint_id"),
+                ) or exc from exc
             raise
         except Exception as exc:  # damaged bytes: msgpack, zstd, the serializer's own
             wrong_key = _sealing.decrypt_failure(

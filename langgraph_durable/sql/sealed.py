@@ -2,23 +2,26 @@
 
 With an encrypting serializer, nothing a user or a model supplied is stored readable;
 every column that can hold such data is listed here, with its table's key columns and
-how it is sealed, so ``langgraph-durable rekey`` walks them all (and a new sealed column
-is one line here). ``kind``:
+how it is sealed, so ``langgraph-durable rekey`` walks them all (a new sealed column is
+one line here). The dataclass is rekey27's shape (``keys``, ``thread_column``,
+``checkpoint_column``); seal27 adds the package's own columns. ``kind``:
 
-* ``serde``: LangGraph serializer output, a ``(type, bytes)`` pair in two columns
-  (``type_column``); encrypted by ``EncryptedSerializer`` (``<type>+aes``), or an
-  artifact envelope (``durable+ref``) whose small items are encrypted the same way;
-* ``artifact``: ``durable_artifacts.data``, ``0x00 <cipher> 0x00 <ciphertext>`` of the
-  zstd content (``ArtifactCodec.seal``), under a keyed digest (HMAC-SHA256 with
-  ``Keyring.digest_key()``);
-* ``text``: ``lgd:sealed:v1:`` + base64 of ``Keyring.seal(utf-8)`` (``_sealing.seal_text``);
-* ``json``: ``{"lgd:sealed": base64 of Keyring.seal(json)}`` beside the keys kept in the
-  clear (``_sealing.seal_json``: ``last_failure`` keeps node/type/ids, audit details
-  statuses and counts);
-* ``metadata``: ``checkpoints.metadata``: the keys of ``_sealing.CLEAR_METADATA`` in the
-  clear, the rest under the key ``"lgd:sealed"`` (base64 of ``Keyring.seal(json)``);
-* ``copy``: a JSONB copy of other sealed rows (migration backups): re-sealed by
-  re-sealing the values inside with the rules above.
+* ``serde``: a serializer's ``(type, bytes)`` (``type_column`` names the type): LangGraph's
+  ``<type>+aes`` form, or the package's artifact envelope (``durable+ref``) whose inline
+  items carry that form;
+* ``artifact``: an artifact's stored form (``ArtifactCodec.seal``: zstd, then the cipher),
+  under a keyed digest (HMAC-SHA256 with ``Keyring.digest_key()``);
+* ``serde_json``: a JSONB array of ``{"type", "blob" (base64)}`` objects (the migration
+  log's backups of blob and write rows);
+* ``text``: TEXT, ``lgd:sealed:v1:`` + base64 of ``Keyring.seal(utf-8)``
+  (``_sealing.seal_text``); other values are plaintext written before encryption;
+* ``json``: JSONB, an object whose key ``"lgd:sealed"`` holds base64 of
+  ``Keyring.seal(json)`` of the sealed part, beside the keys kept in the clear
+  (``_sealing.seal_json``: ``last_failure`` keeps node/type/ids, audit details statuses
+  and counts): re-seal that one key;
+* ``metadata``: JSONB run metadata (``checkpoints.metadata`` and its backups): the same
+  ``"lgd:sealed"`` key holding the user keys (``_sealing.seal_metadata``), the keys of
+  ``_sealing.CLEAR_METADATA`` in the clear.
 
 Without an encrypting serializer none of these columns changes format.
 """
@@ -31,38 +34,45 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class SealedColumn:
     table: str
-    key: tuple[str, ...]
+    keys: tuple[str, ...]  # the primary key, the walk's order
     column: str
-    kind: str  # serde | artifact | text | json | metadata | copy
+    kind: str  # serde | artifact | serde_json | text | json | metadata
     type_column: str | None = None
+    thread_column: str | None = "thread_id"
+    checkpoint_column: str | None = None
 
+    @property
+    def name(self) -> str:
+        return f"{self.table}.{self.column}"
 
-_CP_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id")
 
 SEALED: tuple[SealedColumn, ...] = (
-    # The stock tables: values through the serializer, metadata's user keys sealed.
-    SealedColumn("checkpoint_blobs", ("thread_id", "checkpoint_ns", "channel", "version"), "blob", "serde", "type"),
-    SealedColumn(
-        "checkpoint_writes", ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx"), "blob", "serde", "type"
-    ),
-    SealedColumn("checkpoints", _CP_KEY, "metadata", "metadata"),
-    # checkpoints.checkpoint holds no value with a key (every channel value is a blob);
-    # rows written before encryption was on may still hold inline values: rekey moves them.
-    SealedColumn("checkpoints", _CP_KEY, "checkpoint", "copy"),
-    SealedColumn("durable_artifacts", ("digest",), "data", "artifact"),
-    # The idempotency ledger and the journal (journaled calls are ledger rows).
-    SealedColumn("durable_ledger", ("key",), "result", "serde", "result_type"),
+    SealedColumn("checkpoint_blobs", ("thread_id", "checkpoint_ns", "channel", "version"),
+                 "blob", "serde", type_column="type"),
+    SealedColumn("checkpoint_writes", ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx"),
+                 "blob", "serde", type_column="type", checkpoint_column="checkpoint_id"),
+    SealedColumn("durable_artifacts", ("digest",), "data", "artifact", thread_column=None),
+    # @idempotent results and the journal's recorded answers (journal.py writes its
+    # records as ledger rows).
+    SealedColumn("durable_ledger", ("key",), "result", "serde", type_column="result_type"),
+    SealedColumn("durable_migration_log", ("id",), "old_blobs", "serde_json",
+                 checkpoint_column="checkpoint_id"),
+    SealedColumn("durable_migration_log", ("id",), "old_writes", "serde_json",
+                 checkpoint_column="checkpoint_id"),
+    # --- seal27: the package's own columns (issue 27) ---
+    # Run metadata's user keys (checkpoints.checkpoint holds no value with a key: every
+    # channel value is a blob; rows written before encryption keep theirs inline).
+    SealedColumn("checkpoints", ("thread_id", "checkpoint_ns", "checkpoint_id"), "metadata", "metadata",
+                 checkpoint_column="checkpoint_id"),
+    SealedColumn("durable_migration_log", ("id",), "old_metadata", "metadata",
+                 checkpoint_column="checkpoint_id"),
+    # @idempotent arguments and cached failures (journal records are ledger rows too).
     SealedColumn("durable_ledger", ("key",), "args_preview", "text"),
     SealedColumn("durable_ledger", ("key",), "error", "text"),
     # Failures: exception texts and tracebacks.
     SealedColumn("durable_threads", ("thread_id",), "last_error", "text"),
     SealedColumn("durable_threads", ("thread_id",), "last_failure", "json"),
-    SealedColumn("durable_quarantine", ("thread_id",), "last_error", "text"),
+    SealedColumn("durable_quarantine", ("thread_id",), "last_error", "text", checkpoint_column="checkpoint_id"),
     # Operator actions.
     SealedColumn("durable_audit", ("id",), "detail", "json"),
-    # Migration backups: copies of checkpoint rows (their metadata and values as stored).
-    SealedColumn("durable_migration_log", ("id",), "old_checkpoint", "copy"),
-    SealedColumn("durable_migration_log", ("id",), "old_metadata", "copy"),
-    SealedColumn("durable_migration_log", ("id",), "old_writes", "copy"),
-    SealedColumn("durable_migration_log", ("id",), "old_blobs", "copy"),
 )
