@@ -227,10 +227,9 @@ def _texts(data: bytes) -> Iterator[bytes]:
         return
 
 
-def _scan(run: Run) -> dict[str, set[str]]:
-    """Where the canary is readable: {table.column or archive file: ...}."""
+def _scan(run: Run, needles: tuple[bytes, ...] = (CANARY.encode(), str(CANARY_INT).encode())) -> dict[str, set[str]]:
+    """Where the canary (or another needle) is readable: {table.column or archive file: ...}."""
     found: dict[str, set[str]] = {}
-    needles = (CANARY.encode(), str(CANARY_INT).encode())
     tables = [r[0] for r in _q(
         run, "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
              "AND table_type = 'BASE TABLE'", run.schema)]
@@ -293,6 +292,24 @@ def test_without_a_key_the_canary_is_readable_in_every_place(plain: Run) -> None
     assert not missing, f"the workload did not reach {sorted(missing)} (found in {sorted(found)})"
     # The int channel value is inline: readable as JSON.
     assert str(CANARY_INT) in found["checkpoints.checkpoint"]
+
+
+def test_without_a_key_nothing_changes(plain: Run) -> None:
+    """No sealed form anywhere, inline values and metadata as the stock saver stores them,
+    artifact digests the plain sha256 of their content (the format before issue 27)."""
+    assert not _scan(plain, needles=(b"lgd:sealed",))
+    row = _q(plain, "SELECT checkpoint, metadata FROM checkpoints WHERE thread_id = %s "
+                    "ORDER BY checkpoint_id DESC LIMIT 1", plain.main)[0]
+    assert row[0]["channel_values"]["text"] == f"inline {CANARY}" and row[0]["channel_values"]["number"] == CANARY_INT
+    assert row[1]["customer"] == f"client {CANARY}"
+    (error,) = _q(plain, "SELECT last_error FROM durable_quarantine WHERE thread_id = %s", plain.failing)[0]
+    assert error.startswith("ValueError: card ")
+    stored = {bytes(r[0]) for r in _q(plain, "SELECT digest FROM durable_artifacts")}
+    doc = f"document 0 about {CANARY} " + "x" * 400
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    content = _element_content(*JsonPlusSerializer().dumps_typed(doc))
+    assert hashlib.sha256(content).digest() in stored
 
 
 def test_with_a_key_the_canary_is_nowhere(sealed: Run) -> None:
