@@ -379,3 +379,17 @@ def test_a_wrong_key_raises_decryption_error_naming_the_thread(sealed: Run) -> N
         with pytest.raises(_sealing.DecryptionError) as got:
             restore(wrong, str(sealed.archive))
         assert got.value.thread_id == sealed.archived
+
+
+def test_a_run_start_with_a_wrong_key_fails_typed_and_leaves_the_thread_runnable(sealed: Run) -> None:
+    """A run of a thread with the wrong key raises DecryptionError (not a load error: the
+    thread is not quarantined), and the right key runs it at once (no lease left behind)."""
+    with sealed.saver(OTHER_KEY) as wrong:
+        with pytest.raises(_sealing.DecryptionError) as got:
+            _graph(wrong).invoke({"answers": []}, _cfg(sealed.main))
+        assert got.value.thread_id == sealed.main
+    (status,) = _q(sealed, "SELECT status FROM durable_threads WHERE thread_id = %s", sealed.main)[0]
+    assert status != "quarantined"
+    with sealed.saver() as saver:
+        out = _graph(saver).invoke({"answers": []}, _cfg(sealed.main))
+        assert out["text"] == f"inline {CANARY}" and len(out["answers"]) == 2
