@@ -101,8 +101,14 @@ def _graph(saver: DurablePostgresSaver) -> Any:
 
     model = journaled(Model())
 
+    @idempotent(cache_failures=ValueError)
+    def verify(card: str) -> None:
+        raise ValueError(f"card {card} refused")  # cached: the ledger keeps its text
+
     def work(state: State) -> dict[str, Any]:
-        answer = model.invoke([HumanMessage("hi")])
+        answer = model.invoke([HumanMessage(f"hi, I am {CANARY}")])  # the journal's preview
+        with pytest.raises(ValueError):
+            verify(f"card {CANARY}")
         return {
             "text": f"inline {CANARY}",
             "number": CANARY_INT,
@@ -261,7 +267,8 @@ EXPECTED = {
     "checkpoint_blobs.blob",  # a channel value through the serializer
     "checkpoint_writes.blob",  # the node's writes
     "durable_artifacts.data",  # offloaded documents (zstd)
-    "durable_ledger.args_preview",  # the tool's arguments
+    "durable_ledger.args_preview",  # the tool's arguments, the journaled call's last message
+    "durable_ledger.error",  # a cached failure's text
     "durable_ledger.result",  # the tool's result, the journaled answer, the operator's resolve
     "durable_threads.last_error",  # the failing node's exception text (and the migrated thread)
     "durable_threads.last_failure",  # its traceback
@@ -330,6 +337,8 @@ def test_with_the_key_everything_reads_back(sealed: Run) -> None:
         assert len(list(saver.list(None, filter={"customer": f"client {CANARY}", "source": "loop"}, limit=1))) == 1
         entries = Ledger(saver).entries(thread_id=sealed.main)
         assert any(CANARY in (e.args_preview or "") for e in entries), entries
+        assert any(e.status == "failed" and CANARY in (e.error or "") for e in entries), entries
+        assert any(e.key.startswith("llm:") and CANARY in (e.args_preview or "") for e in entries), entries
         refund = Ledger(saver).get(sealed.ledger_key)
         assert refund is not None and CANARY in (refund.args_preview or "")
         assert Ledger(saver).result(sealed.ledger_key) == {"refunded": f"order {CANARY}"}
