@@ -278,17 +278,20 @@ EXPECTED = {
 }
 
 
-@pytest.fixture
-def plain(dsn: str, tmp_path: Path) -> Run:
-    run = Run(dsn, "enc_plain_" + uuid.uuid4().hex[:8], tmp_path / "archive-plain", None)
+# Module-scoped: the workload runs once per mode; the tests only read (the run-start test
+# writes a thread of its own).
+@pytest.fixture(scope="module")
+def plain(dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    run = Run(dsn, "enc_plain_" + uuid.uuid4().hex[:8], tmp_path_factory.mktemp("archive-plain"), None)
     _workload(run)
     return run
 
 
-@pytest.fixture(params=["langgraph", "rotating"])
-def sealed(dsn: str, tmp_path: Path, request: pytest.FixtureRequest) -> Run:
+@pytest.fixture(scope="module", params=["langgraph", "rotating"])
+def sealed(dsn: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Run:
     """EncryptedSerializer.from_pycryptodome_aes, and rekey27's DurableEncryptedSerializer."""
-    run = Run(dsn, "enc_sealed_" + uuid.uuid4().hex[:8], tmp_path / "archive-sealed", KEY, request.param)
+    archive = tmp_path_factory.mktemp("archive-sealed")
+    run = Run(dsn, "enc_sealed_" + uuid.uuid4().hex[:8], archive, KEY, request.param)
     _workload(run)
     return run
 
@@ -393,12 +396,37 @@ def test_a_wrong_key_raises_decryption_error_naming_the_thread(sealed: Run) -> N
 def test_a_run_start_with_a_wrong_key_fails_typed_and_leaves_the_thread_runnable(sealed: Run) -> None:
     """A run of a thread with the wrong key raises DecryptionError (not a load error: the
     thread is not quarantined), and the right key runs it at once (no lease left behind)."""
+    thread = f"{sealed.main}-again-{uuid.uuid4().hex[:6]}"
+    with sealed.saver() as saver:
+        _graph(saver).invoke({"answers": []}, _cfg(thread))
     with sealed.saver(OTHER_KEY) as wrong:
         with pytest.raises(_sealing.DecryptionError) as got:
-            _graph(wrong).invoke({"answers": []}, _cfg(sealed.main))
-        assert got.value.thread_id == sealed.main
-    (status,) = _q(sealed, "SELECT status FROM durable_threads WHERE thread_id = %s", sealed.main)[0]
+            _graph(wrong).invoke({"answers": []}, _cfg(thread))
+        assert got.value.thread_id == thread
+    (status,) = _q(sealed, "SELECT status FROM durable_threads WHERE thread_id = %s", thread)[0]
     assert status != "quarantined"
     with sealed.saver() as saver:
-        out = _graph(saver).invoke({"answers": []}, _cfg(sealed.main))
+        out = _graph(saver).invoke({"answers": []}, _cfg(thread))
         assert out["text"] == f"inline {CANARY}" and len(out["answers"]) == 2
+
+
+async def test_the_async_saver_reads_and_refuses_alike(sealed: Run) -> None:
+    from langgraph_durable import AsyncDurablePostgresSaver
+
+    def make(key: bytes) -> Any:
+        return AsyncDurablePostgresSaver.from_conn_string(
+            sealed.dsn, schema=sealed.schema, serde=_serde(key, sealed.form), artifact_threshold=THRESHOLD
+        )
+
+    async with make(KEY) as saver:
+        got = await saver.aget_tuple(_cfg(sealed.main))
+        assert got is not None and got.checkpoint["channel_values"]["text"] == f"inline {CANARY}"
+        assert got.metadata["customer"] == f"client {CANARY}"
+        hits = [t async for t in saver.alist(_cfg(sealed.main), filter={"customer": f"client {CANARY}"}, limit=2)]
+        assert len(hits) == 2
+        entry = await Ledger(saver).aget(sealed.ledger_key)
+        assert entry is not None and CANARY in (entry.args_preview or "")
+    async with make(OTHER_KEY) as wrong:
+        with pytest.raises(_sealing.DecryptionError) as err:
+            await wrong.aget_tuple(_cfg(sealed.main))
+        assert err.value.thread_id == sealed.main
