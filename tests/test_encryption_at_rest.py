@@ -430,3 +430,24 @@ async def test_the_async_saver_reads_and_refuses_alike(sealed: Run) -> None:
         with pytest.raises(_sealing.DecryptionError) as err:
             await wrong.aget_tuple(_cfg(sealed.main))
         assert err.value.thread_id == sealed.main
+
+
+def test_a_migration_rewrites_a_thread_sealed(sealed: Run) -> None:
+    """A graph-version migration rewrites the checkpoint in place (core.rewrite): the
+    migrated values go to blobs and the metadata stays sealed; it reads back migrated."""
+    thread = f"mig-ok-{uuid.uuid4().hex[:6]}"
+    with sealed.saver() as saver:
+        saver.bind(graph_version="v1").put(
+            _cfg(thread, customer=f"client {CANARY}"), _empty_checkpoint(),
+            {"source": "input", "step": -1, "parents": {}, "customer": f"client {CANARY}"}, {},
+        )
+        registry = MigrationRegistry()
+        registry.register("v1", "v2", lambda st: {**st, "text": f"migrated {CANARY}", "number": CANARY_INT})
+        report = migrate_threads(saver, "v1", "v2", registry=registry, thread_ids=[thread])
+        assert report.migrated == [thread], report
+        got = saver.get_tuple(_cfg(thread))
+        assert got is not None and got.checkpoint["channel_values"]["text"] == f"migrated {CANARY}"
+        assert got.checkpoint["channel_values"]["number"] == CANARY_INT
+        assert got.metadata["customer"] == f"client {CANARY}" and got.metadata["graph_version"] == "v2"
+    rows = _q(sealed, "SELECT checkpoint::text, metadata::text FROM checkpoints WHERE thread_id = %s", thread)
+    assert rows and not any(CANARY in c or CANARY in m or str(CANARY_INT) in c for c, m in rows), rows
