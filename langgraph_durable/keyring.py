@@ -163,7 +163,7 @@ class DurableEncryptedSerializer(EncryptedSerializer):
 
     @property
     def current_key_id(self) -> str:
-        return self.cipher.ids[0].hex()  # type: ignore[attr-defined, no-any-return]
+        return self.cipher.ids[0].hex()  # type: ignore[attr-defined]
 
 
 def is_encrypting(serde: Any) -> bool:
@@ -179,8 +179,8 @@ def is_sealed(data: bytes | memoryview | None) -> bool:
 def _pycryptodome_key(cipher: Any) -> bytes | None:
     """The key of LangGraph's ``from_pycryptodome_aes`` cipher in its default EAX mode
     (read from the method's closure), or None for any other cipher."""
-    encrypt = getattr(type(cipher), "encrypt", None)
-    if getattr(encrypt, "__qualname__", "") != (
+    encrypt: Any = getattr(type(cipher), "encrypt", None)
+    if encrypt is None or getattr(encrypt, "__qualname__", "") != (
         "EncryptedSerializer.from_pycryptodome_aes.<locals>.PycryptodomeAesCipher.encrypt"
     ):
         return None
@@ -261,7 +261,7 @@ class Keyring:
             try:
                 return not self.keys, bytes(self.cipher.decrypt(name.decode(), body))
             except DecryptionError as exc:
-                raise fail(exc.reason) from exc
+                raise fail(str(exc.fields.get("reason", exc))) from exc
             except Exception as exc:
                 raise fail(f"the cipher refused it ({type(exc).__name__})") from exc
         raise fail(f"unknown sealed form {data[3]}")
@@ -304,3 +304,23 @@ class Keyring:
         """``seal`` output re-sealed with the current key, or None when it already is."""
         current, plain = self._open(bytes(data), thread_id, where, checkpoint_id)
         return None if current else self.seal(plain)
+
+
+def decryption_error(exc: BaseException, *, thread_id: str | None, where: str,
+                     checkpoint_id: str | None = None) -> DecryptionError | None:
+    """``exc`` (raised while decoding a stored value) as the typed refusal naming the
+    thread, when it is a key problem: our cipher's ``DecryptionError`` (re-aimed),
+    pycryptodome's failed tag (LangGraph's cipher with a wrong key), or an encrypted
+    value met by a serializer without a key. None for anything else (damage)."""
+    if isinstance(exc, DecryptionError):
+        reason = str(exc.fields.get("reason", exc))
+    elif isinstance(exc, ValueError) and "MAC check failed" in str(exc):
+        reason = "the key does not authenticate it (a wrong key, or the bytes were altered)"
+    elif (isinstance(exc, NotImplementedError) and "serialization type" in str(exc) and "+" in str(exc)) or (
+        isinstance(exc, ValueError) and "encrypted but the saver's serializer has no cipher" in str(exc)
+    ):
+        reason = "it is encrypted and no key was given (serde without a key; --key-file for the CLI)"
+    else:
+        return None
+    return DecryptionError(thread_id=thread_id, where=where, reason=reason, checkpoint_id=checkpoint_id,
+                           key_id=str(getattr(exc, "fields", {}).get("key_id", "")))
