@@ -15,6 +15,7 @@ from collections.abc import (
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from langgraph_durable import _sealing
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
     ConfigurationError,
@@ -135,7 +136,8 @@ class _Call:
             "task_id": self.task_id,
             "name": self.spec.name,
             "fp": self.fingerprint,
-            "preview": self.preview,
+            # Sealed with an encrypting serializer (issue 27): the arguments are user data.
+            "preview": _sealing.seal_text(_sealing.keyring_of(self.serde), self.preview),
             "owner": self.owner,
             "claim_ttl": None if self.spec.transactional else self.claim_ttl,
             "ttl": self.ttl,

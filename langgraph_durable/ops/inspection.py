@@ -26,6 +26,7 @@ import orjson
 import ormsgpack
 from psycopg.rows import dict_row, tuple_row
 
+from langgraph_durable import _sealing
 from langgraph_durable.artifacts import (
     _CHUNK_REF,
     _ELEMENT_REF,
@@ -386,6 +387,7 @@ def _thread_facts(saver: DurablePostgresSaver, thread_id: str, checkpoint_ns: st
         ledger = _rows(conn, LEDGER_BY_STATUS_SQL, (thread_id,))
     if row is None and count == 0:
         raise InspectError(f"thread {thread_id!r} not found", thread_id=thread_id)
+    ring = _sealing.keyring_of(saver.serde)
     out: dict[str, Any] = {
         "thread_id": thread_id,
         "status": row["status"] if row else None,
@@ -393,8 +395,13 @@ def _thread_facts(saver: DurablePostgresSaver, thread_id: str, checkpoint_ns: st
         "graph_version": row["graph_version"] if row else None,
         "attempts": row["attempts"] if row else None,
         "attempts_checkpoint_id": row["attempts_checkpoint_id"] if row else None,
-        "last_error": row["last_error"] if row else None,
-        "last_failure": row.get("last_failure") if row else None,
+        # Opened with the saver's keyring (issue 27); "<encrypted>" without one.
+        "last_error": _sealing.open_text(
+            ring, row["last_error"], thread_id=thread_id, where="last_error", strict=False
+        ) if row else None,
+        "last_failure": _sealing.open_json(
+            ring, row.get("last_failure"), thread_id=thread_id, where="last_failure", strict=False
+        ) if row else None,
         "created_at": _plain(row["created_at"]) if row else None,
         "updated_at": _plain(row["updated_at"]) if row else None,
         "lease": None,

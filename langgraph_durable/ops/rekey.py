@@ -27,6 +27,7 @@ from typing import Any, cast
 
 from langgraph_durable import audit as _audit
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx, op_memo
+from langgraph_durable._sealing import JSON_KEY, TEXT_PREFIX
 from langgraph_durable._view import SaverView
 from langgraph_durable.artifacts import REF_TYPE, recrypt_envelope, recrypt_stored_artifact
 from langgraph_durable.errors import ConfigurationError, RekeyError
@@ -84,6 +85,28 @@ def _recrypt_json(ring: Keyring, entries: list[dict[str, Any]], **where: Any) ->
     return json.dumps(out) if changed else None
 
 
+def _recrypt_sealed_b64(ring: Keyring, value: str, **where: Any) -> str | None:
+    new = ring.recrypt_sealed(base64.b64decode(value), **where)
+    return None if new is None else base64.b64encode(new).decode("ascii")
+
+
+def _recrypt_text(ring: Keyring, value: Any, **where: Any) -> str | None:
+    """``lgd:sealed:v1:<base64>`` text (``_sealing.seal_text``); other text is plaintext."""
+    if not isinstance(value, str) or not value.startswith(TEXT_PREFIX):
+        return None
+    new = _recrypt_sealed_b64(ring, value[len(TEXT_PREFIX):], **where)
+    return None if new is None else TEXT_PREFIX + new
+
+
+def _recrypt_object(ring: Keyring, value: Any, **where: Any) -> str | None:
+    """A JSON object whose ``"lgd:sealed"`` key holds the sealed part (``seal_json``,
+    ``seal_metadata``), the rest in the clear; as JSON text for the update."""
+    if not isinstance(value, dict) or not isinstance(value.get(JSON_KEY), str):
+        return None
+    new = _recrypt_sealed_b64(ring, value[JSON_KEY], **where)
+    return None if new is None else json.dumps({**value, JSON_KEY: new})
+
+
 def _recrypt_row(ring: Keyring, col: SealedColumn, row: dict[str, Any]) -> Any:
     """The row's new column value, or None when it is already under the current key."""
     data = row[col.column]
@@ -102,6 +125,10 @@ def _recrypt_row(ring: Keyring, col: SealedColumn, row: dict[str, Any]) -> Any:
         return ring.recrypt_sealed(bytes(data), **where) if is_sealed(bytes(data)) else None
     if col.kind == "serde_json":
         return _recrypt_json(ring, list(data), **where)
+    if col.kind == "text":
+        return _recrypt_text(ring, data, **where)
+    if col.kind in ("json", "metadata"):
+        return _recrypt_object(ring, data, **where)
     raise RekeyError(f"unknown sealed column kind {col.kind!r}", column=col.name)
 
 
