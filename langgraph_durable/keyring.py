@@ -143,8 +143,9 @@ class DurableEncryptedSerializer(EncryptedSerializer):
     form, so a database written with LangGraph's serializer moves to it as it is).
 
     ``digest_from``: the secret artifact digests are keyed from (HMAC-SHA256), default
-    ``current``. Pass the previous key (or any fixed secret) to keep deduplicating
-    against artifacts stored before a rotation; it is never used to encrypt.
+    the oldest key given (the last of ``old``, else ``current``), so a rotation keeps
+    deduplicating. Pin it (the first key a database was encrypted with, or any fixed
+    secret) before dropping that key from ``old``; it is never used to encrypt.
     """
 
     def __init__(
@@ -207,7 +208,10 @@ class Keyring:
         self.ids = tuple(key_id(k) for k in self.keys)
         self._by_id = dict(zip(self.ids, self.keys, strict=True))
         self.cipher = cipher if cipher is not None else RotatingAesCipher(self.keys)
-        self._digest_from = digest_from if digest_from is not None else (self.keys[0] if self.keys else None)
+        # The digest secret outlives a rotation: by default the OLDEST key given (the one a
+        # database was first encrypted with, while it is listed), so rotating to a new key
+        # keeps deduplicating; ``digest_from`` pins it for good (docs/encryption.md).
+        self._digest_from = digest_from if digest_from is not None else (self.keys[-1] if self.keys else None)
 
     @classmethod
     def from_serde(cls, serde: Any) -> Keyring | None:
@@ -267,11 +271,24 @@ class Keyring:
         raise fail(f"unknown sealed form {data[3]}")
 
     def digest_key(self) -> bytes | None:
-        """HMAC-SHA256 secret for artifact digests, derived from ``digest_from`` (default:
-        the current key); None for a custom cipher whose key the package cannot see."""
+        """HMAC-SHA256 secret for new artifact digests, derived from ``digest_from``
+        (default: the oldest key given); None for a custom cipher whose key the package
+        cannot see."""
         if self._digest_from is None:
             return None
         return hmac.new(self._digest_from, _DIGEST_LABEL, hashlib.sha256).digest()
+
+    def digest_keys(self) -> tuple[bytes, ...]:
+        """Every secret a stored artifact's digest may be keyed with (``digest_key()``
+        first, then each configured key's): what verification accepts, so artifacts
+        written before a rotation, or under another default, still verify."""
+        first = self.digest_key()
+        out = [] if first is None else [first]
+        for key in self.keys:
+            derived = hmac.new(key, _DIGEST_LABEL, hashlib.sha256).digest()
+            if derived not in out:
+                out.append(derived)
+        return tuple(out)
 
     # -- rekey -------------------------------------------------------------------------
     def open_serde(self, ciphertext: bytes, *, thread_id: str | None, where: str,

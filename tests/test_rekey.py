@@ -48,42 +48,57 @@ def _key_file(tmp_path: Path, *keys: bytes) -> str:
 
 
 def _under(dsn: str, key: bytes) -> tuple[int, int]:
-    """(values of the serde columns under ``key``, encrypted values in all): each
-    encrypted item of every blob, write, ledger result and artifact is tried."""
+    """(encrypted values under ``key``, encrypted values in all), over every column of
+    SEALED: each encrypted item of every blob, write, ledger result and artifact (tried
+    with the key), and each sealed text/JSON/metadata value (by the key id it names)."""
+    import base64
+
+    from langgraph_durable._sealing import JSON_KEY, TEXT_PREFIX
+    from langgraph_durable.artifacts import recrypt_envelope, recrypt_stored_artifact
+    from langgraph_durable.keyring import key_id
+
     ring = Keyring.from_serde(DurableEncryptedSerializer(key))
     assert ring is not None
-    under = total = 0
+    kid = key_id(key)
+    seen = {"under": 0, "total": 0}
 
     def count(ct: bytes) -> None:
-        nonlocal under, total
-        total += 1
+        seen["total"] += 1
         try:
             ring.open_serde(ct, thread_id=None, where="test")
         except DecryptionError:
             return
-        under += 1
+        seen["under"] += 1
 
-    from langgraph_durable.artifacts import recrypt_envelope, recrypt_stored_artifact
+    def sealed(b64: str) -> None:
+        seen["total"] += 1
+        seen["under"] += base64.b64decode(b64)[4:12] == kid
 
-    def probe(ct: bytes) -> None:
-        count(ct)
+    def serde(typ: str | None, data: bytes) -> None:
+        if typ == "durable+ref":
+            recrypt_envelope(data, count)
+        elif typ and "+" in typ:
+            count(data)
 
     for col in SEALED:
-        if col.kind == "serde_json":
-            continue
         type_col = f", {col.type_column}" if col.type_column else ""
         for row in q(dsn, f"SELECT {col.column} AS v{type_col} FROM {col.table}"):
-            if row["v"] is None:
+            value = row["v"]
+            if value is None:
                 continue
-            data = bytes(row["v"])
-            typ = row.get(col.type_column) if col.type_column else None
             if col.kind == "artifact":
-                recrypt_stored_artifact(data, lambda ct: probe(ct))
-            elif typ == "durable+ref":
-                recrypt_envelope(data, lambda ct: probe(ct))
-            elif typ and "+" in typ:
-                count(data)
-    return under, total
+                recrypt_stored_artifact(bytes(value), count)
+            elif col.kind == "serde":
+                serde(row[col.type_column], bytes(value))
+            elif col.kind == "serde_json":
+                for e in value:
+                    if e.get("blob"):
+                        serde(e.get("type"), base64.b64decode(e["blob"]))
+            elif col.kind == "text" and value.startswith(TEXT_PREFIX):
+                sealed(value[len(TEXT_PREFIX):])
+            elif col.kind in ("json", "metadata") and isinstance(value, dict) and JSON_KEY in value:
+                sealed(value[JSON_KEY])
+    return seen["under"], seen["total"]
 
 
 def _write(dsn: str) -> dict[str, Any]:
@@ -95,8 +110,29 @@ def _write(dsn: str) -> dict[str, Any]:
             return {"charged": card, "receipt": "r-" + card}
 
         assert charge("4111111111111111")["receipt"] == "r-4111111111111111"
+        meta = chat_graph().compile(checkpointer=saver)
+        meta.invoke({"messages": [HumanMessage("with metadata")]},
+                    {"configurable": {"thread_id": "exp-meta"}, "metadata": {"customer": "Ada 4111"}})
+        builders = {**builders, "exp-meta": chat_graph}
+        failing = _failing_graph().compile(checkpointer=saver)
+        with pytest.raises(RuntimeError):
+            failing.invoke({"docs": []}, cfg("exp-fails"))
         views = {tid: state_view(b().compile(checkpointer=saver), tid) for tid, b in builders.items()}
     return {"builders": builders, "views": views}
+
+
+def _failing_graph() -> Any:
+    from langgraph.graph import END, START, StateGraph
+    from test_export_stock import State
+
+    def boom(state: Any) -> dict[str, Any]:
+        raise RuntimeError("card 4111 1111 declined for Ada")
+
+    b = StateGraph(State)
+    b.add_node("boom", boom)
+    b.add_edge(START, "boom")
+    b.add_edge("boom", END)
+    return b
 
 
 def _views(dsn: str, serde: Any, builders: dict[str, Any]) -> dict[str, Any]:
@@ -146,12 +182,17 @@ def test_rotation_and_rekey_survive_a_sigkill(dsn: str, tmp_path: Path, capsys: 
 
     resumed = _rekey_json(dsn, keys, capsys)
     assert 0 < resumed["rekeyed"] <= total - under_new  # only what the killed run left
-    assert _under(dsn, NEW) == (total, total) and _under(dsn, OLD)[0] == 0
+    under_new, total_after = _under(dsn, NEW)  # (+1: the rekey's own audit detail, sealed)
+    assert under_new == total_after >= total and _under(dsn, OLD)[0] == 0
     again = _rekey_json(dsn, keys, capsys)
-    assert again["rekeyed"] == 0 and again["scanned"] == resumed["scanned"]
+    assert again["rekeyed"] == 0 and again["scanned"] == resumed["scanned"] + 1  # its audit row
     audit = q(dsn, "SELECT actor, via, detail FROM durable_audit WHERE action = 'storage.rekey' ORDER BY id")
-    assert len(audit) == 2 and audit[0]["actor"] and audit[0]["detail"]["rekeyed"] == resumed["rekeyed"]
-    assert audit[0]["detail"]["key_id"] == Keyring.from_serde(DurableEncryptedSerializer(NEW)).current_id  # type: ignore[union-attr]
+    from langgraph_durable._sealing import open_json
+
+    ring = Keyring.from_serde(DurableEncryptedSerializer(NEW))
+    assert ring is not None and len(audit) == 2 and audit[0]["actor"]
+    detail = open_json(ring, audit[0]["detail"], thread_id=None, where="durable_audit.detail")
+    assert detail["rekeyed"] == resumed["rekeyed"] and detail["key_id"] == ring.current_id
 
     # The new key alone, ours or LangGraph's serializer: every thread as it was.
     assert _views(dsn, DurableEncryptedSerializer(NEW), builders) == before
