@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from langgraph_durable.errors import DecryptionError
-from langgraph_durable.keyring import Keyring, is_encrypting
+from langgraph_durable.keyring import Keyring, decryption_error, is_encrypting
 
 __all__ = [
     "CLEAR_METADATA",
@@ -217,6 +217,6 @@ def decrypt_failure(
         reason = str(getattr(exc, "reason", exc))  # raised by the cipher, which does not know the row
     elif "+" in tag and is_encrypting(serde) and isinstance(exc, ValueError | KeyError | AssertionError):
         reason = f"{type(exc).__name__}: {exc}"
-    else:
-        return None
+    else:  # an encrypted value and no key (rekey27: the operators say "encrypted")
+        return decryption_error(exc, thread_id=thread_id, where=where, checkpoint_id=checkpoint_id)
     return DecryptionError(thread_id=thread_id, where=where, reason=reason, checkpoint_id=checkpoint_id)

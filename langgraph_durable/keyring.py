@@ -143,8 +143,9 @@ class DurableEncryptedSerializer(EncryptedSerializer):
     form, so a database written with LangGraph's serializer moves to it as it is).
 
     ``digest_from``: the secret artifact digests are keyed from (HMAC-SHA256), default
-    ``current``. Pass the previous key (or any fixed secret) to keep deduplicating
-    against artifacts stored before a rotation; it is never used to encrypt.
+    the oldest key given (the last of ``old``, else ``current``), so a rotation keeps
+    deduplicating. Pin it (the first key a database was encrypted with, or any fixed
+    secret) before dropping that key from ``old``; it is never used to encrypt.
     """
 
     def __init__(
@@ -163,7 +164,7 @@ class DurableEncryptedSerializer(EncryptedSerializer):
 
     @property
     def current_key_id(self) -> str:
-        return self.cipher.ids[0].hex()  # type: ignore[attr-defined, no-any-return]
+        return self.cipher.ids[0].hex()  # type: ignore[attr-defined]
 
 
 def is_encrypting(serde: Any) -> bool:
@@ -179,8 +180,8 @@ def is_sealed(data: bytes | memoryview | None) -> bool:
 def _pycryptodome_key(cipher: Any) -> bytes | None:
     """The key of LangGraph's ``from_pycryptodome_aes`` cipher in its default EAX mode
     (read from the method's closure), or None for any other cipher."""
-    encrypt = getattr(type(cipher), "encrypt", None)
-    if getattr(encrypt, "__qualname__", "") != (
+    encrypt: Any = getattr(type(cipher), "encrypt", None)
+    if encrypt is None or getattr(encrypt, "__qualname__", "") != (
         "EncryptedSerializer.from_pycryptodome_aes.<locals>.PycryptodomeAesCipher.encrypt"
     ):
         return None
@@ -207,7 +208,10 @@ class Keyring:
         self.ids = tuple(key_id(k) for k in self.keys)
         self._by_id = dict(zip(self.ids, self.keys, strict=True))
         self.cipher = cipher if cipher is not None else RotatingAesCipher(self.keys)
-        self._digest_from = digest_from if digest_from is not None else (self.keys[0] if self.keys else None)
+        # The digest secret outlives a rotation: by default the OLDEST key given (the one a
+        # database was first encrypted with, while it is listed), so rotating to a new key
+        # keeps deduplicating; ``digest_from`` pins it for good (docs/encryption.md).
+        self._digest_from = digest_from if digest_from is not None else (self.keys[-1] if self.keys else None)
 
     @classmethod
     def from_serde(cls, serde: Any) -> Keyring | None:
@@ -261,17 +265,30 @@ class Keyring:
             try:
                 return not self.keys, bytes(self.cipher.decrypt(name.decode(), body))
             except DecryptionError as exc:
-                raise fail(exc.reason) from exc
+                raise fail(str(exc.fields.get("reason", exc))) from exc
             except Exception as exc:
                 raise fail(f"the cipher refused it ({type(exc).__name__})") from exc
         raise fail(f"unknown sealed form {data[3]}")
 
     def digest_key(self) -> bytes | None:
-        """HMAC-SHA256 secret for artifact digests, derived from ``digest_from`` (default:
-        the current key); None for a custom cipher whose key the package cannot see."""
+        """HMAC-SHA256 secret for new artifact digests, derived from ``digest_from``
+        (default: the oldest key given); None for a custom cipher whose key the package
+        cannot see."""
         if self._digest_from is None:
             return None
         return hmac.new(self._digest_from, _DIGEST_LABEL, hashlib.sha256).digest()
+
+    def digest_keys(self) -> tuple[bytes, ...]:
+        """Every secret a stored artifact's digest may be keyed with (``digest_key()``
+        first, then each configured key's): what verification accepts, so artifacts
+        written before a rotation, or under another default, still verify."""
+        first = self.digest_key()
+        out = [] if first is None else [first]
+        for key in self.keys:
+            derived = hmac.new(key, _DIGEST_LABEL, hashlib.sha256).digest()
+            if derived not in out:
+                out.append(derived)
+        return tuple(out)
 
     # -- rekey -------------------------------------------------------------------------
     def open_serde(self, ciphertext: bytes, *, thread_id: str | None, where: str,
@@ -304,3 +321,23 @@ class Keyring:
         """``seal`` output re-sealed with the current key, or None when it already is."""
         current, plain = self._open(bytes(data), thread_id, where, checkpoint_id)
         return None if current else self.seal(plain)
+
+
+def decryption_error(exc: BaseException, *, thread_id: str | None, where: str,
+                     checkpoint_id: str | None = None) -> DecryptionError | None:
+    """``exc`` (raised while decoding a stored value) as the typed refusal naming the
+    thread, when it is a key problem: our cipher's ``DecryptionError`` (re-aimed),
+    pycryptodome's failed tag (LangGraph's cipher with a wrong key), or an encrypted
+    value met by a serializer without a key. None for anything else (damage)."""
+    if isinstance(exc, DecryptionError):
+        reason = str(exc.fields.get("reason", exc))
+    elif isinstance(exc, ValueError) and "MAC check failed" in str(exc):
+        reason = "the key does not authenticate it (a wrong key, or the bytes were altered)"
+    elif (isinstance(exc, NotImplementedError) and "serialization type" in str(exc) and "+" in str(exc)) or (
+        isinstance(exc, ValueError) and "encrypted but the saver's serializer has no cipher" in str(exc)
+    ):
+        reason = "it is encrypted and no key was given (serde without a key; --key-file for the CLI)"
+    else:
+        return None
+    return DecryptionError(thread_id=thread_id, where=where, reason=reason, checkpoint_id=checkpoint_id,
+                           key_id=str(getattr(exc, "fields", {}).get("key_id", "")))

@@ -100,11 +100,16 @@ def test_keyring_from_langgraph_serializer_knows_its_key() -> None:
     assert not is_encrypting(JsonPlusSerializer()) and is_encrypting(stock)
 
 
-def test_digest_key_is_secret_and_can_survive_rotation() -> None:
+def test_digest_key_is_secret_and_survives_rotation() -> None:
     assert _ring(NEW).digest_key() != _ring(OLD).digest_key()
-    kept = Keyring.from_serde(DurableEncryptedSerializer(NEW, old=[OLD], digest_from=OLD))
-    assert kept is not None and kept.digest_key() == _ring(OLD).digest_key()
     assert NEW not in (_ring(NEW).digest_key() or b"")
+    # Rotating to NEW with OLD still listed keeps OLD's digests (dedup goes on) ...
+    assert _ring(NEW, OLD).digest_key() == _ring(OLD).digest_key()
+    # ... and pinned, it outlives dropping OLD.
+    pinned = Keyring.from_serde(DurableEncryptedSerializer(NEW, digest_from=OLD))
+    assert pinned is not None and pinned.digest_key() == _ring(OLD).digest_key()
+    # Verification accepts each configured key's digest secret.
+    assert set(_ring(NEW, OLD).digest_keys()) == {_ring(OLD).digest_key(), _ring(NEW).digest_key()}
 
 
 def test_custom_cipher_seals_through_the_cipher() -> None:

@@ -9,15 +9,18 @@ functions, so ``--help`` stays fast (tests/test_cli_startup.py checks it).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 import typer
 
 from langgraph_durable.cli import (
+    _common,
     _demo,
     _embedded,
     _export,
+    _keys,
     _ledger,
     _quarantine,
     _roles,
@@ -36,9 +39,18 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
+@app.callback()
+def _root(
+    key_file: _common.KeyFileOption = None,
+) -> None:
+    """Durable checkpoints for LangGraph: inspect threads, recover, migrate, compact."""
+    if key_file:  # every command that opens a saver reads the keys from here
+        os.environ[_common.KEY_FILE_ENV] = key_file
+
+
 for module in (
     _demo, _embedded, _threads, _versions, _storage, _quarantine, _ledger, _worker, _export,
-    _roles, _ui,
+    _roles, _ui, _keys,
 ):
     module.register(app)
 

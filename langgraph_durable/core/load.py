@@ -39,8 +39,10 @@ from langgraph_durable.core.idclock import _advance_id_clock
 from langgraph_durable.core.view import LoadView
 from langgraph_durable.errors import (
     CheckpointLoadError,
+    DecryptionError,
     DurableError,
 )
+from langgraph_durable.keyring import decryption_error
 from langgraph_durable.sql.artifacts import FETCH_ARTIFACTS_SQL
 
 # Keys _op_load_rows adds to a checkpoint row for _load_checkpoint_tuple (not columns).
@@ -50,8 +52,15 @@ _ROW_LOCAL = "__durable_local"
 _ROW_SENDS = "__durable_sends"
 
 
-def _load_error(where: Mapping[str, Any], what: str, exc: BaseException) -> CheckpointLoadError:
-    """The typed error for stored bytes that do not decode (the caller chains ``exc``)."""
+def _load_error(where: Mapping[str, Any], what: str, exc: BaseException) -> DurableError:
+    """The typed error for stored bytes that do not decode (the caller chains ``exc``):
+    ``DecryptionError`` when it is the key (a wrong one, or none: not damage, so the thread
+    is refused, not quarantined), else ``CheckpointLoadError``."""
+    key_error = decryption_error(
+        exc, thread_id=where.get("thread_id"), where=what, checkpoint_id=where.get("checkpoint_id")
+    )
+    if key_error is not None:
+        return key_error
     return CheckpointLoadError(
         f"cannot decode {what} of checkpoint {where.get('checkpoint_id')!r} of thread "
         f"{where.get('thread_id')!r}: {type(exc).__name__}: {exc}",
@@ -135,13 +144,9 @@ class LoadOps(LoadView):
     ) -> Any:
         try:
             return self.codec.decode(self.serde, tag, data, local=local, **where)
-        except DurableError as exc:
-            if isinstance(exc, _sealing.DecryptionError) and getattr(exc, "thread_id", None) is None:
-                # Raised by a rotating cipher, which does not know the row: name it.
-                raise _sealing.decrypt_failure(
-                    self.serde, tag, exc, thread_id=where.get("thread_id"), where=f"a {tag!r} value",
-                    checkpoint_id=where.get("checkpoint_id"),
-                ) or exc from exc
+        except DecryptionError as exc:
+            raise _load_error(where, "a stored value", exc) from exc
+        except DurableError:
             raise
         except Exception as exc:  # damaged bytes: msgpack, zstd, the serializer's own
             wrong_key = _sealing.decrypt_failure(
@@ -200,6 +205,8 @@ class LoadOps(LoadView):
             }
             try:
                 local = yield from self._op_resolve(pairs, where, partial(self._locate, rows))
+            except DecryptionError as exc:
+                raise _load_error(where, "a stored value", exc) from exc
             except (DurableError, psycopg.Error):
                 raise
             except Exception as exc:  # an envelope that does not parse
@@ -408,6 +415,8 @@ class LoadOps(LoadView):
         if any(self.codec.is_ref(t) for t, _ in pairs):
             try:
                 local = yield from self._op_resolve(pairs, where)
+            except DecryptionError as exc:
+                raise _load_error(where, "a stored value", exc) from exc
             except (DurableError, psycopg.Error):
                 raise
             except Exception as exc:  # an envelope that does not parse
@@ -486,6 +495,8 @@ class LoadOps(LoadView):
                     key=lambda w: writes_sort_key(w[4].decode(), w[0].decode(), int(w[5])),
                 )
             ]
+        except DecryptionError as exc:
+            raise _load_error(where, "a stored value", exc) from exc
         except DurableError:
             raise
         except Exception as exc:

@@ -36,7 +36,8 @@ from langgraph_durable.artifacts import (
     _envelope_items,
     _payload_items,
 )
-from langgraph_durable.errors import CheckpointLoadError, InspectError
+from langgraph_durable.errors import CheckpointLoadError, DecryptionError, InspectError
+from langgraph_durable.keyring import decryption_error
 from langgraph_durable.leases.dead import dead_owner_note, dead_rows
 from langgraph_durable.leases.dead import params as dead_params
 from langgraph_durable.sql.inspection import (
@@ -338,11 +339,13 @@ def show_thread(
         saved = saver.get_tuple(
             {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}}
         )
-    except CheckpointLoadError as exc:  # report what SQL alone can tell, and the damage
+    except (CheckpointLoadError, DecryptionError) as exc:  # what SQL alone can tell, and why not more
         out["load_error"] = {
             "error": type(exc).__name__,
             "message": str(exc),
             "checkpoint_id": exc.fields.get("checkpoint_id"),
+            # issue 27: encrypted and no (or another) key given, not damage
+            "encrypted": isinstance(exc, DecryptionError),
         }
         out["checkpoint"] = {"id": exc.fields.get("checkpoint_id")}
         return out
@@ -845,7 +848,8 @@ def _chunk_expansion(
                 inline = _count_refs(ormsgpack.unpackb(content[1:]), inner_el, inner_ch)
             except Exception as exc:  # a damaged chunk artifact: reported, not fatal
                 users = _rows(conn, ARTIFACT_USERS_SQL, (r["digest"],))
-                item = {"artifact": bytes(r["digest"]).hex(), "error": f"{type(exc).__name__}: {exc}"}
+                item = {"artifact": bytes(r["digest"]).hex(), "error": f"{type(exc).__name__}: {exc}",
+                        "encrypted": decryption_error(exc, thread_id=None, where="") is not None}
                 damaged.append({**item, "thread_ids": [u["thread_id"] for u in users]})
                 inline, inner_el, inner_ch = 0, Counter(), Counter()
             expansion[bytes(r["digest"])] = (inline, inner_el, inner_ch)
@@ -863,6 +867,7 @@ def _damage(what: str, where: list[Any], exc: Exception) -> dict[str, Any]:
         "channel": channel,
         "checkpoint_id": cid[0] if cid else None,
         "error": f"{type(exc).__name__}: {exc}",
+        "encrypted": decryption_error(exc, thread_id=None, where="") is not None,
     }
 
 

@@ -23,12 +23,18 @@ one line here). The dataclass is rekey27's shape (``keys``, ``thread_column``,
   ``"lgd:sealed"`` key holding the user keys (``_sealing.seal_metadata``), the keys of
   ``_sealing.CLEAR_METADATA`` in the clear.
 
-Without an encrypting serializer none of these columns changes format.
+Without an encrypting serializer none of these columns changes format. Values that are
+not encrypted (written before encryption was configured) are left as they are by rekey:
+it changes keys, it does not encrypt plaintext. The statements below walk a column.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from psycopg import sql
+
+__all__ = ["SEALED", "SealedColumn", "page_sql", "update_sql"]
 
 
 @dataclass(frozen=True)
@@ -76,3 +82,39 @@ SEALED: tuple[SealedColumn, ...] = (
     # Operator actions.
     SealedColumn("durable_audit", ("id",), "detail", "json"),
 )
+
+
+def _columns(col: SealedColumn) -> list[sql.Composable]:
+    names = list(col.keys)
+    for extra in (col.type_column, col.thread_column, col.checkpoint_column, col.column):
+        if extra is not None and extra not in names:
+            names.append(extra)
+    return [sql.Identifier(n) for n in names]
+
+
+def page_sql(col: SealedColumn, first: bool) -> sql.Composed:
+    """One keyset page, locked: ``first`` starts at the beginning, otherwise after the
+    row whose keys are passed (``%s`` per key, then the page size)."""
+    keys = sql.SQL(", ").join(sql.Identifier(k) for k in col.keys)
+    after = sql.SQL("") if first else sql.SQL("WHERE ({}) > ({}) ").format(
+        keys, sql.SQL(", ").join(sql.Placeholder() * len(col.keys))
+    )
+    return sql.SQL("SELECT {} FROM {} {}ORDER BY {} LIMIT %s FOR UPDATE").format(
+        sql.SQL(", ").join(_columns(col)), sql.Identifier(col.table), after, keys
+    )
+
+
+def update_sql(col: SealedColumn) -> sql.Composed:
+    """Set the column of one row (its new value, then its keys)."""
+    value = sql.Placeholder()
+    if col.kind in ("serde_json", "json", "metadata"):
+        value = sql.SQL("%s::jsonb")  # type: ignore[assignment]
+    return sql.SQL("UPDATE {} SET {} = {} WHERE {}").format(
+        sql.Identifier(col.table), sql.Identifier(col.column), value,
+        sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in col.keys),
+    )
+
+
+def count_sql(col: SealedColumn) -> sql.Composed:
+    """Rows to walk (an estimate is enough for progress: exact, the tables are walked anyway)."""
+    return sql.SQL("SELECT count(*) AS n FROM {}").format(sql.Identifier(col.table))
