@@ -465,3 +465,25 @@ def test_an_archive_restores_with_the_key_only(sealed: Run) -> None:
         assert state.values["text"] == f"inline {CANARY}" and state.metadata["customer"] == f"client {CANARY}"
         assert Ledger(saver).entries(thread_id=sealed.archived)
     assert _scan(sealed) == {}  # restored as it was archived: sealed
+
+
+def test_fingerprints_are_keyed_and_replays_still_match(plain: Run, sealed: Run) -> None:
+    """A call's fingerprint (sha256 of its name and arguments) would let someone confirm
+    guessed arguments: with a key it is HMAC-keyed. The same call replays (no conflict),
+    also with an argument only the serializer can canonicalize (a Path: its encrypted
+    bytes differ at every call, the fingerprint does not)."""
+    q = "SELECT fingerprint FROM durable_ledger WHERE name LIKE %s"
+    plain_fps = {r[0] for r in _q(plain, q, "%charge%")}
+    sealed_fps = {r[0] for r in _q(sealed, q, "%charge%")}
+    assert plain_fps and sealed_fps and not plain_fps & sealed_fps
+    runs: list[Any] = []
+    with sealed.saver() as saver:
+        key = f"path-{uuid.uuid4().hex[:6]}"
+
+        @idempotent(ledger=saver, key=lambda where: key, name="store")
+        def store(where: Path) -> str:
+            runs.append(where)
+            return f"stored {CANARY}"
+
+        assert store(Path("/tmp") / CANARY) == store(Path("/tmp") / CANARY) == f"stored {CANARY}"
+    assert len(runs) == 1
