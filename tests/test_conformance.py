@@ -17,7 +17,6 @@ from langgraph_durable import AsyncDurablePostgresSaver
 from langgraph_durable.granularity import CheckpointPolicy
 from langgraph_durable.keyring import DurableEncryptedSerializer
 
-
 # Encryption at rest (issue 27): the same suite with an encrypting serializer, ours with
 # a rotated key (writes the new key, reads both) and LangGraph's own with everything offloaded.
 _KEY, _OLD_KEY = b"k" * 32, b"o" * 32
