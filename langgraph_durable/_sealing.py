@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from langgraph_durable.errors import DecryptionError
-from langgraph_durable.keyring import Keyring, decryption_error, is_encrypting
+from langgraph_durable.keyring import SEALED_PREFIX, Keyring, decryption_error, is_encrypting
 
 __all__ = [
     "CLEAR_METADATA",
@@ -84,17 +84,29 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+def _payload(encoded: Any) -> bytes | None:
+    """The sealed bytes base64 ``encoded`` holds, or None when it is not a sealed form
+    (a user's own value that happens to look like one is then kept as it is)."""
+    if not isinstance(encoded, str):
+        return None
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except ValueError:
+        return None
+    return raw if raw[:3] == SEALED_PREFIX else None
+
+
 def is_sealed(value: Any) -> bool:
     """Whether a stored text, JSON value or metadata holds sealed data."""
     if isinstance(value, str):
-        return value.startswith(TEXT_PREFIX)
+        return value.startswith(TEXT_PREFIX) and _payload(value[len(TEXT_PREFIX):]) is not None
     if isinstance(value, Mapping):
-        return JSON_KEY in value
+        return _payload(value.get(JSON_KEY)) is not None
     return False
 
 
 def seal_text(ring: Keyring | None, text: str | None) -> str | None:
-    if ring is None or text is None or text.startswith(TEXT_PREFIX):
+    if ring is None or text is None or is_sealed(text):
         return text  # sealed already: an error text read back and written on (quarantine)
     return TEXT_PREFIX + _b64(ring.seal(text.encode("utf-8", "surrogatepass")))
 
@@ -107,14 +119,16 @@ def open_text(
     ``strict``, else ``"<encrypted>"`` (what views show)."""
     if not isinstance(value, str) or not value.startswith(TEXT_PREFIX):
         return value
+    payload = _payload(value[len(TEXT_PREFIX):])
+    if payload is None:
+        return value
     if ring is None:
         if strict:
             raise DecryptionError(
                 thread_id=thread_id, where=where, reason=NO_KEY, checkpoint_id=checkpoint_id
             )
         return ENCRYPTED
-    raw = ring.open(base64.b64decode(value[len(TEXT_PREFIX):]), thread_id=thread_id, where=where,
-                    checkpoint_id=checkpoint_id)
+    raw = ring.open(payload, thread_id=thread_id, where=where, checkpoint_id=checkpoint_id)
     return raw.decode("utf-8", "surrogatepass")
 
 
@@ -136,7 +150,8 @@ def open_json(
     ring: Keyring | None, value: Any, *, thread_id: str | None, where: str,
     checkpoint_id: str | None = None, strict: bool = True,
 ) -> Any:
-    if not isinstance(value, Mapping) or JSON_KEY not in value:
+    payload = _payload(value.get(JSON_KEY)) if isinstance(value, Mapping) else None
+    if payload is None:
         return value
     clear = {k: v for k, v in value.items() if k != JSON_KEY}
     if ring is None:
@@ -145,8 +160,7 @@ def open_json(
                 thread_id=thread_id, where=where, reason=NO_KEY, checkpoint_id=checkpoint_id
             )
         return {**clear, "encrypted": True}
-    raw = ring.open(base64.b64decode(value[JSON_KEY]), thread_id=thread_id, where=where,
-                    checkpoint_id=checkpoint_id)
+    raw = ring.open(payload, thread_id=thread_id, where=where, checkpoint_id=checkpoint_id)
     opened = orjson.loads(raw)
     return {**clear, **opened} if clear else opened
 
@@ -167,13 +181,13 @@ def open_metadata(
     ring: Keyring | None, md: Any, *, thread_id: str | None, checkpoint_id: str | None,
 ) -> Any:
     """The metadata as LangGraph gave it (``seal_metadata`` undone)."""
-    if not isinstance(md, Mapping) or SEALED_METADATA_KEY not in md:
-        return md
-    sealed = md[SEALED_METADATA_KEY]
+    payload = _payload(md.get(SEALED_METADATA_KEY)) if isinstance(md, Mapping) else None
+    if payload is None:
+        return md  # not sealed (a user key of that name, in a row written without a key)
     out = {k: v for k, v in md.items() if k != SEALED_METADATA_KEY}
     if ring is None:
         raise DecryptionError(thread_id=thread_id, where="metadata", reason=NO_KEY, checkpoint_id=checkpoint_id)
-    raw = ring.open(base64.b64decode(sealed), thread_id=thread_id, where="metadata", checkpoint_id=checkpoint_id)
+    raw = ring.open(payload, thread_id=thread_id, where="metadata", checkpoint_id=checkpoint_id)
     out.update(orjson.loads(raw))
     return out
 

@@ -180,6 +180,8 @@ SLOW_FIRST = (
 )
 # --- failover branch ---
 SLOW_FIRST += ("test_failover_async.py",)  # 20-45 (one primary + standby, 4 worker processes)
+# --- seal27 branch ---
+SLOW_FIRST += ("test_encryption_at_rest.py",)  # 30 (the canary workload, once per mode: plain + 2 serializers)
 
 
 def pytest_configure(config: pytest.Config) -> None:

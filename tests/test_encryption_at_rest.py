@@ -101,8 +101,14 @@ def _graph(saver: DurablePostgresSaver) -> Any:
 
     model = journaled(Model())
 
+    @idempotent(cache_failures=ValueError)
+    def verify(card: str) -> None:
+        raise ValueError(f"card {card} refused")  # cached: the ledger keeps its text
+
     def work(state: State) -> dict[str, Any]:
-        answer = model.invoke([HumanMessage("hi")])
+        answer = model.invoke([HumanMessage(f"hi, I am {CANARY}")])  # the journal's preview
+        with pytest.raises(ValueError):
+            verify(f"card {CANARY}")
         return {
             "text": f"inline {CANARY}",
             "number": CANARY_INT,
@@ -227,10 +233,9 @@ def _texts(data: bytes) -> Iterator[bytes]:
         return
 
 
-def _scan(run: Run) -> dict[str, set[str]]:
-    """Where the canary is readable: {table.column or archive file: ...}."""
+def _scan(run: Run, needles: tuple[bytes, ...] = (CANARY.encode(), str(CANARY_INT).encode())) -> dict[str, set[str]]:
+    """Where the canary (or another needle) is readable: {table.column or archive file: ...}."""
     found: dict[str, set[str]] = {}
-    needles = (CANARY.encode(), str(CANARY_INT).encode())
     tables = [r[0] for r in _q(
         run, "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
              "AND table_type = 'BASE TABLE'", run.schema)]
@@ -262,7 +267,8 @@ EXPECTED = {
     "checkpoint_blobs.blob",  # a channel value through the serializer
     "checkpoint_writes.blob",  # the node's writes
     "durable_artifacts.data",  # offloaded documents (zstd)
-    "durable_ledger.args_preview",  # the tool's arguments
+    "durable_ledger.args_preview",  # the tool's arguments, the journaled call's last message
+    "durable_ledger.error",  # a cached failure's text
     "durable_ledger.result",  # the tool's result, the journaled answer, the operator's resolve
     "durable_threads.last_error",  # the failing node's exception text (and the migrated thread)
     "durable_threads.last_failure",  # its traceback
@@ -272,17 +278,20 @@ EXPECTED = {
 }
 
 
-@pytest.fixture
-def plain(dsn: str, tmp_path: Path) -> Run:
-    run = Run(dsn, "enc_plain_" + uuid.uuid4().hex[:8], tmp_path / "archive-plain", None)
+# Module-scoped: the workload runs once per mode; the tests only read (the run-start test
+# writes a thread of its own).
+@pytest.fixture(scope="module")
+def plain(dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    run = Run(dsn, "enc_plain_" + uuid.uuid4().hex[:8], tmp_path_factory.mktemp("archive-plain"), None)
     _workload(run)
     return run
 
 
-@pytest.fixture(params=["langgraph", "rotating"])
-def sealed(dsn: str, tmp_path: Path, request: pytest.FixtureRequest) -> Run:
+@pytest.fixture(scope="module", params=["langgraph", "rotating"])
+def sealed(dsn: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Run:
     """EncryptedSerializer.from_pycryptodome_aes, and rekey27's DurableEncryptedSerializer."""
-    run = Run(dsn, "enc_sealed_" + uuid.uuid4().hex[:8], tmp_path / "archive-sealed", KEY, request.param)
+    archive = tmp_path_factory.mktemp("archive-sealed")
+    run = Run(dsn, "enc_sealed_" + uuid.uuid4().hex[:8], archive, KEY, request.param)
     _workload(run)
     return run
 
@@ -293,6 +302,24 @@ def test_without_a_key_the_canary_is_readable_in_every_place(plain: Run) -> None
     assert not missing, f"the workload did not reach {sorted(missing)} (found in {sorted(found)})"
     # The int channel value is inline: readable as JSON.
     assert str(CANARY_INT) in found["checkpoints.checkpoint"]
+
+
+def test_without_a_key_nothing_changes(plain: Run) -> None:
+    """No sealed form anywhere, inline values and metadata as the stock saver stores them,
+    artifact digests the plain sha256 of their content (the format before issue 27)."""
+    assert not _scan(plain, needles=(b"lgd:sealed",))
+    row = _q(plain, "SELECT checkpoint, metadata FROM checkpoints WHERE thread_id = %s "
+                    "ORDER BY checkpoint_id DESC LIMIT 1", plain.main)[0]
+    assert row[0]["channel_values"]["text"] == f"inline {CANARY}" and row[0]["channel_values"]["number"] == CANARY_INT
+    assert row[1]["customer"] == f"client {CANARY}"
+    (error,) = _q(plain, "SELECT last_error FROM durable_quarantine WHERE thread_id = %s", plain.failing)[0]
+    assert error.startswith("ValueError: card ")
+    stored = {bytes(r[0]) for r in _q(plain, "SELECT digest FROM durable_artifacts")}
+    doc = f"document 0 about {CANARY} " + "x" * 400
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    content = _element_content(*JsonPlusSerializer().dumps_typed(doc))
+    assert hashlib.sha256(content).digest() in stored
 
 
 def test_with_a_key_the_canary_is_nowhere(sealed: Run) -> None:
@@ -313,6 +340,8 @@ def test_with_the_key_everything_reads_back(sealed: Run) -> None:
         assert len(list(saver.list(None, filter={"customer": f"client {CANARY}", "source": "loop"}, limit=1))) == 1
         entries = Ledger(saver).entries(thread_id=sealed.main)
         assert any(CANARY in (e.args_preview or "") for e in entries), entries
+        assert any(e.status == "failed" and CANARY in (e.error or "") for e in entries), entries
+        assert any(e.key.startswith("llm:") and CANARY in (e.args_preview or "") for e in entries), entries
         refund = Ledger(saver).get(sealed.ledger_key)
         assert refund is not None and CANARY in (refund.args_preview or "")
         assert Ledger(saver).result(sealed.ledger_key) == {"refunded": f"order {CANARY}"}
@@ -362,3 +391,63 @@ def test_a_wrong_key_raises_decryption_error_naming_the_thread(sealed: Run) -> N
         with pytest.raises(_sealing.DecryptionError) as got:
             restore(wrong, str(sealed.archive))
         assert got.value.thread_id == sealed.archived
+
+
+def test_a_run_start_with_a_wrong_key_fails_typed_and_leaves_the_thread_runnable(sealed: Run) -> None:
+    """A run of a thread with the wrong key raises DecryptionError (not a load error: the
+    thread is not quarantined), and the right key runs it at once (no lease left behind)."""
+    thread = f"{sealed.main}-again-{uuid.uuid4().hex[:6]}"
+    with sealed.saver() as saver:
+        _graph(saver).invoke({"answers": []}, _cfg(thread))
+    with sealed.saver(OTHER_KEY) as wrong:
+        with pytest.raises(_sealing.DecryptionError) as got:
+            _graph(wrong).invoke({"answers": []}, _cfg(thread))
+        assert got.value.thread_id == thread
+    (status,) = _q(sealed, "SELECT status FROM durable_threads WHERE thread_id = %s", thread)[0]
+    assert status != "quarantined"
+    with sealed.saver() as saver:
+        out = _graph(saver).invoke({"answers": []}, _cfg(thread))
+        assert out["text"] == f"inline {CANARY}" and len(out["answers"]) == 2
+
+
+async def test_the_async_saver_reads_and_refuses_alike(sealed: Run) -> None:
+    from langgraph_durable import AsyncDurablePostgresSaver
+
+    def make(key: bytes) -> Any:
+        return AsyncDurablePostgresSaver.from_conn_string(
+            sealed.dsn, schema=sealed.schema, serde=_serde(key, sealed.form), artifact_threshold=THRESHOLD
+        )
+
+    async with make(KEY) as saver:
+        got = await saver.aget_tuple(_cfg(sealed.main))
+        assert got is not None and got.checkpoint["channel_values"]["text"] == f"inline {CANARY}"
+        assert got.metadata["customer"] == f"client {CANARY}"
+        hits = [t async for t in saver.alist(_cfg(sealed.main), filter={"customer": f"client {CANARY}"}, limit=2)]
+        assert len(hits) == 2
+        entry = await Ledger(saver).aget(sealed.ledger_key)
+        assert entry is not None and CANARY in (entry.args_preview or "")
+    async with make(OTHER_KEY) as wrong:
+        with pytest.raises(_sealing.DecryptionError) as err:
+            await wrong.aget_tuple(_cfg(sealed.main))
+        assert err.value.thread_id == sealed.main
+
+
+def test_a_migration_rewrites_a_thread_sealed(sealed: Run) -> None:
+    """A graph-version migration rewrites the checkpoint in place (core.rewrite): the
+    migrated values go to blobs and the metadata stays sealed; it reads back migrated."""
+    thread = f"mig-ok-{uuid.uuid4().hex[:6]}"
+    with sealed.saver() as saver:
+        saver.bind(graph_version="v1").put(
+            _cfg(thread, customer=f"client {CANARY}"), _empty_checkpoint(),
+            {"source": "input", "step": -1, "parents": {}, "customer": f"client {CANARY}"}, {},
+        )
+        registry = MigrationRegistry()
+        registry.register("v1", "v2", lambda st: {**st, "text": f"migrated {CANARY}", "number": CANARY_INT})
+        report = migrate_threads(saver, "v1", "v2", registry=registry, thread_ids=[thread])
+        assert report.migrated == [thread], report
+        got = saver.get_tuple(_cfg(thread))
+        assert got is not None and got.checkpoint["channel_values"]["text"] == f"migrated {CANARY}"
+        assert got.checkpoint["channel_values"]["number"] == CANARY_INT
+        assert got.metadata["customer"] == f"client {CANARY}" and got.metadata["graph_version"] == "v2"
+    rows = _q(sealed, "SELECT checkpoint::text, metadata::text FROM checkpoints WHERE thread_id = %s", thread)
+    assert rows and not any(CANARY in c or CANARY in m or str(CANARY_INT) in c for c, m in rows), rows

@@ -239,7 +239,7 @@ class VersionGate(VersionGateView):
                 if k in raw_inline:
                     values_json[k] = raw_inline[k]
                 continue
-            if sealed or isinstance(v, _DeltaSnapshot) or not self._inline(v):
+            if (sealed and v is not None) or isinstance(v, _DeltaSnapshot) or not self._inline(v):
                 if isinstance(v, _DeltaSnapshot):
                     values_json[k] = True
                 enc = self.codec.encode(self.serde, v)

@@ -320,8 +320,8 @@ class WriteOps(WriteView):
         self, copy: Checkpoint, checkpoint: Checkpoint, new_versions: ChannelVersions, where: Mapping[str, Any]
     ) -> tuple[Checkpoint, list[tuple[Any, ...]], dict[bytes, bytes]]:
         """``_put_values`` with an encrypting serializer (issue 27): no value stays inline
-        in the checkpoint's JSON, every one goes to a blob through the (encrypting)
-        serializer. A value that would have been inline gets its blob row at every put,
+        in the checkpoint's JSON (``None`` aside: it says nothing), every one goes to a
+        blob through the (encrypting) serializer. A value that would have been inline gets its blob row at every put,
         not only when its channel changed: a checkpoint written before encryption was on
         kept it inline, so no blob of its (channel, version) may exist yet (the upsert
         leaves an existing one alone)."""
@@ -331,6 +331,9 @@ class WriteOps(WriteView):
         artifacts: dict[bytes, bytes] = {}
         blob_rows: list[tuple[Any, ...]] = []
         for k, v in checkpoint["channel_values"].items():
+            if v is None:
+                inline[k] = None  # no information (trigger channels): kept inline, as without a key
+                continue
             if isinstance(v, _DeltaSnapshot):
                 inline[k] = True
             elif (isinstance(v, str) and not v.isascii()) or (k == _START and isinstance(v, dict)):
