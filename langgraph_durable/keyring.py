@@ -30,14 +30,25 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Sequence
-from typing import Any
-
-from langgraph.checkpoint.serde.base import CipherProtocol, SerializerProtocol
-from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError, DecryptionError
+
+if TYPE_CHECKING:
+    from ._keyring_serde import DurableEncryptedSerializer
+
+
+def __getattr__(name: str) -> Any:
+    # The serializer subclasses LangGraph's, which imports langchain_core (~1 s): kept out
+    # of this module's import so the CLI's --help (which reaches here through the audit
+    # trail) stays light (tests/test_cli_startup.py).
+    if name == "DurableEncryptedSerializer":
+        from ._keyring_serde import DurableEncryptedSerializer
+
+        return DurableEncryptedSerializer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "CIPHER_NAME",
@@ -102,7 +113,7 @@ def _eax_open(key: bytes, data: bytes) -> bytes | None:
         return None
 
 
-class RotatingAesCipher(CipherProtocol):
+class RotatingAesCipher:
     """LangGraph's ``aes`` cipher form (AES-EAX, ``nonce + tag + ciphertext``) over a
     list of keys: encrypts with the first, decrypts with the first that authenticates."""
 
@@ -137,38 +148,12 @@ class RotatingAesCipher(CipherProtocol):
         return opened[1]
 
 
-class DurableEncryptedSerializer(EncryptedSerializer):
-    """``EncryptedSerializer`` with key rotation: writes with ``current``, reads values
-    written with ``current`` or any of ``old`` (LangGraph's ``from_pycryptodome_aes``
-    form, so a database written with LangGraph's serializer moves to it as it is).
-
-    ``digest_from``: the secret artifact digests are keyed from (HMAC-SHA256), default
-    the oldest key given (the last of ``old``, else ``current``), so a rotation keeps
-    deduplicating. Pin it (the first key a database was encrypted with, or any fixed
-    secret) before dropping that key from ``old``; it is never used to encrypt.
-    """
-
-    def __init__(
-        self,
-        current: bytes | str,
-        old: Iterable[bytes | str] = (),
-        *,
-        serde: SerializerProtocol | None = None,
-        digest_from: bytes | str | None = None,
-    ) -> None:
-        keys = [_key_bytes(current, "current")] + [_key_bytes(k, "old") for k in old]
-        super().__init__(RotatingAesCipher(keys), serde if serde is not None else JsonPlusSerializer())
-        self.digest_from = None if digest_from is None else (
-            digest_from.encode() if isinstance(digest_from, str) else bytes(digest_from)
-        )
-
-    @property
-    def current_key_id(self) -> str:
-        return self.cipher.ids[0].hex()  # type: ignore[attr-defined]
-
-
 def is_encrypting(serde: Any) -> bool:
     """Whether ``serde`` encrypts (LangGraph's ``EncryptedSerializer`` or a subclass)."""
+    if serde is None or "langgraph.checkpoint.serde.encrypted" not in sys.modules:
+        return False  # nothing can be one before LangGraph's module is imported
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
     return isinstance(serde, EncryptedSerializer)
 
 

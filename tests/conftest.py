@@ -181,6 +181,7 @@ SLOW_FIRST = (
 # --- failover branch ---
 SLOW_FIRST += ("test_failover_async.py",)  # 20-45 (one primary + standby, 4 worker processes)
 # --- seal27 branch ---
+SLOW_FIRST += ("test_rekey.py",)  # 20 (threads written, a rekey child SIGKILLed, three rekeys)
 SLOW_FIRST += ("test_encryption_at_rest.py",)  # 30 (the canary workload, once per mode: plain + 2 serializers)
 
 

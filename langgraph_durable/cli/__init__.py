@@ -9,7 +9,6 @@ functions, so ``--help`` stays fast (tests/test_cli_startup.py checks it).
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -44,8 +43,9 @@ def _root(
     key_file: _common.KeyFileOption = None,
 ) -> None:
     """Durable checkpoints for LangGraph: inspect threads, recover, migrate, compact."""
-    if key_file:  # every command that opens a saver reads the keys from here
-        os.environ[_common.KEY_FILE_ENV] = key_file
+    # Every command that opens a saver reads the keys from here (set on each invocation,
+    # so one in a long-lived process, a test's runner, does not leak into the next).
+    _common.KEY_FILE_FLAG[0] = key_file
 
 
 for module in (

@@ -89,6 +89,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts
 # LANGGRAPH_DURABLE_KEY_FILE (or --key-file where a command has it), and without one
 # LangGraph's LANGGRAPH_AES_KEY. Without a key, encrypted values are shown as encrypted.
 KEY_FILE_ENV = "LANGGRAPH_DURABLE_KEY_FILE"
+KEY_FILE_FLAG: list[str | None] = [None]  # the top-level --key-file of this invocation
 KeyFileOption = Annotated[
     str | None,
     typer.Option(
@@ -140,7 +141,7 @@ def read_key_file(path: str) -> list[bytes]:
 def serde_from_keys(key_file: str | None) -> Any:
     """The encrypting serializer the keys name (``--key-file``, else the environment), or
     None when none is given."""
-    path = key_file or os.environ.get(KEY_FILE_ENV)
+    path = key_file or KEY_FILE_FLAG[0] or os.environ.get(KEY_FILE_ENV)
     if path:
         keys = read_key_file(path)
     elif os.environ.get("LANGGRAPH_AES_KEY"):
