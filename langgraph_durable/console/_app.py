@@ -41,6 +41,7 @@ from langgraph_durable.console import _svg
 from langgraph_durable.console._security import COOKIE, Session, Sessions, csrf_ok
 from langgraph_durable.errors import DurableError
 from langgraph_durable.idempotency import Ledger
+from langgraph_durable.keyring import decryption_error
 from langgraph_durable.leases.dead import dead_owner_note
 from langgraph_durable.ops import inspection as lgi
 from langgraph_durable.ops import migrations as versioning
@@ -411,6 +412,9 @@ class Console:
             try:
                 value = self.read().serde.loads_typed((row["result_type"], bytes(row["result"] or b"")))
             except Exception as exc:  # a hostile or foreign row: shown, never fatal
+                if decryption_error(exc, thread_id=None, where="") is not None:  # issue 27: no key
+                    out[row["key"]] = msg.folded("(encrypted: start the console with --key-file)")
+                    continue
                 out[row["key"]] = msg.folded(f"(cannot decode the recorded result: {type(exc).__name__})")
             else:
                 out[row["key"]] = msg.result_text(value)
