@@ -658,10 +658,17 @@ _Refused = _decide.Refused
 
 def registry_note(owner: str | None, workers: list[Any]) -> str | None:
     """A note for a live lease whose owner is a registered worker that is not alive
-    (its heartbeat is older than its ttl, or its pid is gone): the lease is a dead
-    owner's, the thread is not running. None when the owner is alive or unregistered."""
+    (its heartbeat is older than its ttl, it stopped, or its pid is gone): the lease is a
+    dead owner's, the thread is not running. None when the owner is alive or unregistered.
+    A worker's runs hold leases named ``NAME:<run id>`` (recovery._owner)."""
     if not owner:
         return None
+    mine = [w for w in workers if owner == w.worker_id or owner.startswith((w.name or w.worker_id) + ":")]
+    if not mine or any(w.alive for w in mine):
+        return None
+    w = mine[0]
+    return (f"owner worker {w.name or w.worker_id} on {w.host} is dead (last heartbeat "
+            f"{_abs_time(w.heartbeat_at)}); takeover when the lease expires")
     for w in workers:
         if owner == w.worker_id or owner.startswith(w.worker_id + ":"):
             if w.alive:

@@ -9,6 +9,7 @@ Release, rewind, resolve and forget stay in ``_app`` (quarantine and ledger)."""
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -25,10 +26,10 @@ class Refused(Exception):
     """The confirmation page's refusal: the decision is unsafe or meaningless now."""
 
 
-def _thread(saver: DurablePostgresSaver, tid: str) -> dict[str, Any]:
+def _thread(saver: DurablePostgresSaver, tid: str, *, values: bool) -> dict[str, Any]:
     if not tid:
         raise Refused("no thread given")
-    info = lgi.show_thread(saver, tid, values=True)
+    info = lgi.show_thread(saver, tid, values=values)
     if not info.get("checkpoints") and info.get("status") is None:
         raise Refused(f"thread {tid!r} has no checkpoint")
     lease = info.get("lease") or None
@@ -62,7 +63,8 @@ def plan(
     saver: DurablePostgresSaver, action: str, form: Any, *, has_graph: bool, archive_url: str | None
 ) -> dict[str, Any]:
     tid = str(form.get("thread") or "")
-    info = _thread(saver, tid)
+    # Decoded values only for an answer (the interrupt's payload is shown).
+    info = _thread(saver, tid, values=action == "answer")
     state, status = info.get("state"), info.get("status")
     out: dict[str, Any] = {
         "thread": tid, "status": status or "untracked", "state": state,
@@ -106,7 +108,7 @@ def plan(
     elif action == "delete":
         _no_live_lease(info, "delete")
         out["checkpoints"] = info.get("checkpoints")
-        out["archive_url"] = archive_url
+        out["archive_url"] = archive_url or os.environ.get(control.ARCHIVE_URL_ENV) or None
     return out
 
 
@@ -141,7 +143,7 @@ def run(
 
 
 def _queued(what: str, r: control.ResumeQueued) -> str:
-    who = ", ".join(w.worker_id for w in r.served_by)
+    who = ", ".join(w.name or w.worker_id for w in r.served_by)
     if who:
         return f"{what} for {r.thread_id}: served by {who}"
     return (f"{what} for {r.thread_id}, but NO live worker serves graph version "
