@@ -121,7 +121,7 @@ def walk(dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
 @pytest.fixture(scope="module")
 def worker(walk: Walk) -> Iterator[subprocess.Popen[bytes]]:
     """``langgraph-durable worker`` serving both graphs, in its own process."""
-    log = open(walk.tmp / "worker.log", "wb")  # noqa: SIM115 (closed below)
+    log = open(walk.tmp / "worker.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-c", "from langgraph_durable.cli import main; main()", "worker",
          "--dsn", walk.dsn, "--graph", f"{AGENT}:support", "--graph", f"{AGENT}:billing",
