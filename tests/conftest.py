@@ -180,6 +180,7 @@ SLOW_FIRST = (
 )
 # --- failover branch ---
 SLOW_FIRST += ("test_failover_async.py",)  # 20-45 (one primary + standby, 4 worker processes)
+SLOW_FIRST += ("test_console_walk.py",)  # ~50 (a worker process, Chromium, a 12 s run cancelled and resumed)
 
 
 def pytest_configure(config: pytest.Config) -> None:

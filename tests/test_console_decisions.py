@@ -293,7 +293,7 @@ def test_workers_idle_unserved_and_dead_owners(saver: Any, data: Data) -> None:
         conn.execute(
             "UPDATE durable_threads SET status = 'running', lease_owner = 'gone-host:12:abc', "
             "lease_token = 7, lease_expires_at = now() + interval '10 minutes' WHERE thread_id = %s",
-            data.orders[0],
+            (data.orders[0],),
         )
     with _client(saver) as client:
         over = client.get("/").text

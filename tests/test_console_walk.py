@@ -38,7 +38,8 @@ import pytest
 from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 from psycopg.rows import dict_row
-from test_console import CHROMIUM, WRAPPED, _browser_or_skip, _free_port
+from test_console import CHROMIUM, _browser_or_skip, _free_port
+from test_console_operator import WRAPPED
 
 from langgraph_durable import DurablePostgresSaver, PoisonCheckpointError, submit
 from langgraph_durable.console import create_app

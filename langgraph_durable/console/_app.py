@@ -371,6 +371,8 @@ class Console:
                 note = registry_note(r.get("lease_owner"), registered) if r.get("state") == "running" else None
                 if note:
                     r["state"], r["note"] = "recoverable", note
+            if state == "running":  # a dead owner's lease is not what was asked for
+                rows = [r for r in rows if r["state"] == "running"]
         next_url = None
         if more and rows:
             args = {k: v for k, v in p.items() if k != "after" and v}

@@ -37,6 +37,14 @@ def _thread(saver: DurablePostgresSaver, tid: str, *, values: bool) -> dict[str,
     return info
 
 
+def _exists(saver: DurablePostgresSaver, tid: str) -> bool:
+    try:
+        info = lgi.show_thread(saver, tid)
+    except LookupError:
+        return False
+    return bool(info.get("checkpoints") or info.get("status"))
+
+
 def _no_live_lease(info: dict[str, Any], what: str) -> None:
     if info["live_lease"]:
         owner = info["lease"]["owner"]
@@ -102,7 +110,7 @@ def plan(
         cp = str(form.get("cp") or "latest")
         out["checkpoint"] = lgi.resolve_checkpoint(saver, tid, cp)
         new = str(form.get("new_thread") or "").strip() or None
-        if new is not None and lgi.show_thread(saver, new).get("checkpoints"):
+        if new is not None and _exists(saver, new):
             raise Refused(f"thread {new!r} exists already: choose another id (or leave it empty)")
         out["new_thread"] = new
     elif action == "delete":
