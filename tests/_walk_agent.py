@@ -58,7 +58,7 @@ def _confirm(state: Support) -> dict[str, Any]:
     return {"approved": str(answer)}
 
 
-def support(saver: Any) -> Any:
+def support(saver: Any, version: str = "support-v1") -> Any:
     b = StateGraph(Support)
     b.add_node("model", _model)
     b.add_node("tools", ToolNode([lookup_order]))
@@ -67,7 +67,7 @@ def support(saver: Any) -> Any:
     b.add_conditional_edges("model", _route, ["tools", "confirm"])
     b.add_edge("tools", "model")
     b.add_edge("confirm", END)
-    return b.compile(checkpointer=saver.bind(graph_version="support-v1"), name="support-agent")
+    return b.compile(checkpointer=saver.bind(graph_version=version), name="support-agent")
 
 
 class Billing(TypedDict, total=False):

@@ -305,7 +305,7 @@ def test_workers_idle_unserved_and_dead_owners(saver: Any, data: Data) -> None:
         row = versions[versions.index("billing-v1"):]
         assert "no live worker serves it" in row[: row.index("</tr>")]
         row = versions[versions.index("support-v1"):]
-        assert "far-host:11" in row[: row.index("</tr>")]
+        assert "far-host pid 11" in row[: row.index("</tr>")]
         page = client.get(f"/thread?id={data.orders[0]}").text
         assert "owner worker gone-host:12 on gone-host is dead" in page
         assert 'state st-running' not in page[: page.index("</h1>")]

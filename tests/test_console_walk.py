@@ -91,6 +91,7 @@ class Walk:
         tag = uuid.uuid4().hex[:6]
         self.dsn = dsn
         self.tmp = tmp
+        self.old = f"old-{tag}"
         self.chat = f"chat-{tag}"
         self.waiting = f"waiting-{tag}"
         self.poisoned = f"poison-{tag}"
@@ -105,6 +106,8 @@ def walk(dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
     with DurablePostgresSaver.from_conn_string(dsn, max_resume_attempts=2) as saver:
         support, billing = agent.support(saver), agent.billing(saver)
         ask = {"messages": [HumanMessage("Where is my order 42?")]}
+        # The previous deployment's version: a thread still waiting on it (must drain).
+        agent.support(saver, "support-v0").invoke(ask, _cfg(w.old))
         support.invoke(ask, _cfg(w.chat))
         support.invoke(Command(resume="yes"), _cfg(w.chat))
         support.invoke(ask, _cfg(w.waiting))
@@ -176,7 +179,7 @@ def test_browser_walks_a_real_agents_threads_with_a_worker(
 
         def shot(name: str, locator: str | None = None) -> None:
             if locator:
-                page.locator(locator).first.scroll_into_view_if_needed()
+                page.locator(locator).first.evaluate("e => e.scrollIntoView({block: 'start'})")
             for folder in [shots] + ([REPO / "docs" / "img"] if update else []):
                 page.screenshot(path=str(folder / f"console-{name}.png"))
 
@@ -216,7 +219,7 @@ def test_browser_walks_a_real_agents_threads_with_a_worker(
         box = page.locator("#answer-form textarea")
         assert box.input_value() == ""  # nothing pre-filled: a placeholder is never an answer
         box.fill('"yes, send it"')
-        shot("waiting", "#decide")
+        shot("waiting", "#interrupts")
         page.click("#answer")
         assert "yes, send it" in page.locator("#answer-value").inner_text()
         assert str(worker.pid) in page.locator("#served-by").inner_text()
@@ -305,7 +308,10 @@ def test_browser_walks_a_real_agents_threads_with_a_worker(
         for name, version in (("support-agent", "support-v1"), ("billing-agent", "billing-v1")):
             line = page.locator("#versions tr", has_text=version)
             assert name in line.inner_text() and str(worker.pid) in line.locator(".served").inner_text()
-        assert "no live worker" not in table
+        old = page.locator("#versions tr", has_text="support-v0").inner_text()
+        assert "no live worker serves it" in old and "current" not in old
+        assert "support-v0" in page.locator("#drain").inner_text()
+        assert table.count("no live worker") == 1
         shot("versions")
 
         # 9. The worker is idle again; the threads list is in natural order.
