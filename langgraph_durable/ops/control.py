@@ -37,7 +37,6 @@ from functools import partial
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base.id import uuid6
 
 from langgraph_durable import audit as _audit
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx, op_memo
@@ -262,6 +261,15 @@ async def aqueue_resume(saver: SaverView, thread_id: str) -> ResumeQueued:
 # --------------------------------------------------------------------------- answer
 
 
+def _check_answer(thread_id: str, value: Any) -> None:
+    if value is None:
+        # LangGraph reads Command(resume=None) as "no resume" (and fails on it).
+        raise ControlRefusedError(
+            thread_id, "answer", "the answer is null: LangGraph's Command(resume=None) "
+            "resumes nothing; answer with a value (e.g. {} or false)",
+        )
+
+
 def _encode_answer(saver: SaverView, value: Any) -> tuple[str, bytes]:
     try:
         tag, data = saver.serde.dumps_typed(value)
@@ -286,13 +294,35 @@ def _op_check_waiting(thread_id: str, action: str) -> Op[_Thread]:
     return t
 
 
-def _op_queue_answer(thread_id: str, tag: str, data: bytes, value_type: str) -> Op[tuple[str, str | None]]:
+def _interrupt_ids(pending_writes: Any) -> list[str]:
+    """The ids of the interrupts pending at a checkpoint (its ``__interrupt__`` writes)."""
+    ids: list[str] = []
+    for _task, channel, value in pending_writes or ():
+        if channel == "__interrupt__":
+            for item in value if isinstance(value, list | tuple) else [value]:
+                iid = getattr(item, "id", None)
+                if isinstance(iid, str):
+                    ids.append(iid)
+    return ids
+
+
+def _addressed(value: Any, ids: list[str]) -> Any:
+    """``Command(resume=...)``'s value: addressed to the one pending interrupt by id
+    (``{id: value}``), so a dict answer is never read as a resume map (LangGraph reads
+    ``{}``, or a dict keyed by ids, as "resume these interrupts": ``{}`` resumed none)."""
+    return {ids[0]: value} if len(ids) == 1 else value
+
+
+def _op_queue_answer(saver: SaverView, thread_id: str, value: Any) -> Op[tuple[str, str | None]]:
     t = yield from _op_check_waiting(thread_id, "answer")
     if t.status is None:
         raise ControlRefusedError(
             thread_id, "answer", "it has no durable_threads row (written without leases): "
             "answer it with answer_now", t.status, t.head,
         )
+    at: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": t.head}}
+    saved = yield from saver._op_get_tuple(at)
+    tag, data = _encode_answer(saver, _addressed(value, _interrupt_ids(saved.pending_writes if saved else ())))
     rows = yield Batch(
         [Stmt(QUEUE_ANSWER_SQL, {"thread_id": thread_id, "type": tag, "blob": data, "checkpoint_id": t.head}, fetch=True)]
     )
@@ -302,7 +332,7 @@ def _op_queue_answer(thread_id: str, tag: str, data: bytes, value_type: str) -> 
     # state values): its type and the checkpoint it answers.
     record = _audit.AuditRecord(
         thread_id=thread_id, before_id=t.head, after_id=t.head,
-        detail={"status": ["waiting", "queued"], "value_type": value_type, "run_by": "worker"},
+        detail={"status": ["waiting", "queued"], "value_type": type(value).__name__, "run_by": "worker"},
     )
     yield Batch([_audit_stmt("answer", record)])
     return thread_id, t.graph_version
@@ -312,15 +342,17 @@ def queue_answer(saver: SaverView, thread_id: str, value: Any) -> ResumeQueued:
     """Answer the interrupt ``thread_id`` waits on with ``Command(resume=value)``, run by
     the recovery worker that claims it (queued). The value is stored as the saver's
     serde encodes it. Refused unless the thread waits on an interrupt with no live
-    lease (``ControlRefusedError`` / ``ThreadBusyError``)."""
-    tag, data = _encode_answer(saver, value)
-    tid, version = saver.run_op(lambda: _op_queue_answer(str(thread_id), tag, data, type(value).__name__))
+    lease (``ControlRefusedError`` / ``ThreadBusyError``), or for a null value."""
+    _check_answer(str(thread_id), value)
+    _encode_answer(saver, value)  # an unencodable value fails here, before any I/O
+    tid, version = saver.run_op(lambda: _op_queue_answer(saver, str(thread_id), value))
     return ResumeQueued(tid, version, tuple(workers_serving(saver, version)))
 
 
 async def aqueue_answer(saver: SaverView, thread_id: str, value: Any) -> ResumeQueued:
-    tag, data = _encode_answer(saver, value)
-    tid, version = await saver.arun_op(lambda: _op_queue_answer(str(thread_id), tag, data, type(value).__name__))
+    _check_answer(str(thread_id), value)
+    _encode_answer(saver, value)
+    tid, version = await saver.arun_op(lambda: _op_queue_answer(saver, str(thread_id), value))
     return ResumeQueued(tid, version, tuple(await aworkers_serving(saver, version)))
 
 
@@ -351,9 +383,12 @@ def answer_now(graph: Any, thread_id: str, value: Any, *, config: RunnableConfig
 
     from langgraph_durable.recovery import durable_saver_of
 
+    _check_answer(str(thread_id), value)
     saver = durable_saver_of(graph)
     saver.run_op(lambda: _op_answer_now(str(thread_id), type(value).__name__))
-    return graph.invoke(Command(resume=value), _answer_config(str(thread_id), config))
+    cfg = _answer_config(str(thread_id), config)
+    ids = [i.id for i in graph.get_state(cfg).interrupts]
+    return graph.invoke(Command(resume=_addressed(value, ids)), cfg)
 
 
 async def aanswer_now(graph: Any, thread_id: str, value: Any, *, config: RunnableConfig | None = None) -> Any:
@@ -361,9 +396,12 @@ async def aanswer_now(graph: Any, thread_id: str, value: Any, *, config: Runnabl
 
     from langgraph_durable.recovery import durable_saver_of
 
+    _check_answer(str(thread_id), value)
     saver = durable_saver_of(graph)
     await saver.arun_op(lambda: _op_answer_now(str(thread_id), type(value).__name__))
-    return await graph.ainvoke(Command(resume=value), _answer_config(str(thread_id), config))
+    cfg = _answer_config(str(thread_id), config)
+    ids = [i.id for i in (await graph.aget_state(cfg)).interrupts]
+    return await graph.ainvoke(Command(resume=_addressed(value, ids)), cfg)
 
 
 # --------------------------------------------------------------------------- cancel
@@ -424,10 +462,11 @@ def _op_fork(saver: SaverView, thread_id: str, checkpoint_id: str, new_thread_id
     saved = yield from saver._op_get_tuple(source)
     if saved is None:
         raise CheckpointNotFoundError(thread_id, checkpoint_id)
+    # The same checkpoint id in the new thread (copy_thread's way): LangGraph's task ids
+    # hash it, so the copied pending writes (completed tasks, interrupts) still belong
+    # to the tasks the fork runs next.
     checkpoint: dict[str, Any] = dict(cast(Any, saved.checkpoint))
-    new_id = str(uuid6())
-    checkpoint["id"] = new_id
-    checkpoint["ts"] = _dt.datetime.now(_dt.UTC).isoformat()
+    new_id = str(checkpoint["id"])
     metadata = dict(saved.metadata)
     metadata.pop("run_id", None)
     metadata["source"] = "fork"
@@ -435,11 +474,13 @@ def _op_fork(saver: SaverView, thread_id: str, checkpoint_id: str, new_thread_id
     target: RunnableConfig = {"configurable": {"thread_id": new_thread_id, "checkpoint_ns": ""}}
     put = saver._op_put(target, cast(Any, checkpoint), cast(Any, metadata), dict(checkpoint["channel_versions"]))
     written = yield from _audit._delegate(put)
-    # The checkpoint's pending writes too (copy semantics: a fork of a waiting thread
-    # waits on the same interrupt, completed tasks of the step are not run again).
+    # The checkpoint's pending interrupts too (a fork of a waiting thread waits on the
+    # same question), not the writes of tasks that completed after it: a fork runs the
+    # next step again from this state (time travel), as LangGraph's fork does.
     by_task: dict[str, list[tuple[str, Any]]] = {}
     for task_id, channel, value in saved.pending_writes or ():
-        by_task.setdefault(task_id, []).append((channel, value))
+        if channel == "__interrupt__":
+            by_task.setdefault(task_id, []).append((channel, value))
     for task_id, writes in by_task.items():
         yield from _audit._delegate(saver._op_put_writes(written, writes, task_id, ""))
     version = metadata.get("graph_version")
@@ -456,7 +497,7 @@ def _op_fork(saver: SaverView, thread_id: str, checkpoint_id: str, new_thread_id
 
 
 def fork(saver: SaverView, thread_id: str, checkpoint_id: str, new_thread_id: str | None = None) -> str:
-    """Copy the state at ``checkpoint_id`` of ``thread_id`` (with its pending writes)
+    """Copy the state at ``checkpoint_id`` of ``thread_id`` (with its pending interrupts)
     into a new thread whose head it is (LangGraph's "fork": metadata source ``fork``
     and ``forked_from``); returns the new thread's id. The source is untouched. The new
     thread is ``stopped`` and held: it runs on ``invoke(None)`` or :func:`queue_resume`.

@@ -344,14 +344,16 @@ WHERE t.thread_id = %(thread_id)s AND t.status = 'waiting'
 RETURNING thread_id
 """
 # After a worker's run of a thread with a queued answer: cleared once consumed, i.e.
-# LangGraph stored Command(resume=...)'s write at the answered checkpoint (the run got
-# past its start), or the head moved past that checkpoint. A worker SIGKILLed before
-# that leaves the answer for the next claim, which runs the command again (its write is
-# an upsert of the same value: applied once).
+# the run ended on its own (done, or waiting on a next interrupt), LangGraph stored a
+# resume write at the answered checkpoint, or the head moved past that checkpoint (the
+# answered node's step was checkpointed). A worker SIGKILLed (or a node that failed)
+# before that leaves the answer for the next claim, which runs the same command again
+# at the same checkpoint: the answered step's work is not kept twice.
 CLEAR_ANSWER_SQL = """
 UPDATE durable_threads t SET answer_type = NULL, answer_blob = NULL, answer_checkpoint_id = NULL
 WHERE t.thread_id = %(thread_id)s AND t.answer_checkpoint_id = %(checkpoint_id)s
-  AND (EXISTS (SELECT 1 FROM checkpoint_writes w
+  AND (t.status IN ('done', 'waiting')
+       OR EXISTS (SELECT 1 FROM checkpoint_writes w
                WHERE w.thread_id = t.thread_id AND w.checkpoint_ns = ''
                  AND w.checkpoint_id = t.answer_checkpoint_id AND w.channel = '__resume__')
        OR (SELECT c.checkpoint_id FROM checkpoints c
