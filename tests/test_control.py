@@ -170,7 +170,7 @@ def test_answer_values_round_trip(db: str, ask_graph: Any, value: Any) -> None:
 def _worker_proc(db: str, log: Path, graph: str = "ask", **env: str) -> subprocess.Popen[bytes]:
     fh = log.open("ab")
     return subprocess.Popen(
-        [sys.executable, CHILD, "worker", "--poll-interval", "0.2", "--lease-ttl", "3"],
+        [sys.executable, CHILD, "worker", "--poll-interval", "0.2", "--lease-ttl", "3", "-c", "2"],
         env=child_env(db, LGD_GRAPH=graph, **env), stdout=fh, stderr=subprocess.STDOUT,
     )
 
@@ -478,3 +478,110 @@ async def test_async_twins(db: str, tmp_path: Path) -> None:
             await control.aqueue_resume(saver, "async-ans")
         assert await control.adelete_thread(saver, "async-fork", archive_url=str(tmp_path)) is not None
         assert await control.alist_workers(saver, include_dead=True) is not None
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _workers(db: str, **kw: Any) -> list[control.WorkerInfo]:
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        return control.list_workers(saver, **kw)
+
+
+def test_worker_registry_with_real_worker_processes(db: str, ask_graph: Any, tmp_path: Path) -> None:
+    """An idle worker is listed alive with its host, pid, versions and concurrency; a
+    SIGKILLed one shows dead at once (same host, pid gone), a SIGTERMed one stopped;
+    queue_resume names the live workers serving the thread's version."""
+    from langgraph_durable.recovery import graph_version_of
+
+    version = graph_version_of(ask_graph)
+    q(db, "DELETE FROM durable_workers")
+    idle = _worker_proc(db, tmp_path / "idle.log")
+    other = _worker_proc(db, tmp_path / "other.log", graph="steps")
+    try:
+        found = wait_for(lambda: {w.pid: w for w in _workers(db)} if len(_workers(db)) == 2 else None, 60, "two workers")
+        w = found[idle.pid]
+        assert w.alive and w.host == os.uname().nodename and w.concurrency == 2 and w.claimed == 0
+        assert version in w.versions and w.stopped_at is None
+        # The heartbeat moves and the last poll is recorded while idle.
+        first = w.heartbeat_at
+        wait_for(lambda: {x.pid: x for x in _workers(db)}[idle.pid].heartbeat_at > first, 30, "a heartbeat")
+        assert {x.pid: x for x in _workers(db)}[idle.pid].last_poll_at is not None
+        with DurablePostgresSaver.from_conn_string(db) as saver:
+            assert [x.pid for x in control.workers_serving(saver, version)] == [idle.pid]
+            # queue_resume says who will pick it up (a stopped thread of the ask graph).
+            ask_graph.invoke({"log": []}, cfg("reg-resume"))
+            control.answer_now(ask_graph, "reg-resume", "x")
+        # SIGKILL: dead at once (same host, pid gone), listed only with include_dead.
+        other.send_signal(signal.SIGKILL)
+        other.wait(10)
+        wait_for(lambda: [x.pid for x in _workers(db)] == [idle.pid], 30, "the killed worker to drop out")
+        dead = {x.pid: x for x in _workers(db, include_dead=True)}[other.pid]
+        assert not dead.alive and dead.stopped_at is None
+        # SIGTERM: a clean exit marks the row stopped.
+        _stop(idle)
+        rows = {x.pid: x for x in _workers(db, include_dead=True)}
+        assert rows[idle.pid].stopped_at is not None and not rows[idle.pid].alive
+        assert _workers(db) == []
+        # The CLI lists them (JSON), alive and dead.
+        from typer.testing import CliRunner
+
+        from langgraph_durable.cli import app
+
+        res = CliRunner().invoke(app, ["workers", "--dsn", db, "--json", "--all"])
+        assert res.exit_code == 0, res.output
+        listed = {r["pid"]: r for r in json.loads(res.output)}
+        assert listed[idle.pid]["alive"] is False and listed[idle.pid]["stopped_at"]
+        res = CliRunner().invoke(app, ["workers", "--dsn", db])
+        assert res.exit_code == 0 and "no live workers" in res.output
+    finally:
+        for p in (idle, other):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_queue_resume_names_the_live_workers_serving_the_version(db: str, tmp_path: Path) -> None:
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        graph = cc.make_steps(8).compile(checkpointer=saver)
+        from langgraph_durable.recovery import graph_version_of
+
+        version = graph_version_of(graph)
+        q(db, "INSERT INTO durable_threads (thread_id, status, graph_version) VALUES ('reg-q', 'stopped', %s)", (version,))
+        graph.update_state(cfg("reg-q"), {"log": []}, as_node="__input__")
+        q(db, "UPDATE durable_threads SET status = 'stopped', lease_owner = NULL WHERE thread_id = 'reg-q'")
+        queued = control.queue_resume(saver, "reg-q")
+        assert queued.graph_version == version and queued.served_by == ()  # nobody serves it
+        worker = _worker_proc(db, tmp_path / "w.log", graph="steps", LGD_STEPS="8")
+        try:
+            wait_for(lambda: thread_row(db, "reg-q")["status"] == "done", 60, "the worker to run it")
+            q(db, "UPDATE durable_threads SET status = 'stopped' WHERE thread_id = 'reg-q'")
+            queued = control.queue_resume(saver, "reg-q")
+            assert [w.pid for w in queued.served_by] == [worker.pid]
+        finally:
+            _stop(worker)
+
+
+def test_old_worker_rows_are_pruned(db: str) -> None:
+    from langgraph_durable.recovery import WORKER_ROWS_KEPT, _op_register
+
+    q(db, "DELETE FROM durable_workers")
+    q(
+        db,
+        "INSERT INTO durable_workers (worker_id, name, host, pid, identity, ttl_s, concurrency, heartbeat_at, stopped_at) "
+        "SELECT 'old' || g, 'w', 'h', g, 'h:1:0:0', 5, 1, now() - make_interval(secs => g), "
+        "CASE WHEN g %% 2 = 0 THEN now() END FROM generate_series(1, %s) g",
+        (WORKER_ROWS_KEPT + 50,),
+    )
+    q(db, "INSERT INTO durable_workers (worker_id, name, host, pid, identity, ttl_s, concurrency, heartbeat_at) "
+          "VALUES ('ancient', 'w', 'h', 1, 'h:1:0:0', 5, 1, now() - interval '2 days')")
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        saver.run_op(lambda: _op_register({
+            "worker_id": "new", "name": "n", "host": "h", "pid": 1, "identity": "h:1:0:0", "ttl": 5.0,
+            "versions": [], "graph_names": [], "concurrency": 1,
+        }))
+    n = q(db, "SELECT count(*) AS n FROM durable_workers")[0]["n"]
+    # The kept history, the two rows still live (heartbeat 1 s and 3 s ago, ttl 5 s, not
+    # stopped: never pruned) and the new row.
+    assert n == WORKER_ROWS_KEPT + 2 + 1
+    assert not q(db, "SELECT 1 FROM durable_workers WHERE worker_id = 'ancient'")
