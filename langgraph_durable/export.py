@@ -274,6 +274,7 @@ DURABLE_TABLES = (
     "durable_quarantine",
     "durable_thread_counts",
     "durable_threads",
+    "durable_workers",
 )
 DURABLE_FUNCTIONS = (
     "durable_fence(text, bigint, text)",

@@ -35,6 +35,7 @@ from langgraph_durable.core.load import LoadOps, _canceled_as_typed, _threads_co
 from langgraph_durable.core.rewrite import VersionGate
 from langgraph_durable.core.setup import SetupOps
 from langgraph_durable.core.write import WriteOps
+from langgraph_durable.errors import RunCancelledError
 from langgraph_durable.granularity import CheckpointPolicy, Deferrals
 from langgraph_durable.leases.fence import FenceOps
 from langgraph_durable.leases.model import _HANDOFF, _RUN_LEASE, Lease, _LeaseRegistry, _RenewerSlot
@@ -184,6 +185,11 @@ class _DurableBase(
         lease = _RUN_LEASE.get()
         if lease is not None and not lease.released:
             self._confirm_lease(lease)
+            if lease.cancel:
+                # An operator's cancel (issue 25, ops.control.request_cancel), learnt
+                # from a put or a renewal: stop at this step boundary, before the
+                # next step's tasks start; the exit releases the thread as 'stopped'.
+                raise RunCancelledError(lease.thread_id, lease.token, lease.acked.get("") or lease.checkpoint_id)
         return super().get_next_version(current, channel)
 
     # ------------------------------------------------------------------ public API (sync)
