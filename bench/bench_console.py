@@ -146,15 +146,15 @@ def register_workers(saver: DurablePostgresSaver, n: int) -> None:
     """``n`` registered workers serving v1 or v2, the last fifth dead (no heartbeat for
     an hour); the rows RecoveryWorker.run writes (sql.workers.WORKER_REGISTER_SQL)."""
     with saver.connection() as conn:
-        conn.execute("DELETE FROM durable_workers WHERE name LIKE 'bench-host:%%'")
+        conn.execute("DELETE FROM durable_workers WHERE host = 'bench-host'")
         conn.execute(
             """INSERT INTO durable_workers (worker_id, name, host, pid, identity, ttl_s, versions,
                                             graph_names, concurrency, claimed, started_at,
                                             heartbeat_at, last_poll_at)
                SELECT md5(g::text), 'bench-host:' || (1000 + g), 'bench-host', 1000 + g,
                       'bench-host:' || (1000 + g), 30,
-                      ARRAY[CASE WHEN g % 2 = 0 THEN 'v1' ELSE 'v2' END], ARRAY['bench'], 8,
-                      g % 3, now() - interval '1 hour',
+                      ARRAY[CASE WHEN g %% 2 = 0 THEN 'v1' ELSE 'v2' END], ARRAY['bench'], 8,
+                      g %% 3, now() - interval '1 hour',
                       now() - CASE WHEN g > %s THEN interval '1 hour' ELSE interval '1 second' END,
                       now() - interval '1 second'
                FROM generate_series(1, %s) g""",

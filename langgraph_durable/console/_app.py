@@ -238,7 +238,11 @@ class Console:
             return None
         if self._runnable is None:
             g = self.graph
-            self._runnable = g.compile(checkpointer=self.saver) if hasattr(g, "compile") else g
+            if hasattr(g, "compile"):  # a builder: compiled on this console's saver
+                g = g.compile(checkpointer=self.saver)
+            elif not hasattr(g, "invoke") and callable(g):  # factory(saver), as the worker takes
+                g = g(self.saver)
+            self._runnable = g
         return self._runnable
 
     # ---------------------------------------------------------------- rendering
