@@ -58,7 +58,7 @@ VIEWS = [
 # with a thread of that state once the database is built.
 DECISION_VIEWS = [
     ("confirm resume", "/confirm/resume?thread={stopped}"),
-    ("confirm answer", "/confirm/answer?thread={waiting}&value=%22yes%22"),
+    ("confirm answer", "/confirm/answer?thread=ask-bench&value=%22yes%22"),
     ("confirm cancel", "/confirm/cancel?thread={running}"),
     ("confirm fork", "/confirm/fork?thread={done}&cp=latest"),
     ("confirm delete", "/confirm/delete?thread={done}"),
@@ -129,6 +129,26 @@ def conversation(saver: DurablePostgresSaver) -> None:
             (task, [tool_key("conv-bench", f"tools:{task}", task, f"call_{i}")
                     for i in range(CONV_TURNS)]),
         )
+
+
+def asking(saver: DurablePostgresSaver) -> None:
+    """A real thread waiting on an interrupt (``ask-bench``), for the answer's page."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    from langgraph_durable.ops import inspection as lgi
+
+    try:
+        if lgi.show_thread(saver, "ask-bench").get("interrupts"):
+            return
+    except LookupError:
+        pass
+    b: StateGraph = StateGraph(dict)
+    b.add_node("confirm", lambda s: {"ok": interrupt({"question": "ship it?"})})
+    b.add_edge(START, "confirm")
+    b.add_edge("confirm", END)
+    g = b.compile(checkpointer=saver.bind(graph_version="v1"))
+    g.invoke({"ok": None}, {"configurable": {"thread_id": "ask-bench"}})
 
 
 def samples(saver: DurablePostgresSaver) -> dict[str, str]:
@@ -220,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
             saver.setup()
             if not reused:
                 conversation(saver)
+            asking(saver)
             register_workers(saver, WORKERS)
             picks = samples(saver)
             app = create_app(saver, sample_interval=0, allow_actions=True, token="bench")
