@@ -585,3 +585,52 @@ def test_old_worker_rows_are_pruned(db: str) -> None:
     # stopped: never pruned) and the new row.
     assert n == WORKER_ROWS_KEPT + 2 + 1
     assert not q(db, "SELECT 1 FROM durable_workers WHERE worker_id = 'ancient'")
+
+
+async def test_async_worker_registers_and_stops(db: str) -> None:
+    async with AsyncDurablePostgresSaver.from_conn_string(db) as saver:
+        graph = cc.make_steps(2).compile(checkpointer=saver)
+        worker = RecoveryWorker(graph, heartbeat_interval=0.2, poll_interval=0.1)
+        task = asyncio.create_task(worker.arun(install_signal_handlers=False))
+        try:
+            row = await asyncio.to_thread(
+                wait_for, lambda: q(db, "SELECT * FROM durable_workers WHERE worker_id = %s", (worker.worker_id,)),
+                30, "the async worker's row",
+            )
+            assert row[0]["stopped_at"] is None and row[0]["pid"] == os.getpid()
+            [info] = [w for w in await control.alist_workers(saver) if w.worker_id == worker.worker_id]
+            assert info.alive
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+        [row] = q(db, "SELECT * FROM durable_workers WHERE worker_id = %s", (worker.worker_id,))
+        assert row["stopped_at"] is not None
+
+
+def test_a_worker_run_cancelled_is_held_until_resumed(db: str) -> None:
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        graph = cc.make_steps(30).compile(checkpointer=saver)
+        from langgraph_durable.recovery import submit
+
+        submit(graph, {"log": []}, cfg("cancel-worker"))
+        results: list[Any] = []
+        worker = RecoveryWorker(graph, poll_interval=0.1, on_recovery=results.append, heartbeat_interval=0.5)
+        t = threading.Thread(target=lambda: worker.run(install_signal_handlers=False), daemon=True)
+        t.start()
+        try:
+            wait_for(lambda: len(effects(db, "cancel-worker", "step")) >= 2, 60, "steps")
+            # The registry counts the run in flight.
+            wait_for(lambda: any(w.claimed == 1 for w in control.list_workers(saver) if w.worker_id == worker.worker_id),
+                     30, "claimed = 1")
+            control.request_cancel(saver, "cancel-worker")
+            wait_for(lambda: results, 60, "the run to stop")
+            assert results[0].outcome == "cancelled" and results[0].status == "stopped"
+            time.sleep(0.5)  # several polls: the held thread is not claimed again
+            assert len(results) == 1 and thread_row(db, "cancel-worker")["status"] == "stopped"
+            control.queue_resume(saver, "cancel-worker")
+            wait_for(lambda: len(results) == 2, 60, "the resumed run")
+            assert results[1].status == "done"
+        finally:
+            worker.stop()
+            t.join(30)
+        assert graph.get_state(cfg("cancel-worker")).values["log"] == [f"s{i}" for i in range(30)]
