@@ -278,7 +278,7 @@ def test_cancel_refused_without_a_live_lease_and_never_leaks(db: str) -> None:
         graph.invoke({"log": []}, cfg("cancel-leak"))
         with pytest.raises(ControlRefusedError):
             control.request_cancel(saver, "cancel-leak")  # done: no lease
-        # A request for a run that ends before its next boundary is that run's only.
+        # A request seen at a run's last put stops it there (stopped, resumable) ...
         gate = threading.Event()
         hold = threading.Event()
 
@@ -294,15 +294,28 @@ def test_cancel_refused_without_a_live_lease_and_never_leaks(db: str) -> None:
         b.add_edge(START, "slow")
         b.add_edge("slow", END)
         g = b.compile(checkpointer=saver)
-        t = threading.Thread(target=lambda: g.invoke({"log": []}, cfg("cancel-leak2")), daemon=True)
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                g.invoke({"log": []}, cfg("cancel-leak2"), durability="sync")
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=run, daemon=True)
         t.start()
         hold.wait(10)
         control.request_cancel(saver, "cancel-leak2")
         gate.set()
         t.join(10)
-        # The last step ended the run (no boundary after it): done, not stopped.
+        assert [type(e) for e in errors] == [RunCancelledError]
+        row = thread_row(db, "cancel-leak2")
+        assert row["status"] == "stopped" and row["cancel_token"] is None  # the release cleared it
+        assert g.invoke(None, cfg("cancel-leak2"))["log"] == ["slow"]  # nothing left: done
         assert thread_row(db, "cancel-leak2")["status"] == "done"
-        # The next run on the thread is not cancelled by the old request.
+        # ... and a request left for a run that ended before any boundary saw it (here: the
+        # request of the run that just ended, by its token) never reaches the next run.
+        q(db, "UPDATE durable_threads SET cancel_token = lease_token WHERE thread_id = 'cancel-leak2'")
         out = g.invoke({"log": []}, cfg("cancel-leak2"))
         assert out["log"][-1] == "slow" and thread_row(db, "cancel-leak2")["status"] == "done"
 
@@ -585,3 +598,110 @@ def test_old_worker_rows_are_pruned(db: str) -> None:
     # stopped: never pruned) and the new row.
     assert n == WORKER_ROWS_KEPT + 2 + 1
     assert not q(db, "SELECT 1 FROM durable_workers WHERE worker_id = 'ancient'")
+
+
+async def test_async_worker_registers_and_stops(db: str) -> None:
+    async with AsyncDurablePostgresSaver.from_conn_string(db) as saver:
+        graph = cc.make_steps(2).compile(checkpointer=saver)
+        worker = RecoveryWorker(graph, heartbeat_interval=0.2, poll_interval=0.1)
+        task = asyncio.create_task(worker.arun(install_signal_handlers=False))
+        try:
+            row = await asyncio.to_thread(
+                wait_for, lambda: q(db, "SELECT * FROM durable_workers WHERE worker_id = %s", (worker.worker_id,)),
+                30, "the async worker's row",
+            )
+            assert row[0]["stopped_at"] is None and row[0]["pid"] == os.getpid()
+            [info] = [w for w in await control.alist_workers(saver) if w.worker_id == worker.worker_id]
+            assert info.alive
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+        [row] = q(db, "SELECT * FROM durable_workers WHERE worker_id = %s", (worker.worker_id,))
+        assert row["stopped_at"] is not None
+
+
+def test_a_worker_run_cancelled_is_held_until_resumed(db: str) -> None:
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        graph = cc.make_steps(30).compile(checkpointer=saver)
+        from langgraph_durable.recovery import submit
+
+        submit(graph, {"log": []}, cfg("cancel-worker"))
+        results: list[Any] = []
+        worker = RecoveryWorker(graph, poll_interval=0.1, on_recovery=results.append, heartbeat_interval=0.5)
+        t = threading.Thread(target=lambda: worker.run(install_signal_handlers=False), daemon=True)
+        t.start()
+        try:
+            wait_for(lambda: len(effects(db, "cancel-worker", "step")) >= 2, 60, "steps")
+            # The registry counts the run in flight.
+            wait_for(lambda: any(w.claimed == 1 for w in control.list_workers(saver) if w.worker_id == worker.worker_id),
+                     30, "claimed = 1")
+            control.request_cancel(saver, "cancel-worker")
+            wait_for(lambda: results, 60, "the run to stop")
+            assert results[0].outcome == "cancelled" and results[0].status == "stopped"
+            time.sleep(0.5)  # several polls: the held thread is not claimed again
+            assert len(results) == 1 and thread_row(db, "cancel-worker")["status"] == "stopped"
+            control.queue_resume(saver, "cancel-worker")
+            wait_for(lambda: len(results) == 2, 60, "the resumed run")
+            assert results[1].status == "done"
+        finally:
+            worker.stop()
+            t.join(30)
+        assert graph.get_state(cfg("cancel-worker")).values["log"] == [f"s{i}" for i in range(30)]
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_cancel_stops_at_the_next_step_boundary(db: str, durability: str) -> None:
+    """Requested while s2 runs: under durability="sync" s3 never starts (the put of s2's
+    checkpoint says so and LangGraph waits for it); under "async" one more step runs
+    (s2's put runs beside it), then the boundary after it stops the run. The stored head is a step
+    boundary and resumes to the end."""
+    from langgraph.graph import END, START, StateGraph
+
+    in_s2, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def node(name: str) -> Any:
+        def fn(state: Any) -> dict[str, Any]:
+            ran.append(name)
+            if name == "s2" and not release.is_set():
+                in_s2.set()
+                release.wait(10)
+            elif durability == "async":
+                time.sleep(0.3)  # a step longer than a put (the put runs beside it)
+            return {"log": [name]}
+        return fn
+
+    b = StateGraph(cc.State)
+    prev = START
+    for i in range(6):
+        b.add_node(f"s{i}", node(f"s{i}"))
+        b.add_edge(prev, f"s{i}")
+        prev = f"s{i}"
+    b.add_edge(prev, END)
+    tid = f"cancel-boundary-{durability}"
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        g = b.compile(checkpointer=saver)
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                g.invoke({"log": []}, cfg(tid), durability=durability)  # type: ignore[arg-type]
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        assert in_s2.wait(10)
+        control.request_cancel(saver, tid)
+        release.set()
+        t.join(20)
+        assert [type(e) for e in errors] == [RunCancelledError]
+        if durability == "sync":
+            assert ran == ["s0", "s1", "s2"]
+        else:
+            # s3 (a slow machine: the put still in flight after s3, then s4 too), never all.
+            assert ran in (["s0", "s1", "s2", "s3"], ["s0", "s1", "s2", "s3", "s4"])
+        stored = g.get_state(cfg(tid)).values["log"]
+        assert stored == ran[: len(stored)]
+        release.set()
+        assert g.invoke(None, cfg(tid))["log"] == [f"s{i}" for i in range(6)]

@@ -21,6 +21,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import Connection
 
 from langgraph_durable import telemetry as _telemetry
+from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
     Flow,
     Op,
@@ -192,6 +193,21 @@ class _DurableBase(
                 raise RunCancelledError(lease.thread_id, lease.token, lease.acked.get("") or lease.checkpoint_id)
         return super().get_next_version(current, channel)
 
+    def _raise_if_cancelled(self, config: RunnableConfig, written: RunnableConfig) -> None:
+        """A root put (stored, committed) whose RETURNING said an operator cancelled the
+        run (issue 25): raise now. Under durability="sync" LangGraph waits for this put
+        before the next step, so the run stops at this boundary with this checkpoint
+        stored; otherwise get_next_version stops it at the next boundary at the latest."""
+        configurable = config["configurable"]
+        if configurable.get("checkpoint_ns"):
+            return
+        thread_id = str(configurable["thread_id"])
+        lease = _RUN_LEASE.get()
+        if lease is None or lease.thread_id != thread_id:
+            lease = self._leases.for_runtime(configurable.get(_RUNTIME_KEY), thread_id)
+        if lease is not None and lease.cancel and not lease.released:
+            raise RunCancelledError(thread_id, lease.token, written["configurable"].get("checkpoint_id"))
+
     # ------------------------------------------------------------------ public API (sync)
 
     @_telemetry.instrument("get")
@@ -243,6 +259,7 @@ class _DurableBase(
             str(config["configurable"]["thread_id"]),
             lambda: self._op_put(config, checkpoint, metadata, new_versions),
         )
+        self._raise_if_cancelled(config, written)
         return written
 
     @_telemetry.instrument("put_writes")
@@ -336,6 +353,7 @@ class _DurableBase(
             str(config["configurable"]["thread_id"]),
             lambda: self._op_put(config, checkpoint, metadata, new_versions),
         )
+        self._raise_if_cancelled(config, written)
         return written
 
     @_telemetry.instrument("put_writes")

@@ -373,11 +373,8 @@ class WriteOps(WriteView):
         else:
             texts = GUARDED_UPSERT_CHILD_CHECKPOINT_SQL if child else GUARDED_UPSERT_CHECKPOINT_SQL
         sql = texts[mode]
-        if lease is not None:
-            # Lease mode: the put's RETURNING says whether an operator cancelled this run.
-            stmts.append(Stmt(sql, (*row, *guard, lease.token, thread_id), fetch=True))
-        else:
-            stmts.append(Stmt(sql, (*row, *guard)))
+        # Lease mode: the put's RETURNING says whether an operator cancelled this run.
+        stmts.append(Stmt(sql, (*row, *guard), fetch=lease is not None))
         try:
             # The only batch: one pipeline, no BEGIN/COMMIT (_io._implicit).
             out = yield Batch(stmts, final=True)

@@ -96,7 +96,8 @@ def guard_params(
     parent: str | None = None,
 ) -> tuple[object, ...]:
     """The guard's parameters, in _guard's order; ``cid`` None: no order check (writes);
-    ``parent``: the parent check (GUARDED_UPSERT_CHILD_CHECKPOINT_SQL, lease mode)."""
+    ``parent``: the parent check (GUARDED_UPSERT_CHILD_CHECKPOINT_SQL, lease mode). A
+    run's put (lease mode, ``cid``) ends with its cancel probe's (_CANCEL_RETURNING)."""
     out: tuple[object, ...] = ()
     if mode == "lease":
         out = (token, owner, thread, thread, token)
@@ -106,6 +107,8 @@ def guard_params(
         out = (*out, thread, ns, parent, thread, ns, parent)
     if cid is not None:
         out = (*out, thread, ns, cid, cid, thread, ns, cid)
+        if mode == "lease":
+            out = (*out, token, thread)  # a run's put: _CANCEL_RETURNING's
     return out
 
 
@@ -153,7 +156,7 @@ _MODES: tuple[GuardMode, ...] = ("lease", "foreign", "none")
 # A run's put (lease mode) also answers whether an operator asked this run to stop
 # (issue 25, ops.control.request_cancel): the thread row the guard locked, probed again
 # by primary key in RETURNING (the guard's InitPlan cannot be returned), no round trip
-# added. Parameters after the guard's: the run's token, the thread. The run stops at its
+# added. Its parameters end guard_params': the run's token, the thread. The run stops at its
 # next step boundary (core.base.get_next_version).
 _CANCEL_RETURNING = """RETURNING (SELECT d.cancel_token = %s::bigint FROM durable_threads d
                         WHERE d.thread_id = %s) AS cancel
