@@ -26,8 +26,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _hypothesis_profiles  # noqa: F401 (registers the profiles)
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 from psycopg.rows import dict_row
@@ -331,3 +334,48 @@ def test_the_threads_list_is_in_natural_order_page_by_page(saver: Any, data: Dat
         assert ids == want
         html = client.get("/threads?sort=id&limit=500&prefix=order-").text
         assert [t for t in re.findall(r'href="/thread\?id=([^"]+)"', html)] == sorted(data.orders)
+
+
+_IDS = st.lists(
+    st.builds(
+        lambda word, zeros, n, tail: f"{word}-{'0' * zeros}{n}{tail}",
+        st.sampled_from(["nat", "nat-x", "Nat", "nat2"]),
+        st.integers(0, 2),
+        st.integers(0, 1200),
+        st.sampled_from(["", "b", "-1", ".5"]),
+    ),
+    min_size=1, max_size=30, unique=True,
+)
+
+
+@settings(max_examples=25)
+@given(ids=_IDS, page=st.integers(1, 7))
+def test_natural_pages_partition_the_natural_order(saver: Any, data: Data, ids: list[str], page: int) -> None:
+    """Property: walking the natural-order pages (the keyset compared in the same
+    collation) yields every thread once, in the server's natural order, whatever the ids
+    (leading zeros that tie numerically, suffixes, case) and the page size; ids that
+    differ only in their number come in numeric order."""
+    from langgraph_durable.sql import console as cq
+
+    prefix = f"p{uuid.uuid4().hex[:6]}-"
+    rows = [prefix + i for i in ids]
+    with psycopg.connect(data.dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO durable_threads (thread_id, status) SELECT unnest(%s::text[]), 'done'",
+                     (rows,))
+        want = [r[0] for r in conn.execute(
+            "SELECT thread_id FROM durable_threads WHERE starts_with(thread_id, %s) "
+            "ORDER BY thread_id COLLATE durable_natural", (prefix,))]
+        seen: list[str] = []
+        after = None
+        while True:
+            got = [r[0] for r in conn.execute(cq.THREADS_NATURAL_SQL, {
+                "after": after, "prefix": prefix, "version": None, "older": None, "newer": None,
+                "status": None, "limit": page})]
+            seen += got
+            if len(got) < page:
+                break
+            after = got[-1]
+        conn.execute("DELETE FROM durable_threads WHERE starts_with(thread_id, %s)", (prefix,))
+    assert seen == want and sorted(seen) == sorted(rows)
+    plain = [t for t in seen if re.fullmatch(re.escape(prefix) + r"nat-[1-9]\d*", t)]
+    assert plain == sorted(plain, key=lambda t: int(t.rsplit("-", 1)[1]))
