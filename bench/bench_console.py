@@ -152,12 +152,12 @@ def asking(saver: DurablePostgresSaver) -> None:
 
 
 def samples(saver: DurablePostgresSaver) -> dict[str, str]:
-    """One thread of each state the decisions need."""
+    """One of the 100k threads of each state the decisions need (not conv-bench)."""
     from langgraph_durable.ops import inspection as lgi
 
     out = {}
     for state in ("stopped", "waiting", "running", "done", "quarantined"):
-        rows = lgi.list_threads(saver, status=state, limit=1)
+        rows = lgi.list_threads(saver, status=state, prefix="t0", limit=1)
         out[state] = rows[0]["thread_id"] if rows else "none"
     return out
 
