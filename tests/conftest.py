@@ -180,6 +180,8 @@ SLOW_FIRST = (
 )
 # --- failover branch ---
 SLOW_FIRST += ("test_failover_async.py",)  # 20-45 (one primary + standby, 4 worker processes)
+# --- ctl25 ---
+SLOW_FIRST += ("test_control.py",)  # 78 serial (worker processes SIGKILLed, cancels across processes)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -705,3 +705,15 @@ def test_cancel_stops_at_the_next_step_boundary(db: str, durability: str) -> Non
         assert stored == ran[: len(stored)]
         release.set()
         assert g.invoke(None, cfg(tid))["log"] == [f"s{i}" for i in range(6)]
+
+
+def test_new_errors_pickle_with_their_fields() -> None:
+    import pickle
+
+    for err in (
+        RunCancelledError("t", 7, "c"),
+        ControlRefusedError("t", "answer", "it does not wait on an interrupt", "done", "c"),
+    ):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.fields == err.fields
+        assert back.fields["thread_id"] == "t" and back.fields["checkpoint_id"] == "c"
