@@ -377,3 +377,9 @@ if TYPE_CHECKING:
     )
 __all__ += ["AcknowledgedWorkLostError", "ArchiveRejectedError", "ArchiveTooLargeError"]
 _LAZY.update(dict.fromkeys(__all__[-3:], "langgraph_durable.errors"))
+
+# --- ctl25 --- The operator decisions' errors (issue 25, ops.control).
+if TYPE_CHECKING:
+    from langgraph_durable.errors import ControlRefusedError, RunCancelledError
+__all__ += ["ControlRefusedError", "RunCancelledError"]
+_LAZY.update(dict.fromkeys(__all__[-2:], "langgraph_durable.errors"))

@@ -705,3 +705,47 @@ def test_cancel_stops_at_the_next_step_boundary(db: str, durability: str) -> Non
         assert stored == ran[: len(stored)]
         release.set()
         assert g.invoke(None, cfg(tid))["log"] == [f"s{i}" for i in range(6)]
+
+
+def test_new_errors_pickle_with_their_fields() -> None:
+    import pickle
+
+    for err in (
+        RunCancelledError("t", 7, "c"),
+        ControlRefusedError("t", "answer", "it does not wait on an interrupt", "done", "c"),
+    ):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.fields == err.fields
+        assert back.fields["thread_id"] == "t" and back.fields["checkpoint_id"] == "c"
+
+
+def test_cli_decisions(db: str, ask_graph: Any, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from langgraph_durable.cli import app
+
+    run = CliRunner().invoke
+    waiting_thread(ask_graph, "cli-ans")
+    res = run(app, ["threads", "answer", "cli-ans", '{"ok": 1}', "--dsn", db, "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["thread_id"] == "cli-ans" and thread_row(db, "cli-ans")["status"] == "queued"
+    [rec] = audit(db, "cli-ans", "answer")
+    assert rec["detail"]["run_by"] == "worker"  # (via is "cli" from the real entry point, main())
+    res = run(app, ["threads", "answer", "cli-ans", "{not json", "--dsn", db])
+    assert res.exit_code == 1
+    result = RecoveryWorker(ask_graph, register=False).recover_one()
+    assert result is not None and result.status == "done"
+    res = run(app, ["threads", "resume", "cli-ans", "--dsn", db])
+    assert res.exit_code == 1 and "finished" in res.output
+    res = run(app, ["threads", "cancel", "cli-ans", "--dsn", db, "--json"])
+    assert res.exit_code == 1 and json.loads(res.output)["error"] == "ControlRefusedError"
+    head = ask_graph.get_state(cfg("cli-ans")).config["configurable"]["checkpoint_id"]
+    res = run(app, ["threads", "fork", "cli-ans", head, "--new-thread", "cli-fork", "--dsn", db, "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["new_thread_id"] == "cli-fork"
+    res = run(app, ["threads", "resume", "cli-fork", "--dsn", db])
+    assert res.exit_code == 0 and "no live worker serves" in res.output
+    res = run(app, ["threads", "delete", "cli-fork", "--dsn", db])
+    assert res.exit_code == 1  # needs --yes
+    res = run(app, ["threads", "delete", "cli-fork", "--dsn", db, "--yes", "--archive", str(tmp_path), "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["archive"]
+    assert not q(db, "SELECT 1 FROM checkpoints WHERE thread_id = 'cli-fork'")

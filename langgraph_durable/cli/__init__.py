@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from langgraph_durable.cli import (
+    _control,
     _demo,
     _embedded,
     _export,
@@ -38,7 +39,7 @@ app = typer.Typer(
 
 for module in (
     _demo, _embedded, _threads, _versions, _storage, _quarantine, _ledger, _worker, _export,
-    _roles, _ui,
+    _roles, _ui, _control,
 ):
     module.register(app)
 

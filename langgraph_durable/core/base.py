@@ -56,6 +56,9 @@ from langgraph_durable.versioning import (
     graph_fingerprint,
 )
 
+# LangGraph's configurable key for the run's durability (langgraph._internal._constants).
+_DURABILITY_KEY = "__pregel_durability"
+
 
 class _DurableBase(
     RunLifecycle,
@@ -199,7 +202,9 @@ class _DurableBase(
         before the next step, so the run stops at this boundary with this checkpoint
         stored; otherwise get_next_version stops it at the next boundary at the latest."""
         configurable = config["configurable"]
-        if configurable.get("checkpoint_ns"):
+        if configurable.get("checkpoint_ns") or configurable.get(_DURABILITY_KEY) != "sync":
+            # Under "async" LangGraph reads this put's outcome only at the next put or at
+            # the run's exit: raising would only fail a run that has just finished.
             return
         thread_id = str(configurable["thread_id"])
         lease = _RUN_LEASE.get()
