@@ -862,6 +862,45 @@ __all__ += [
 ]
 
 
+# --- ctl25 ---
+class RunCancelledError(DurableError):
+    """An operator asked this run to stop (``ops.control.request_cancel``, the console's
+    Cancel): it stopped at a step boundary, the thread is ``stopped`` at its last
+    checkpoint and resumes with ``invoke(None)`` or a queued resume. ``token``: the
+    fencing token of the lease the request was for."""
+
+    def __init__(self, thread_id: str, token: int | None, checkpoint_id: str | None = None) -> None:
+        super().__init__(
+            f"run on thread {thread_id!r} was cancelled by an operator at a step boundary "
+            f"(lease token {token}); the thread is stopped at checkpoint {checkpoint_id!r}, "
+            "resume it with invoke(None) or `langgraph-durable threads resume`",
+            thread_id=thread_id,
+            token=token,
+            checkpoint_id=checkpoint_id,
+        )
+
+
+class ControlRefusedError(DurableError):
+    """An operator decision (resume, answer, cancel, fork, delete) that does not apply
+    to the thread as it is now: ``action``, the thread's ``status`` (None: no such
+    thread) and ``reason`` say why. Nothing was changed."""
+
+    def __init__(
+        self, thread_id: str, action: str, reason: str, status: str | None = None,
+        checkpoint_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            f"cannot {action} thread {thread_id!r}: {reason}",
+            thread_id=thread_id,
+            action=action,
+            reason=reason,
+            status=status,
+            checkpoint_id=checkpoint_id,
+        )
+
+
+__all__ += ["ControlRefusedError", "RunCancelledError"]
+
 # --- standby26 ---
 class ReadDsnUnreachableError(DatabaseUnreachableError):
     """The server behind ``read_dsn`` (``LANGGRAPH_DURABLE_READ_DSN``, ``--read-dsn``: a
