@@ -1,0 +1,242 @@
+"""Adversarial review of issue 25's decisions (rev25): an operator's confirmation and
+the POST that carries it out are two requests; between them the thread may change. A
+decision confirmed for one run / one question must never reach another:
+
+* a cancel confirmed for the run holding lease token T must not stop the next run on
+  the thread (token T+1) when T's run ended in between;
+* an answer confirmed for the question asked at checkpoint C must not be queued as the
+  answer to the next question (another checkpoint) when the thread moved on in between;
+* with an encrypting serializer a queued answer is nowhere in plaintext (the
+  durable_threads row, the audit row).
+
+Real graph runs on real PostgreSQL, the console over starlette's TestClient."""
+
+from __future__ import annotations
+
+import html as _html
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any, TypedDict
+
+import psycopg
+import pytest
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+from psycopg.rows import dict_row
+from starlette.testclient import TestClient
+
+from langgraph_durable import ControlRefusedError, DurablePostgresSaver, RunCancelledError
+from langgraph_durable.console import create_app
+from langgraph_durable.ops import control
+
+TOKEN = "rev25-" + uuid.uuid4().hex[:8]
+CANARY = "CANARYrev25Qx7"
+
+
+def q(dsn: str, sql: str, *args: Any) -> list[dict[str, Any]]:
+    with psycopg.connect(dsn, row_factory=dict_row) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def _cfg(tid: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": tid}}
+
+
+class Ask(TypedDict, total=False):
+    a1: str
+    a2: str
+
+
+def _q1(state: Ask) -> Ask:
+    return {"a1": str(interrupt({"question": "refund the order?"}))}
+
+
+def _q2(state: Ask) -> Ask:
+    return {"a2": str(interrupt({"question": "also close the account?"}))}
+
+
+def two_questions(saver: Any) -> Any:
+    b = StateGraph(Ask)
+    b.add_node("q1", _q1)
+    b.add_node("q2", _q2)
+    b.add_edge(START, "q1")
+    b.add_edge("q1", "q2")
+    b.add_edge("q2", END)
+    return b.compile(checkpointer=saver)
+
+
+class Gated(TypedDict, total=False):
+    steps: int
+    done: int
+
+
+GATES: dict[str, threading.Event] = {}
+ENTERED: dict[str, threading.Event] = {}
+
+
+def _tick(state: Gated, config: RunnableConfig) -> Gated:
+    run = config["configurable"]["run_tag"]
+    ENTERED[run].set()
+    assert GATES[run].wait(60)
+    return {"done": state.get("done", 0) + 1}
+
+
+def _more(state: Gated) -> str:
+    return "tick" if state.get("done", 0) < state.get("steps", 0) else END
+
+
+def gated(saver: Any) -> Any:
+    b = StateGraph(Gated)
+    b.add_node("tick", _tick)
+    b.add_conditional_edges(START, _more, ["tick", END])
+    b.add_conditional_edges("tick", _more, ["tick", END])
+    return b.compile(checkpointer=saver)
+
+
+@pytest.fixture(scope="module")
+def saver(dsn: str) -> Iterator[Any]:
+    with DurablePostgresSaver.from_conn_string(dsn) as s:
+        yield s
+
+
+def _client(saver: Any, **kw: Any) -> TestClient:
+    c = TestClient(create_app(saver, allow_actions=True, token=TOKEN, sample_interval=0, **kw))
+    r = c.post("/login", data={"token": TOKEN, "name": "rev"}, follow_redirects=False)
+    assert r.status_code == 303
+    return c
+
+
+def _confirm_form(page: str) -> dict[str, str]:
+    form = page[page.index('<form method="post" action="/act/'):]
+    form = form[: form.index("</form>")]
+    return {k: _html.unescape(v) for k, v in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', form)}
+
+
+def _audit(dsn: str, tid: str) -> list[dict[str, Any]]:
+    return q(dsn, "SELECT * FROM durable_audit WHERE thread_id = %s ORDER BY id", tid)
+
+
+def test_an_answer_confirmed_for_one_question_is_not_queued_for_the_next(saver: Any, dsn: str) -> None:
+    """The operator confirms "yes" to q1 ("refund the order?"); before the POST the
+    application answers q1 itself and the thread now waits on q2 ("also close the
+    account?"). The POST must be refused (the question changed), not queue "yes" as
+    the answer to q2. Fails on main at the status-code assertion (303: queued for q2)."""
+    tid = f"two-q-{uuid.uuid4().hex[:6]}"
+    graph = two_questions(saver)
+    graph.invoke({}, _cfg(tid))
+    with _client(saver) as client:
+        page = client.get(f"/confirm/answer?thread={tid}&value=%22yes%22")
+        assert page.status_code == 200 and "refund the order?" in page.text
+        fields = _confirm_form(page.text)
+        # Meanwhile the application itself answers q1: the thread waits on q2 now.
+        graph.invoke(Command(resume="no refund"), _cfg(tid))
+        assert graph.get_state(_cfg(tid)).interrupts[0].value["question"] == "also close the account?"
+        r = client.post("/act/answer", data=fields, follow_redirects=False)
+        assert r.status_code == 409, f"an answer to q1 was queued for q2: {r.status_code}"
+    row = q(dsn, "SELECT status, answer_blob FROM durable_threads WHERE thread_id = %s", tid)[0]
+    assert row["status"] == "waiting" and row["answer_blob"] is None
+    assert [a for a in _audit(dsn, tid) if a["action"].endswith("answer")] == []
+
+
+def test_queue_answer_with_the_confirmed_checkpoint_refuses_a_moved_head(saver: Any, dsn: str) -> None:
+    """The operator API itself: ``checkpoint_id=`` names the waiting checkpoint the
+    answer is for; a head that moved on refuses (ControlRefusedError), nothing stored."""
+    tid = f"two-q-api-{uuid.uuid4().hex[:6]}"
+    graph = two_questions(saver)
+    graph.invoke({}, _cfg(tid))
+    asked_at = graph.get_state(_cfg(tid)).config["configurable"]["checkpoint_id"]
+    graph.invoke(Command(resume="no refund"), _cfg(tid))
+    with pytest.raises(ControlRefusedError, match="moved on"):
+        control.queue_answer(saver, tid, "yes", checkpoint_id=asked_at)
+    assert q(dsn, "SELECT answer_blob FROM durable_threads WHERE thread_id = %s", tid)[0]["answer_blob"] is None
+    now_at = graph.get_state(_cfg(tid)).config["configurable"]["checkpoint_id"]
+    control.queue_answer(saver, tid, "close it", checkpoint_id=now_at)
+    assert q(dsn, "SELECT status FROM durable_threads WHERE thread_id = %s", tid)[0]["status"] == "queued"
+
+
+def _run_in_thread(graph: Any, tid: str, inp: Any, tag: str) -> tuple[threading.Thread, list[Any]]:
+    GATES[tag], ENTERED[tag] = threading.Event(), threading.Event()
+    out: list[Any] = []
+
+    def run() -> None:
+        cfg = {"configurable": {"thread_id": tid, "run_tag": tag}}
+        try:
+            out.append(graph.invoke(inp, cfg))
+        except BaseException as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def test_a_cancel_confirmed_for_one_run_does_not_stop_the_next(saver: Any, dsn: str) -> None:
+    """Run A (lease token T) holds the thread when the operator opens the cancel page;
+    A ends, run B (token T+1) starts; the operator's POST must be refused (the run it
+    confirmed has ended), not stop B. Fails on main at the status-code assertion (303)
+    and B ends with RunCancelledError."""
+    tid = f"cancel-race-{uuid.uuid4().hex[:6]}"
+    graph = gated(saver)
+    a, a_out = _run_in_thread(graph, tid, {"steps": 1}, "A")
+    assert ENTERED["A"].wait(30)
+    with _client(saver) as client:
+        page = client.get(f"/confirm/cancel?thread={tid}")
+        assert page.status_code == 200, page.text[:300]
+        fields = _confirm_form(page.text)
+        token_a = q(dsn, "SELECT lease_token FROM durable_threads WHERE thread_id = %s", tid)[0]["lease_token"]
+        GATES["A"].set()
+        a.join(30)
+        assert a_out and not isinstance(a_out[0], BaseException), a_out
+        b, b_out = _run_in_thread(graph, tid, {"steps": 3, "done": 0}, "B")
+        assert ENTERED["B"].wait(30)
+        token_b = q(dsn, "SELECT lease_token FROM durable_threads WHERE thread_id = %s", tid)[0]["lease_token"]
+        assert token_b != token_a
+        r = client.post("/act/cancel", data=fields, follow_redirects=False)
+        GATES["B"].set()
+        b.join(60)
+    assert r.status_code == 409, f"a cancel confirmed for token {token_a} was sent to {token_b}: {r.status_code}"
+    assert b_out and not isinstance(b_out[0], RunCancelledError), b_out
+    assert b_out[0]["done"] == 3
+    assert q(dsn, "SELECT status FROM durable_threads WHERE thread_id = %s", tid)[0]["status"] == "done"
+    assert [a for a in _audit(dsn, tid) if a["action"].endswith("cancel")] == []
+
+
+def test_request_cancel_with_a_token_refuses_another_run(saver: Any, dsn: str) -> None:
+    """The operator API: ``token=`` names the lease the cancel is for; another token
+    refuses (ControlRefusedError) and sets no request."""
+    tid = f"cancel-tok-{uuid.uuid4().hex[:6]}"
+    graph = gated(saver)
+    t, out = _run_in_thread(graph, tid, {"steps": 1}, "C")
+    try:
+        assert ENTERED["C"].wait(30)
+        token = q(dsn, "SELECT lease_token FROM durable_threads WHERE thread_id = %s", tid)[0]["lease_token"]
+        with pytest.raises(ControlRefusedError, match="ended"):
+            control.request_cancel(saver, tid, token=int(token) - 1)
+        assert q(dsn, "SELECT cancel_token FROM durable_threads WHERE thread_id = %s", tid)[0]["cancel_token"] is None
+        control.request_cancel(saver, tid, token=int(token))
+        assert q(dsn, "SELECT cancel_token FROM durable_threads WHERE thread_id = %s",
+                 tid)[0]["cancel_token"] == token
+    finally:
+        GATES["C"].set()
+        t.join(30)
+
+
+def test_a_queued_answer_is_not_stored_in_plaintext_with_an_encrypting_serde(dsn: str) -> None:
+    key = b"0123456789abcdef0123456789abcdef"
+    serde = EncryptedSerializer.from_pycryptodome_aes(key=key)
+    tid = f"sealed-answer-{uuid.uuid4().hex[:6]}"
+    with DurablePostgresSaver.from_conn_string(dsn, serde=serde) as saver:
+        graph = two_questions(saver)
+        graph.invoke({}, _cfg(tid))
+        control.queue_answer(saver, tid, {"note": f"refund {CANARY}"})
+        row = q(dsn, "SELECT * FROM durable_threads WHERE thread_id = %s", tid)[0]
+        assert row["answer_blob"] is not None
+        for col, value in row.items():
+            raw = bytes(value) if isinstance(value, bytes | memoryview) else str(value).encode()
+            assert CANARY.encode() not in raw, f"durable_threads.{col} holds the answer in plaintext"
+        for a in _audit(dsn, tid):
+            assert CANARY not in str(a), "the audit row holds the answer"
