@@ -130,14 +130,19 @@ def run(
         return _queued("resume queued", control.queue_resume(saver, tid)), page
     if action == "answer":
         value = json.loads(str(form["value"]))
+        # The question the operator read (the confirmation page's head): an answer is
+        # refused when the thread moved on to another question since (rev25).
+        head = str(form.get("head") or "") or None
         if str(form.get("mode")) == "now":
             if graph is None:
                 raise ValueError("this console was started without --graph")
-            control.answer_now(graph, tid, value)
+            control.answer_now(graph, tid, value, checkpoint_id=head)
             return f"answered {tid}: the run went on in the console's process", page
-        return _queued("answer queued", control.queue_answer(saver, tid, value)), page
+        return _queued("answer queued", control.queue_answer(saver, tid, value, checkpoint_id=head)), page
     if action == "cancel":
-        control.request_cancel(saver, tid)
+        # The run the operator confirmed (its lease token): another run is left alone.
+        token = str(form.get("token") or "")
+        control.request_cancel(saver, tid, token=int(token) if token.isdigit() else None)
         return (f"cancel requested for {tid}: the run stops at its next step boundary "
                 "(status stopped, resumable)"), page
     if action == "fork":

@@ -283,13 +283,22 @@ def _encode_answer(saver: SaverView, value: Any) -> tuple[str, bytes]:
     return tag, bytes(data)
 
 
-def _op_check_waiting(thread_id: str, action: str) -> Op[_Thread]:
+def _op_check_waiting(thread_id: str, action: str, checkpoint_id: str | None = None) -> Op[_Thread]:
     t = yield from _op_thread(thread_id)
     _refuse_unknown(t, action)
     _refuse_live(t)
     if t.status not in ("waiting", None) or not t.interrupted:
         raise ControlRefusedError(
             thread_id, action, "it does not wait on an interrupt", t.status, t.head
+        )
+    if checkpoint_id is not None and t.head != checkpoint_id:
+        # The operator answered the question asked at checkpoint_id (the confirmation
+        # page); the thread moved on to another one since (rev25): never answer a
+        # question nobody has read.
+        raise ControlRefusedError(
+            thread_id, action, f"it moved on since the answer was confirmed: the question asked at "
+            f"{checkpoint_id} is no longer pending (the head is {t.head}): read the new one and answer again",
+            t.status, t.head,
         )
     return t
 
@@ -313,8 +322,10 @@ def _addressed(value: Any, ids: list[str]) -> Any:
     return {ids[0]: value} if len(ids) == 1 else value
 
 
-def _op_queue_answer(saver: SaverView, thread_id: str, value: Any) -> Op[tuple[str, str | None]]:
-    t = yield from _op_check_waiting(thread_id, "answer")
+def _op_queue_answer(
+    saver: SaverView, thread_id: str, value: Any, checkpoint_id: str | None = None
+) -> Op[tuple[str, str | None]]:
+    t = yield from _op_check_waiting(thread_id, "answer", checkpoint_id)
     if t.status is None:
         raise ControlRefusedError(
             thread_id, "answer", "it has no durable_threads row (written without leases): "
@@ -338,26 +349,32 @@ def _op_queue_answer(saver: SaverView, thread_id: str, value: Any) -> Op[tuple[s
     return thread_id, t.graph_version
 
 
-def queue_answer(saver: SaverView, thread_id: str, value: Any) -> ResumeQueued:
+def queue_answer(
+    saver: SaverView, thread_id: str, value: Any, *, checkpoint_id: str | None = None
+) -> ResumeQueued:
     """Answer the interrupt ``thread_id`` waits on with ``Command(resume=value)``, run by
     the recovery worker that claims it (queued). The value is stored as the saver's
     serde encodes it. Refused unless the thread waits on an interrupt with no live
-    lease (``ControlRefusedError`` / ``ThreadBusyError``), or for a null value."""
+    lease (``ControlRefusedError`` / ``ThreadBusyError``), or for a null value.
+    ``checkpoint_id``: the waiting checkpoint whose question was answered (what the
+    operator read); refused when the thread's head is another one now."""
     _check_answer(str(thread_id), value)
     _encode_answer(saver, value)  # an unencodable value fails here, before any I/O
-    tid, version = saver.run_op(lambda: _op_queue_answer(saver, str(thread_id), value))
+    tid, version = saver.run_op(lambda: _op_queue_answer(saver, str(thread_id), value, checkpoint_id))
     return ResumeQueued(tid, version, tuple(workers_serving(saver, version)))
 
 
-async def aqueue_answer(saver: SaverView, thread_id: str, value: Any) -> ResumeQueued:
+async def aqueue_answer(
+    saver: SaverView, thread_id: str, value: Any, *, checkpoint_id: str | None = None
+) -> ResumeQueued:
     _check_answer(str(thread_id), value)
     _encode_answer(saver, value)
-    tid, version = await saver.arun_op(lambda: _op_queue_answer(saver, str(thread_id), value))
+    tid, version = await saver.arun_op(lambda: _op_queue_answer(saver, str(thread_id), value, checkpoint_id))
     return ResumeQueued(tid, version, tuple(await aworkers_serving(saver, version)))
 
 
-def _op_answer_now(thread_id: str, value_type: str) -> Op[_Thread]:
-    t = yield from _op_check_waiting(thread_id, "answer")
+def _op_answer_now(thread_id: str, value_type: str, checkpoint_id: str | None = None) -> Op[_Thread]:
+    t = yield from _op_check_waiting(thread_id, "answer", checkpoint_id)
     record = _audit.AuditRecord(
         thread_id=thread_id, before_id=t.head, after_id=t.head,
         detail={"status": [t.status, "running"], "value_type": value_type, "run_by": "console"},
@@ -375,30 +392,36 @@ def _answer_config(thread_id: str, config: RunnableConfig | None) -> RunnableCon
     return cast(RunnableConfig, cfg)
 
 
-def answer_now(graph: Any, thread_id: str, value: Any, *, config: RunnableConfig | None = None) -> Any:
+def answer_now(
+    graph: Any, thread_id: str, value: Any, *, config: RunnableConfig | None = None,
+    checkpoint_id: str | None = None,
+) -> Any:
     """Answer the interrupt ``thread_id`` waits on by running
     ``graph.invoke(Command(resume=value), config)`` in this process; returns what
-    invoke returns. Refused as :func:`queue_answer`."""
+    invoke returns. Refused as :func:`queue_answer` (``checkpoint_id`` too)."""
     from langgraph.types import Command
 
     from langgraph_durable.recovery import durable_saver_of
 
     _check_answer(str(thread_id), value)
     saver = durable_saver_of(graph)
-    saver.run_op(lambda: _op_answer_now(str(thread_id), type(value).__name__))
+    saver.run_op(lambda: _op_answer_now(str(thread_id), type(value).__name__, checkpoint_id))
     cfg = _answer_config(str(thread_id), config)
     ids = [i.id for i in graph.get_state(cfg).interrupts]
     return graph.invoke(Command(resume=_addressed(value, ids)), cfg)
 
 
-async def aanswer_now(graph: Any, thread_id: str, value: Any, *, config: RunnableConfig | None = None) -> Any:
+async def aanswer_now(
+    graph: Any, thread_id: str, value: Any, *, config: RunnableConfig | None = None,
+    checkpoint_id: str | None = None,
+) -> Any:
     from langgraph.types import Command
 
     from langgraph_durable.recovery import durable_saver_of
 
     _check_answer(str(thread_id), value)
     saver = durable_saver_of(graph)
-    await saver.arun_op(lambda: _op_answer_now(str(thread_id), type(value).__name__))
+    await saver.arun_op(lambda: _op_answer_now(str(thread_id), type(value).__name__, checkpoint_id))
     cfg = _answer_config(str(thread_id), config)
     ids = [i.id for i in (await graph.aget_state(cfg)).interrupts]
     return await graph.ainvoke(Command(resume=_addressed(value, ids)), cfg)
@@ -407,12 +430,23 @@ async def aanswer_now(graph: Any, thread_id: str, value: Any, *, config: Runnabl
 # --------------------------------------------------------------------------- cancel
 
 
-def _op_request_cancel(thread_id: str) -> Op[None]:
+def _op_request_cancel(thread_id: str, token: int | None = None) -> Op[None]:
     rows = yield Batch(
-        [Stmt(CONTROL_THREAD_SQL, (thread_id,), fetch=True), Stmt(REQUEST_CANCEL_SQL, (thread_id,), fetch=True)]
+        [
+            Stmt(CONTROL_THREAD_SQL, (thread_id,), fetch=True),
+            Stmt(REQUEST_CANCEL_SQL, (thread_id, token), fetch=True),
+        ]
     )
     if not rows[1]:
-        status = rows[0][0]["status"] if rows[0] else None
+        row = rows[0][0] if rows[0] else None
+        status = row["status"] if row else None
+        if row is not None and row["leased"] and token is not None:
+            # The run the operator confirmed ended; another run holds the thread now
+            # (rev25): never stop a run nobody asked to stop.
+            raise ControlRefusedError(
+                thread_id, "cancel", f"the run confirmed (lease token {token}) has ended: another run "
+                f"(lease token {row['lease_token']}, {row['lease_owner']}) holds it now; confirm again", status,
+            )
         raise ControlRefusedError(
             thread_id, "cancel", "no live lease: nothing is running on it now", status
         )
@@ -423,17 +457,20 @@ def _op_request_cancel(thread_id: str) -> Op[None]:
     yield Batch([_audit_stmt("cancel", record)])
 
 
-def request_cancel(saver: SaverView, thread_id: str) -> None:
+def request_cancel(saver: SaverView, thread_id: str, *, token: int | None = None) -> None:
     """Ask the run holding ``thread_id``'s live lease to stop at its next step boundary
     (it raises ``RunCancelledError``; the thread is ``stopped`` and resumable, and
     workers leave it until resumed). Refused without a live lease
     (``ControlRefusedError``). The request belongs to that run's lease: a run that ends
-    first leaves nothing behind for the next."""
-    saver.run_op(lambda: _op_request_cancel(str(thread_id)))
+    first leaves nothing behind for the next. ``token``: the lease token of the run
+    the operator means (the confirmation page's); refused when another run holds it."""
+    tok = None if token is None else int(token)
+    saver.run_op(lambda: _op_request_cancel(str(thread_id), tok))
 
 
-async def arequest_cancel(saver: SaverView, thread_id: str) -> None:
-    await saver.arun_op(lambda: _op_request_cancel(str(thread_id)))
+async def arequest_cancel(saver: SaverView, thread_id: str, *, token: int | None = None) -> None:
+    tok = None if token is None else int(token)
+    await saver.arun_op(lambda: _op_request_cancel(str(thread_id), tok))
 
 
 # --------------------------------------------------------------------------- fork

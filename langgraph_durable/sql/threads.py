@@ -317,9 +317,12 @@ ORDER BY c.checkpoint_id DESC LIMIT 1
 # A cancel request for the run holding the live lease now: tied to its fencing token, so
 # a run that ends before its next step boundary leaves nothing for the next run (which
 # holds another token); its puts (GUARDED_UPSERT_*_SQL's RETURNING) and renewals see it.
+# The second parameter: the token the operator confirmed (NULL: whichever run holds it);
+# another run's lease is left alone (rev25).
 REQUEST_CANCEL_SQL = """
 UPDATE durable_threads SET cancel_token = lease_token
 WHERE thread_id = %s AND lease_owner IS NOT NULL AND lease_expires_at > now()
+  AND lease_token = COALESCE(%s::bigint, lease_token)
 RETURNING lease_token, lease_owner
 """
 # Sent before LEASE_RELEASE_SQL by the release of a run that stopped on a cancel request:
