@@ -240,3 +240,29 @@ def test_a_queued_answer_is_not_stored_in_plaintext_with_an_encrypting_serde(dsn
             assert CANARY.encode() not in raw, f"durable_threads.{col} holds the answer in plaintext"
         for a in _audit(dsn, tid):
             assert CANARY not in str(a), "the audit row holds the answer"
+
+
+@pytest.mark.parametrize("depth", [200, 600, 3000])
+def test_a_deeply_nested_answer_is_refused_cleanly(saver: Any, dsn: str, depth: int) -> None:
+    """Hostile JSON in the answer box: nested ``depth`` deep. The confirmation page
+    refuses it (409/400) or shows it; never a 500, and the POST never stores what the
+    serde cannot read back."""
+    tid = f"deep-{depth}-{uuid.uuid4().hex[:6]}"
+    graph = two_questions(saver)
+    graph.invoke({}, _cfg(tid))
+    text = "[" * depth + "1" + "]" * depth
+    with _client(saver) as client:
+        page = client.get("/confirm/answer", params={"thread": tid, "value": text})
+        assert page.status_code in (200, 400, 409), page.status_code
+        if page.status_code == 200:
+            r = client.post("/act/answer", data=_confirm_form(page.text), follow_redirects=False)
+            assert r.status_code in (303, 400, 409), r.status_code
+        # The page skipped: a POST of its own (the session's CSRF token, confirmed=yes).
+        csrf = re.search(r'name="csrf" value="([^"]+)"', client.get(f"/thread?id={tid}").text)
+        assert csrf
+        r = client.post("/act/answer", data={"thread": tid, "value": text, "confirmed": "yes",
+                                             "csrf": csrf.group(1)}, follow_redirects=False)
+        assert r.status_code in (303, 400, 409), r.status_code
+    row = q(dsn, "SELECT answer_type, answer_blob FROM durable_threads WHERE thread_id = %s", tid)[0]
+    if row["answer_blob"] is not None:
+        assert saver.serde.loads_typed((row["answer_type"], bytes(row["answer_blob"]))) is not None

@@ -652,7 +652,7 @@ class Console:
                 raise _Refused("the result box is empty: type the verified result as JSON "
                                "(a placeholder is never submitted)")
             try:
-                plan["value"] = json.loads(text)
+                plan["value"] = _decide.loads(text)
             except ValueError as exc:
                 raise _Refused(f"the result is not valid JSON: {exc}") from None
             plan["result_text"] = text
@@ -675,7 +675,7 @@ class Console:
                         "/thread?id=" + quote(tid, safe=""))
             key = str(form["key"])
             if action == "resolve":
-                Ledger(self.saver).resolve(key, json.loads(str(form["result"])))
+                Ledger(self.saver).resolve(key, _decide.loads(str(form["result"])))
                 return f"resolved {key}: the call will not run again", "/ledger"
             if Ledger(self.saver).forget(key):
                 return f"forgot {key}: the next call runs the function", "/ledger"
