@@ -266,3 +266,81 @@ def test_a_deeply_nested_answer_is_refused_cleanly(saver: Any, dsn: str, depth: 
     row = q(dsn, "SELECT answer_type, answer_blob FROM durable_threads WHERE thread_id = %s", tid)[0]
     if row["answer_blob"] is not None:
         assert saver.serde.loads_typed((row["answer_type"], bytes(row["answer_blob"]))) is not None
+
+
+def _blocked_on_locks(dsn: str, n: int, timeout: float = 30.0) -> None:
+    """Wait until ``n`` sessions of this database wait on a row lock (the forks)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = q(dsn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                      "AND wait_event_type = 'Lock'")
+        if rows[0]["n"] >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} sessions blocked")
+
+
+def test_two_forks_into_one_new_id_at_once_leave_one_fork(saver: Any, dsn: str) -> None:
+    """Two operators fork two different threads into the same new id at once. Each
+    fork checks that the id has no checkpoint (neither has committed yet), so both
+    used to write their copy: the new thread held two unrelated root checkpoints (two
+    histories mixed in one thread). One fork must win; the other is refused
+    (ControlRefusedError), its checkpoint not written. Fails on main at the
+    ``len(errors) == 1`` assertion (both forks succeed).
+
+    Made deterministic with a third session holding the new id's durable_threads row
+    uncommitted (as a third fork would) until both forks wait on it."""
+    tag = uuid.uuid4().hex[:6]
+    s1, s2, new = f"fork-src1-{tag}", f"fork-src2-{tag}", f"fork-into-{tag}"
+    graph = two_questions(saver)
+    graph.invoke({}, _cfg(s1))
+    graph.invoke({}, _cfg(s2))
+    graph.invoke(Command(resume="x"), _cfg(s2))
+    cp1 = graph.get_state(_cfg(s1)).config["configurable"]["checkpoint_id"]
+    cp2 = graph.get_state(_cfg(s2)).config["configurable"]["checkpoint_id"]
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def fork(src: str, cp: str) -> None:
+        try:
+            results.append(control.fork(saver, src, cp, new))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with psycopg.connect(dsn) as holder:
+        holder.execute("INSERT INTO durable_threads (thread_id, status, updated_at) VALUES (%s, 'stopped', now())",
+                       (new,))
+        forks = [threading.Thread(target=fork, args=a) for a in ((s1, cp1), (s2, cp2))]
+        for f in forks:
+            f.start()
+        _blocked_on_locks(dsn, 2)
+        holder.rollback()
+    for f in forks:
+        f.join(30)
+    assert len(results) == 1 and len(errors) == 1, (results, errors)
+    assert isinstance(errors[0], ControlRefusedError), errors
+    roots = q(dsn, "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = '' "
+                   "AND parent_checkpoint_id IS NULL", new)
+    assert len(roots) == 1, f"the new thread holds {len(roots)} unrelated root checkpoints"
+    forks_audited = [a for a in _audit(dsn, s1) + _audit(dsn, s2) if a["action"].endswith("fork")]
+    assert len(forks_audited) == 1
+
+
+def test_a_fork_into_an_id_with_a_thread_row_is_refused(saver: Any, dsn: str) -> None:
+    """The new id has a durable_threads row but no checkpoint yet (queued by
+    recovery's RECOVERY_QUEUE_SQL, or a run's lease taken before its first put): the
+    id is in use; the fork is refused and writes nothing. Fails on main (the fork
+    writes into it, the row stays 'queued': a worker runs the "held" fork at once)."""
+    tag = uuid.uuid4().hex[:6]
+    src, new = f"fork-src-{tag}", f"fork-queued-{tag}"
+    graph = two_questions(saver)
+    graph.invoke({}, _cfg(src))
+    cp = graph.get_state(_cfg(src)).config["configurable"]["checkpoint_id"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO durable_threads (thread_id, status, updated_at) VALUES (%s, 'queued', now())",
+                     (new,))
+    with pytest.raises(ControlRefusedError, match="exists already"):
+        control.fork(saver, src, cp, new)
+    assert q(dsn, "SELECT 1 FROM checkpoints WHERE thread_id = %s", new) == []

@@ -488,17 +488,27 @@ def _op_fork(saver: SaverView, thread_id: str, checkpoint_id: str, new_thread_id
     t = yield from _op_thread(thread_id)
     _refuse_unknown(t, "fork")
     _refuse_live(t)
-    rows = yield Batch([Stmt(THREAD_HAS_CHECKPOINTS_SQL, (new_thread_id,), fetch=True)])
-    if rows[0]:
-        raise ControlRefusedError(
-            new_thread_id, "fork into", "a thread of that id exists already", None
-        )
     source: RunnableConfig = {
         "configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
     }
     saved = yield from saver._op_get_tuple(source)
     if saved is None:
         raise CheckpointNotFoundError(thread_id, checkpoint_id)
+    # The new id is claimed first, by its durable_threads row: 'stopped' and held
+    # (cancelled_at), so the console lists the fork and no worker runs it before an
+    # operator resumes it (queue_resume, invoke(None)). Inserted before anything is
+    # written and refused when the row exists: two forks into one new id at once
+    # serialize on its key and the second is refused (rev25: each used to see no
+    # checkpoint of the other, uncommitted, and both wrote theirs into one thread);
+    # an id in use without a checkpoint yet (a queued row, a run before its first
+    # put) is refused too.
+    version = saved.metadata.get("graph_version")
+    claimed = yield Batch([Stmt(FORK_THREAD_INSERT_SQL, (new_thread_id, version), fetch=True)])
+    has = yield Batch([Stmt(THREAD_HAS_CHECKPOINTS_SQL, (new_thread_id,), fetch=True)])
+    if not claimed[0] or has[0]:
+        raise ControlRefusedError(
+            new_thread_id, "fork into", "a thread of that id exists already", None
+        )
     # The same checkpoint id in the new thread (copy_thread's way): LangGraph's task ids
     # hash it, so the copied pending writes (completed tasks, interrupts) still belong
     # to the tasks the fork runs next.
@@ -520,10 +530,6 @@ def _op_fork(saver: SaverView, thread_id: str, checkpoint_id: str, new_thread_id
             by_task.setdefault(task_id, []).append((channel, value))
     for task_id, writes in by_task.items():
         yield from _audit._delegate(saver._op_put_writes(written, writes, task_id, ""))
-    version = metadata.get("graph_version")
-    # A durable_threads row, 'stopped' and held (cancelled_at): the console lists the
-    # fork, no worker runs it before an operator resumes it (queue_resume, invoke(None)).
-    yield Batch([Stmt(FORK_THREAD_INSERT_SQL, (new_thread_id, version))])
     record = _audit.AuditRecord(
         thread_id=thread_id, before_id=checkpoint_id, after_id=new_id,
         detail={"new_thread_id": new_thread_id, "new_checkpoint_id": new_id},

@@ -366,9 +366,11 @@ WHERE t.thread_id = %(thread_id)s AND t.answer_checkpoint_id = %(checkpoint_id)s
 
 THREAD_HAS_CHECKPOINTS_SQL = "SELECT 1 AS one FROM checkpoints WHERE thread_id = %s LIMIT 1"
 # A fork's row: 'stopped' and held (cancelled_at) so no worker runs it before an
-# operator resumes it (has_root left NULL: unknown, status_counts probes it).
+# operator resumes it (has_root left NULL: unknown, status_counts probes it). Inserted
+# before the fork writes anything: no row returned, the id is taken (the fork refuses).
 FORK_THREAD_INSERT_SQL = """
 INSERT INTO durable_threads (thread_id, status, graph_version, cancelled_at, updated_at)
 VALUES (%s, 'stopped', %s, now(), now())
 ON CONFLICT (thread_id) DO NOTHING
+RETURNING thread_id
 """
