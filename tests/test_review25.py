@@ -344,3 +344,55 @@ def test_a_fork_into_an_id_with_a_thread_row_is_refused(saver: Any, dsn: str) ->
     with pytest.raises(ControlRefusedError, match="exists already"):
         control.fork(saver, src, cp, new)
     assert q(dsn, "SELECT 1 FROM checkpoints WHERE thread_id = %s", new) == []
+
+
+def test_a_cancelled_run_killed_before_its_boundary_is_not_resumed_by_a_worker(dsn: str) -> None:
+    """The operator cancels a run; its process is SIGKILLed before the run reaches its
+    next step boundary (the operator killed the pod too, an OOM). The request was for
+    that run (cancel_token = its lease token): a recovery worker must not take the
+    dead lease over and run the thread on (the operator asked it to stop); the thread
+    is held as a cancelled one is, and an operator's resume still runs it. Fails on
+    main at ``recover_one() is None`` (the worker resumes the cancelled thread and
+    runs s1, s2)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _child_control as cc
+
+    from langgraph_durable.recovery import RecoveryWorker
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(cc.SCHEMA_SQL)
+    cc.DSN = dsn
+    tid = f"cancel-kill-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "LGD_DSN": dsn, "LGD_STEPS": "3", "LGD_SLEEP": "60"}
+    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_child_control.py")), "run", tid],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not q(dsn, "SELECT 1 FROM ctl_effects WHERE thread_id = %s AND detail = 's0'", tid):
+            assert time.monotonic() < deadline and child.poll() is None, "the child never ran s0"
+            time.sleep(0.05)
+        with DurablePostgresSaver.from_conn_string(dsn) as saver:
+            control.request_cancel(saver, tid)
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(30)
+            graph = cc.make_steps(3).compile(checkpointer=saver)
+            result = RecoveryWorker(graph, register=False).recover_one()
+            ran = [r["detail"] for r in q(dsn, "SELECT detail FROM ctl_effects WHERE thread_id = %s ORDER BY id", tid)]
+            assert result is None, f"a worker resumed the cancelled thread: {result}, ran {ran}"
+            assert ran == ["s0"]
+            # Resumed with invoke(None) (the dead owner's lease taken over at once): it
+            # runs from its last checkpoint to the end, and is claimable as ever after.
+            out = graph.invoke(None, _cfg(tid))
+            assert out["log"][-1] == "s2"
+            assert q(dsn, "SELECT status FROM durable_threads WHERE thread_id = %s", tid)[0]["status"] == "done"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)

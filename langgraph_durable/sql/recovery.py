@@ -73,6 +73,12 @@ _CLAIM_TAIL = """        ) u
         WHERE l.thread_id = t.thread_id
           AND l.status IN ('running', 'stopped', 'queued', 'error')
           AND NOT (l.status = 'stopped' AND l.cancelled_at IS NOT NULL)
+          -- ... nor one whose last run an operator cancelled (cancel_token: that run's
+          -- lease token) and that died (SIGKILL, OOM) or handed back before stopping:
+          -- held as a cancelled one is, until resumed (queue clears it) or a run
+          -- starts on it (a new token) (rev25: a worker took the dead lease over and
+          -- ran the thread on, the cancel lost).
+          AND l.cancel_token IS DISTINCT FROM l.lease_token
           -- ... or a thread this very claim took already (see above).
           AND (l.lease_owner IS NULL OR l.lease_expires_at < now() OR l.lease_owner = %(owner)s{dead_lock})
           AND (l.status = ANY(%(statuses)s)
