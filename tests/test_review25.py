@@ -396,3 +396,34 @@ def test_a_cancelled_run_killed_before_its_boundary_is_not_resumed_by_a_worker(d
         if child.poll() is None:
             child.kill()
             child.wait(30)
+
+
+def test_a_dead_worker_named_like_the_host_does_not_mark_every_live_run_dead(saver: Any, dsn: str) -> None:
+    """A stopped worker registered under the host's name (``RecoveryWorker(name=
+    socket.gethostname())``, the pod's name): every lease owner of this host starts with
+    ``<host>:``, so the console's prefix match judged every live run of the host a dead
+    worker's: shown 'recoverable', its Cancel button hidden. Fails on main at the
+    ``cancel-run`` assertion."""
+    import socket
+
+    tid = f"live-{uuid.uuid4().hex[:6]}"
+    worker_id = uuid.uuid4().hex
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            """INSERT INTO durable_workers (worker_id, name, host, pid, identity, ttl_s, concurrency,
+                   started_at, heartbeat_at, stopped_at)
+               VALUES (%s, %s, %s, 1, %s, 30, 1, now() - interval '1 hour', now() - interval '1 hour',
+                       now() - interval '1 hour')""",
+            (worker_id, socket.gethostname(), socket.gethostname(), f"{socket.gethostname()}:1:0:ns0.0"),
+        )
+    graph = gated(saver)
+    t, out = _run_in_thread(graph, tid, {"steps": 1}, "D")
+    try:
+        assert ENTERED["D"].wait(30)
+        with _client(saver) as client:
+            page = client.get(f"/thread?id={tid}").text
+        assert 'id="cancel-run"' in page, "a live run shown as a dead worker's"
+    finally:
+        GATES["D"].set()
+        t.join(30)
+        q(dsn, "DELETE FROM durable_workers WHERE worker_id = %s RETURNING worker_id", worker_id)

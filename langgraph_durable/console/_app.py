@@ -695,19 +695,15 @@ def registry_note(owner: str | None, workers: list[Any]) -> str | None:
     A worker's runs hold leases named ``NAME:<run id>`` (recovery._owner)."""
     if not owner:
         return None
-    mine = [w for w in workers if owner == w.worker_id or owner.startswith((w.name or w.worker_id) + ":")]
+    # Exactly NAME:<run id>, never a prefix: a worker named like the host (or any
+    # other owner's leading parts) must not claim every lease of that host (rev25).
+    name = owner.rpartition(":")[0]
+    mine = [w for w in workers if owner == w.worker_id or name in (w.name or w.worker_id, w.worker_id)]
     if not mine or any(w.alive for w in mine):
         return None
     w = mine[0]
     return (f"owner worker {w.name or w.worker_id} on {w.host} is dead (last heartbeat "
             f"{_abs_time(w.heartbeat_at)}); takeover when the lease expires")
-    for w in workers:
-        if owner == w.worker_id or owner.startswith(w.worker_id + ":"):
-            if w.alive:
-                return None
-            return (f"owner worker {w.worker_id} on {w.host} is dead (last heartbeat "
-                    f"{_abs_time(w.heartbeat_at)}); takeover when the lease expires")
-    return None
 
 
 def _dict_row() -> Any:
