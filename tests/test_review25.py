@@ -427,3 +427,23 @@ def test_a_dead_worker_named_like_the_host_does_not_mark_every_live_run_dead(sav
         GATES["D"].set()
         t.join(30)
         q(dsn, "DELETE FROM durable_workers WHERE worker_id = %s RETURNING worker_id", worker_id)
+
+
+def test_a_fork_confirmed_once_and_posted_twice_makes_one_fork(saver: Any, dsn: str) -> None:
+    """A double-clicked (or replayed) "Fork now" with no new id typed: the id was drawn
+    per POST, so each POST made another fork. The confirmation page now picks the id
+    (shown to the operator), so the second POST is refused as a fork onto an existing
+    id. Fails on main at the second status-code assertion (303: a second fork)."""
+    tid = f"fork-twice-{uuid.uuid4().hex[:6]}"
+    graph = two_questions(saver)
+    graph.invoke({}, _cfg(tid))
+    with _client(saver) as client:
+        page = client.get(f"/confirm/fork?thread={tid}&cp=latest")
+        assert page.status_code == 200
+        fields = _confirm_form(page.text)
+        first = client.post("/act/fork", data=fields, follow_redirects=False)
+        second = client.post("/act/fork", data=fields, follow_redirects=False)
+    assert first.status_code == 303
+    assert second.status_code == 409, second.status_code
+    forks = q(dsn, "SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id LIKE %s", f"{tid}-fork-%")
+    assert len(forks) == 1, forks

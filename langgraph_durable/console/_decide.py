@@ -121,7 +121,10 @@ def plan(
         new = str(form.get("new_thread") or "").strip() or None
         if new is not None and _exists(saver, new):
             raise Refused(f"thread {new!r} exists already: choose another id (or leave it empty)")
-        out["new_thread"] = new
+        # The id is drawn here, once, and carried by the form: a double-clicked or
+        # replayed POST is refused as a fork onto an existing id (rev25), never a
+        # second fork.
+        out["new_thread"] = new or control.new_fork_id(tid)
     elif action == "delete":
         _no_live_lease(info, "delete")
         out["checkpoints"] = info.get("checkpoints")

@@ -475,8 +475,14 @@ async def arequest_cancel(saver: SaverView, thread_id: str, *, token: int | None
 
 # --------------------------------------------------------------------------- fork
 
-def _fork_id(thread_id: str) -> str:
+def new_fork_id(thread_id: str) -> str:
+    """A fresh id for a fork of ``thread_id`` (``fork``'s default): drawn once by a
+    caller that confirms before forking (the console's page), so a repeated request
+    is refused as a fork onto an existing id instead of making another fork."""
     return f"{thread_id}-fork-{uuid.uuid4().hex[:8]}"
+
+
+_fork_id = new_fork_id
 
 
 def _op_fork(saver: SaverView, thread_id: str, checkpoint_id: str, new_thread_id: str) -> Op[str]:
@@ -655,6 +661,7 @@ __all__: Sequence[str] = [
     "delete_thread",
     "fork",
     "list_workers",
+    "new_fork_id",
     "queue_answer",
     "queue_resume",
     "request_cancel",
