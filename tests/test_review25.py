@@ -447,3 +447,58 @@ def test_a_fork_confirmed_once_and_posted_twice_makes_one_fork(saver: Any, dsn: 
     assert second.status_code == 409, second.status_code
     forks = q(dsn, "SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id LIKE %s", f"{tid}-fork-%")
     assert len(forks) == 1, forks
+
+
+def test_delete_with_an_archive_that_cannot_be_written_deletes_nothing(saver: Any, dsn: str, tmp_path: Any) -> None:
+    """The archive URL names a directory under a regular file (the write fails): the
+    delete raises, every row stays, no audit row is written."""
+    tid = f"del-fail-{uuid.uuid4().hex[:6]}"
+    graph = two_questions(saver)
+    graph.invoke({}, _cfg(tid))
+    before = q(dsn, "SELECT count(*) AS n FROM checkpoints WHERE thread_id = %s", tid)[0]["n"]
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    with pytest.raises(Exception):  # noqa: B017 (whatever the store raises: nothing deleted)
+        control.delete_thread(saver, tid, archive_url=(blocker / "archive").as_uri())
+    assert q(dsn, "SELECT count(*) AS n FROM checkpoints WHERE thread_id = %s", tid)[0]["n"] == before
+    assert q(dsn, "SELECT status FROM durable_threads WHERE thread_id = %s", tid)[0]["status"] == "waiting"
+    assert [a for a in _audit(dsn, tid) if a["action"].endswith("delete")] == []
+
+
+FAIL_ONCE: dict[str, bool] = {}
+
+
+class Once(TypedDict, total=False):
+    answer: str
+
+
+def _ask_then_fail_once(state: Once, config: RunnableConfig) -> Once:
+    value = interrupt({"question": "ship it?"})
+    tid = config["configurable"]["thread_id"]
+    if not FAIL_ONCE.get(tid):
+        FAIL_ONCE[tid] = True
+        raise RuntimeError("provider down after the answer")
+    return {"answer": str(value)}
+
+
+def test_a_queued_answer_survives_a_node_that_fails_after_it(saver: Any, dsn: str) -> None:
+    """The worker runs the queued answer; the answered node fails after interrupt()
+    returned (status error). The answer must not be lost: the next run (a retry)
+    finishes with the operator's answer, never waits on the same question again."""
+    from langgraph_durable.recovery import RecoveryWorker
+
+    tid = f"ans-fail-{uuid.uuid4().hex[:6]}"
+    b = StateGraph(Once)
+    b.add_node("ask", _ask_then_fail_once)
+    b.add_edge(START, "ask")
+    b.add_edge("ask", END)
+    graph = b.compile(checkpointer=saver)
+    graph.invoke({}, _cfg(tid))
+    control.queue_answer(saver, tid, "operator says yes")
+    first = RecoveryWorker(graph, register=False).recover_one()
+    assert first is not None and first.status == "error", first
+    control.queue_resume(saver, tid)
+    second = RecoveryWorker(graph, register=False).recover_one()
+    assert second is not None, "nothing to retry"
+    state = graph.get_state(_cfg(tid))
+    assert state.values.get("answer") == "operator says yes", (second, state.values, state.interrupts)
