@@ -502,3 +502,18 @@ def test_a_queued_answer_survives_a_node_that_fails_after_it(saver: Any, dsn: st
     assert second is not None, "nothing to retry"
     state = graph.get_state(_cfg(tid))
     assert state.values.get("answer") == "operator says yes", (second, state.values, state.interrupts)
+
+
+def test_answer_now_with_the_confirmed_checkpoint_refuses_a_moved_head(saver: Any, dsn: str) -> None:
+    tid = f"two-q-now-{uuid.uuid4().hex[:6]}"
+    graph = two_questions(saver)
+    graph.invoke({}, _cfg(tid))
+    asked_at = graph.get_state(_cfg(tid)).config["configurable"]["checkpoint_id"]
+    graph.invoke(Command(resume="no refund"), _cfg(tid))
+    with pytest.raises(ControlRefusedError, match="moved on"):
+        control.answer_now(graph, tid, "yes", checkpoint_id=asked_at)
+    state = graph.get_state(_cfg(tid))
+    assert state.values == {"a1": "no refund"} and state.interrupts
+    now_at = state.config["configurable"]["checkpoint_id"]
+    control.answer_now(graph, tid, "close it", checkpoint_id=now_at)
+    assert graph.get_state(_cfg(tid)).values == {"a1": "no refund", "a2": "close it"}

@@ -392,6 +392,19 @@ def _answer_config(thread_id: str, config: RunnableConfig | None) -> RunnableCon
     return cast(RunnableConfig, cfg)
 
 
+def _same_question(thread_id: str, state: Any, checkpoint_id: str | None) -> None:
+    """answer_now's second look, just before the run (rev25): the interrupts it
+    addresses are still those of ``checkpoint_id``. (A run started between this read
+    and invoke's lease is the window left: the lease, not this check, orders them.)"""
+    now = (state.config or {}).get("configurable", {}).get("checkpoint_id")
+    if checkpoint_id is not None and now != checkpoint_id:
+        raise ControlRefusedError(
+            thread_id, "answer", f"it moved on since the answer was confirmed: the question asked at "
+            f"{checkpoint_id} is no longer pending (the head is {now}): read the new one and answer again",
+            None, now,
+        )
+
+
 def answer_now(
     graph: Any, thread_id: str, value: Any, *, config: RunnableConfig | None = None,
     checkpoint_id: str | None = None,
@@ -407,7 +420,9 @@ def answer_now(
     saver = durable_saver_of(graph)
     saver.run_op(lambda: _op_answer_now(str(thread_id), type(value).__name__, checkpoint_id))
     cfg = _answer_config(str(thread_id), config)
-    ids = [i.id for i in graph.get_state(cfg).interrupts]
+    state = graph.get_state(cfg)
+    _same_question(str(thread_id), state, checkpoint_id)
+    ids = [i.id for i in state.interrupts]
     return graph.invoke(Command(resume=_addressed(value, ids)), cfg)
 
 
@@ -423,7 +438,9 @@ async def aanswer_now(
     saver = durable_saver_of(graph)
     await saver.arun_op(lambda: _op_answer_now(str(thread_id), type(value).__name__, checkpoint_id))
     cfg = _answer_config(str(thread_id), config)
-    ids = [i.id for i in (await graph.aget_state(cfg)).interrupts]
+    state = await graph.aget_state(cfg)
+    _same_question(str(thread_id), state, checkpoint_id)
+    ids = [i.id for i in state.interrupts]
     return await graph.ainvoke(Command(resume=_addressed(value, ids)), cfg)
 
 
