@@ -517,3 +517,46 @@ def test_answer_now_with_the_confirmed_checkpoint_refuses_a_moved_head(saver: An
     now_at = state.config["configurable"]["checkpoint_id"]
     control.answer_now(graph, tid, "close it", checkpoint_id=now_at)
     assert graph.get_state(_cfg(tid)).values == {"a1": "no refund", "a2": "close it"}
+
+
+class Pair(TypedDict, total=False):
+    left: str
+    right: str
+
+
+def _left(state: Pair) -> Pair:
+    return {"left": str(interrupt({"question": "left?"}))}
+
+
+def _right(state: Pair) -> Pair:
+    return {"right": str(interrupt({"question": "right?"}))}
+
+
+def test_a_plain_answer_to_two_pending_interrupts_is_refused_not_queued(saver: Any, dsn: str) -> None:
+    """Two parallel nodes wait on two questions. A plain value answers neither
+    (LangGraph refuses Command(resume=value) with several pending interrupts): queued,
+    every worker run of it fails (status error, retried into quarantine). It must be
+    refused at once, nothing stored; a map of interrupt ids to answers is accepted and
+    a worker finishes the thread with both."""
+    from langgraph_durable.recovery import RecoveryWorker
+
+    tid = f"pair-{uuid.uuid4().hex[:6]}"
+    b = StateGraph(Pair)
+    b.add_node("left", _left)
+    b.add_node("right", _right)
+    b.add_edge(START, "left")
+    b.add_edge(START, "right")
+    b.add_edge("left", END)
+    b.add_edge("right", END)
+    graph = b.compile(checkpointer=saver)
+    graph.invoke({}, _cfg(tid))
+    interrupts = graph.get_state(_cfg(tid)).interrupts
+    assert len(interrupts) == 2
+    with pytest.raises(ControlRefusedError, match="interrupts"):
+        control.queue_answer(saver, tid, "yes")
+    row = q(dsn, "SELECT status, answer_blob FROM durable_threads WHERE thread_id = %s", tid)[0]
+    assert row["status"] == "waiting" and row["answer_blob"] is None
+    control.queue_answer(saver, tid, {i.id: f"ok {i.value['question']}" for i in interrupts})
+    result = RecoveryWorker(graph, register=False).recover_one()
+    assert result is not None and result.status == "done", result
+    assert graph.get_state(_cfg(tid)).values == {"left": "ok left?", "right": "ok right?"}

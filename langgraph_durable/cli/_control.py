@@ -53,6 +53,8 @@ def answer(
 
     try:
         parsed = json.loads(value)
+    except RecursionError:
+        raise fail(json_out, "InvalidJSON", "the answer is not JSON: nested too deeply", {}) from None
     except ValueError as exc:
         raise fail(json_out, "InvalidJSON", f"the answer is not JSON: {exc}", {"value": value}) from None
     with saver_or_exit(dsn, schema, json_out) as saver:

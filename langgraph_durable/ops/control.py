@@ -322,6 +322,18 @@ def _addressed(value: Any, ids: list[str]) -> Any:
     return {ids[0]: value} if len(ids) == 1 else value
 
 
+def _check_addressable(thread_id: str, value: Any, ids: list[str], head: str | None) -> None:
+    """Several interrupts pending (parallel nodes): LangGraph refuses a plain
+    ``Command(resume=value)`` ("you must specify the interrupt id"), so a queued one
+    failed on every claim, never counted as an attempt, claimed again at every poll
+    (rev25). Only a map of pending interrupt ids to answers applies."""
+    if len(ids) > 1 and not (isinstance(value, dict) and value and set(value) <= set(ids)):
+        raise ControlRefusedError(
+            thread_id, "answer", f"it waits on {len(ids)} interrupts ({', '.join(ids)}): answer with "
+            "a map of interrupt id to answer", "waiting", head,
+        )
+
+
 def _op_queue_answer(
     saver: SaverView, thread_id: str, value: Any, checkpoint_id: str | None = None
 ) -> Op[tuple[str, str | None]]:
@@ -333,7 +345,9 @@ def _op_queue_answer(
         )
     at: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": t.head}}
     saved = yield from saver._op_get_tuple(at)
-    tag, data = _encode_answer(saver, _addressed(value, _interrupt_ids(saved.pending_writes if saved else ())))
+    ids = _interrupt_ids(saved.pending_writes if saved else ())
+    _check_addressable(thread_id, value, ids, t.head)
+    tag, data = _encode_answer(saver, _addressed(value, ids))
     rows = yield Batch(
         [Stmt(QUEUE_ANSWER_SQL, {"thread_id": thread_id, "type": tag, "blob": data, "checkpoint_id": t.head}, fetch=True)]
     )
@@ -392,11 +406,15 @@ def _answer_config(thread_id: str, config: RunnableConfig | None) -> RunnableCon
     return cast(RunnableConfig, cfg)
 
 
+def _state_checkpoint(state: Any) -> str | None:
+    return cast("str | None", (state.config or {}).get("configurable", {}).get("checkpoint_id"))
+
+
 def _same_question(thread_id: str, state: Any, checkpoint_id: str | None) -> None:
     """answer_now's second look, just before the run (rev25): the interrupts it
     addresses are still those of ``checkpoint_id``. (A run started between this read
     and invoke's lease is the window left: the lease, not this check, orders them.)"""
-    now = (state.config or {}).get("configurable", {}).get("checkpoint_id")
+    now = _state_checkpoint(state)
     if checkpoint_id is not None and now != checkpoint_id:
         raise ControlRefusedError(
             thread_id, "answer", f"it moved on since the answer was confirmed: the question asked at "
@@ -418,11 +436,16 @@ def answer_now(
 
     _check_answer(str(thread_id), value)
     saver = durable_saver_of(graph)
-    saver.run_op(lambda: _op_answer_now(str(thread_id), type(value).__name__, checkpoint_id))
     cfg = _answer_config(str(thread_id), config)
+    # The question read first (refusals before the audit row), the decision checked
+    # and audited under the thread's lock at that checkpoint, the question read again.
     state = graph.get_state(cfg)
     _same_question(str(thread_id), state, checkpoint_id)
+    at = _state_checkpoint(state)
     ids = [i.id for i in state.interrupts]
+    _check_addressable(str(thread_id), value, ids, at)
+    saver.run_op(lambda: _op_answer_now(str(thread_id), type(value).__name__, at))
+    _same_question(str(thread_id), graph.get_state(cfg), at)
     return graph.invoke(Command(resume=_addressed(value, ids)), cfg)
 
 
@@ -436,11 +459,14 @@ async def aanswer_now(
 
     _check_answer(str(thread_id), value)
     saver = durable_saver_of(graph)
-    await saver.arun_op(lambda: _op_answer_now(str(thread_id), type(value).__name__, checkpoint_id))
     cfg = _answer_config(str(thread_id), config)
     state = await graph.aget_state(cfg)
     _same_question(str(thread_id), state, checkpoint_id)
+    at = _state_checkpoint(state)
     ids = [i.id for i in state.interrupts]
+    _check_addressable(str(thread_id), value, ids, at)
+    await saver.arun_op(lambda: _op_answer_now(str(thread_id), type(value).__name__, at))
+    _same_question(str(thread_id), await graph.aget_state(cfg), at)
     return await graph.ainvoke(Command(resume=_addressed(value, ids)), cfg)
 
 
