@@ -982,3 +982,22 @@ class RekeyError(DurableError):
 
 
 __all__ += ["DecryptionError", "RekeyError"]
+
+
+# --- rev25 ---
+class AnswerDecodeError(CheckpointLoadError):
+    """A queued answer (``ops.control.queue_answer``: ``durable_threads.answer_blob``)
+    that this worker's serializer cannot decode (encrypted under a key it does not
+    have, another serializer): the worker leaves the thread (it waits for an operator:
+    the right key, or a new answer), instead of claiming it again at every poll."""
+
+    def __init__(self, thread_id: str, checkpoint_id: str | None, reason: str) -> None:
+        DurableError.__init__(
+            self,
+            f"the answer queued for thread {thread_id!r} (checkpoint {checkpoint_id!r}) cannot be "
+            f"decoded by this worker's serializer: {reason}",
+            thread_id=thread_id, checkpoint_ns="", checkpoint_id=checkpoint_id, reason=reason,
+        )
+
+
+__all__ += ["AnswerDecodeError"]

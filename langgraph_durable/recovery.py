@@ -56,6 +56,7 @@ from langgraph_durable._sealing import Keyring
 from langgraph_durable._view import SaverView
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
+    AnswerDecodeError,
     ConfigurationError,
     GraphVersionMismatchError,
     LeaseLostError,
@@ -612,7 +613,8 @@ class RecoveryWorker:
         elif isinstance(exc, RunCancelledError):
             outcome = "cancelled"  # an operator's cancel: 'stopped', held until resumed
         elif isinstance(
-            exc, PoisonCheckpointError | GraphVersionMismatchError | MigrationError | ThreadBusyError
+            exc,
+            PoisonCheckpointError | GraphVersionMismatchError | MigrationError | ThreadBusyError | AnswerDecodeError,
         ) or needs_operator(exc):
             # needs_operator: an unknown outcome of an @idempotent call (and kin) waits
             # for `ledger resolve` / `forget`; its runs do not count toward poison, so
@@ -777,7 +779,14 @@ class RecoveryWorker:
             return None
         from langgraph.types import Command
 
-        value = target.saver.serde.loads_typed(claim.answer)
+        try:
+            value = target.saver.serde.loads_typed(claim.answer)
+        except Exception as exc:
+            # Before the run: never an attempt, so without a skip every poll claimed it
+            # again (rev25). Left for an operator (the right key, or a new answer).
+            raise AnswerDecodeError(
+                claim.thread_id, claim.answer_checkpoint_id, f"{type(exc).__name__}: {exc}"
+            ) from exc
         logger.info("thread %s: running the queued answer to checkpoint %s", claim.thread_id, claim.checkpoint_id)
         return Command(resume=value)
 

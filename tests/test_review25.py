@@ -560,3 +560,47 @@ def test_a_plain_answer_to_two_pending_interrupts_is_refused_not_queued(saver: A
     result = RecoveryWorker(graph, register=False).recover_one()
     assert result is not None and result.status == "done", result
     assert graph.get_state(_cfg(tid)).values == {"left": "ok left?", "right": "ok right?"}
+
+
+def test_a_fork_resumed_by_an_operator_is_run_by_a_worker(saver: Any, dsn: str) -> None:
+    """The claim's hold of cancelled threads (rev25) leaves a resumed fork claimable
+    (its row never had a lease: token 0, no cancel request)."""
+    from langgraph_durable.recovery import RecoveryWorker
+
+    tag = uuid.uuid4().hex[:6]
+    src, new = f"fork-run-src-{tag}", f"fork-run-{tag}"
+    graph = two_questions(saver)
+    graph.invoke({}, _cfg(src))
+    graph.invoke(Command(resume="r1"), _cfg(src))
+    first = [s.config["configurable"]["checkpoint_id"] for s in graph.get_state_history(_cfg(src))][-2]
+    control.fork(saver, src, first, new)
+    control.queue_resume(saver, new)
+    # Other tests of this module may leave queued threads: claim until this one.
+    worker = RecoveryWorker(graph, register=False)
+    ran = [worker.recover_one() for _ in range(8)]
+    assert new in [r.thread_id for r in ran if r is not None], ran
+    assert q(dsn, "SELECT status FROM durable_threads WHERE thread_id = %s", new)[0]["status"] == "waiting"
+
+
+def test_an_answer_the_worker_cannot_decode_is_left_not_claimed_at_every_poll(saver: Any, dsn: str) -> None:
+    """A console with the encryption key queues an answer; a worker without it (or with
+    another serializer) cannot decode it. That failure came before the run (never an
+    attempt, never quarantined, no skip): the same worker claimed the thread again at
+    every poll, forever. Now the worker reports AnswerDecodeError (outcome refused) and
+    leaves the thread. Fails on main at the count assertion (claimed at every poll)."""
+    from langgraph_durable.recovery import RecoveryWorker
+
+    tid = f"undecodable-{uuid.uuid4().hex[:6]}"
+    graph = two_questions(saver)
+    graph.invoke({}, _cfg(tid))
+    key = b"0123456789abcdef0123456789abcdef"
+    with DurablePostgresSaver.from_conn_string(
+        dsn, serde=EncryptedSerializer.from_pycryptodome_aes(key=key)
+    ) as sealed:
+        control.queue_answer(sealed, tid, "approved")
+    worker = RecoveryWorker(graph, register=False)
+    mine = [r for r in (worker.recover_one() for _ in range(8)) if r is not None and r.thread_id == tid]
+    assert len(mine) == 1, f"claimed {len(mine)} times in a row: {[r.error for r in mine]}"
+    assert mine[0].outcome == "refused" and "AnswerDecodeError" in str(mine[0].error), mine[0]
+    row = q(dsn, "SELECT status, answer_blob FROM durable_threads WHERE thread_id = %s", tid)[0]
+    assert row["status"] == "queued" and row["answer_blob"] is not None  # left for an operator
