@@ -221,14 +221,27 @@ def test_standby_behind_a_pooler_reads_the_savers_schema(skewed: _cluster.Pair) 
         _run(saver, tenant_b)
     _wait_caught_up(pair)
     with pgbouncer(standby) as through:
-        try:
+        # main: no error, and the reader listed the public schema's threads (another
+        # tenant's: tenant_a), not rv_b's, through the standby
+        with pytest.raises(ConfigurationError) as err:
             with DurablePostgresSaver.from_conn_string(primary, schema="rv_b", read_dsn=through) as saver:
-                ids = _ids(saver.reader())
-        except ConfigurationError as exc:  # refused as for the primary behind a pooler
-            assert "ALTER ROLE" in exc.message and exc.fields.get("setting") == "read_dsn", exc
-        else:
-            # main: the public schema's threads (another tenant's), through the standby
-            assert tenant_b in ids and tenant_a not in ids, sorted(ids)
+                leaked = _ids(saver.reader())
+                assert tenant_b in leaked and tenant_a not in leaked, sorted(leaked)
+        assert "ALTER ROLE" in err.value.message and err.value.fields["setting"] == "read_dsn", err.value
+    # The documented way: the role's default search_path, set on the primary, replayed.
+    _one(pair.primary.dsn.replace("dbname=postgres", f"dbname={DB}"),
+         f"ALTER ROLE postgres IN DATABASE {DB} SET search_path = rv_b, public")
+    try:
+        _wait_caught_up(pair)
+        with pgbouncer(standby) as through:
+            with DurablePostgresSaver.from_conn_string(primary, schema="rv_b", read_dsn=through) as saver:
+                reader = saver.reader()
+                assert reader.read_lag.source == "standby", reader.read_lag
+                ids = _ids(reader)
+                assert tenant_b in ids and tenant_a not in ids, sorted(ids)
+    finally:
+        _one(pair.primary.dsn, f"ALTER ROLE postgres IN DATABASE {DB} RESET search_path")
+        _wait_caught_up(pair)
 
 
 # ------------------------------------------------------------------ promoted mid-session
