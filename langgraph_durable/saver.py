@@ -66,6 +66,8 @@ from langgraph_durable.core.jsonb import _jsonb as _jsonb
 from langgraph_durable.core.reader import (
     RECHECK_AFTER,
     ReadLag,
+    ReadOnlyAsyncDriver,
+    ReadOnlySyncDriver,
     ReadOnlyView,
     ReadSlot,
     fallback_lag,
@@ -366,7 +368,7 @@ class DurablePostgresSaver(_DurableBase):
                 pool = open_read_pool(dsn, pooled, self.schema)
                 try:
                     pool.wait(READ_POOL_WAIT)  # its connection made now, not during a run
-                    driver = SyncDriver(pool, None)
+                    driver = (ReadOnlySyncDriver if pooled else SyncDriver)(pool, None)
                     if pooled and self.schema:  # no session SET behind a pooler
                         driver.run_op(lambda: op_check_read_search_path(self), transaction=False)
                     note_not_standby(slot.settings, lag_of(
@@ -632,7 +634,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
                     await pool.open()
                     try:
                         await pool.wait(READ_POOL_WAIT)
-                        driver = AsyncDriver(pool, None)
+                        driver = (ReadOnlyAsyncDriver if pooled else AsyncDriver)(pool, None)
                         if pooled and self.schema:  # no session SET behind a pooler
                             await driver.run_op(lambda: op_check_read_search_path(self), transaction=False)
                         row = await driver.run_op(lambda: op_standby_lag(None), transaction=False)

@@ -269,3 +269,37 @@ def test_promoted_standby_is_not_caught_up() -> None:
             assert after in _ids(reader)
     finally:
         pair.destroy()
+
+
+# ------------------------------------------------------------------ a reader never writes, pooled
+def test_reader_behind_a_pooler_cannot_write(dsn: str) -> None:
+    """read_dsn through a transaction pooler to a server that accepts writes (a primary:
+    the saver's own, or a standby promoted behind the pooler). The read pool cannot set
+    ``default_transaction_read_only`` per session there (it would leak to the pooler's
+    other clients); on main it set nothing, so a write through the reader (an op, or
+    ``reader.connection()``) was committed. Now each read runs in a READ ONLY
+    transaction."""
+    from langgraph_durable._io import Batch, Stmt
+
+    def create(name: str) -> Any:
+        def op() -> Any:
+            yield Batch([Stmt(f"CREATE TABLE {name} (x int)")], final=True)
+        return op
+
+    with pgbouncer(dsn) as through:
+        with DurablePostgresSaver.from_conn_string(dsn, read_dsn=through) as saver:
+            tid = f"pooled-{uuid.uuid4().hex[:6]}"
+            _run(saver, tid)
+            reader = saver.reader()
+            assert reader.read_lag.source == "standby" and reader.pooler, reader.read_lag
+            assert tid in _ids(reader)  # reads work there
+            assert reader.get_tuple({"configurable": {"thread_id": tid}}) is not None
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                reader.run_op(create("rv_probe_op"), transaction=False)  # main: created
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                reader.run_op(create("rv_probe_tx"))
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                with reader.connection() as conn:
+                    conn.execute("CREATE TABLE rv_probe_conn (x int)")
+    for name in ("rv_probe_op", "rv_probe_tx", "rv_probe_conn"):
+        assert _one(dsn, f"SELECT to_regclass('{name}')::text") is None, f"{name} was created"

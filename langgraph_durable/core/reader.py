@@ -24,15 +24,22 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 from psycopg import conninfo as ci
 
-from langgraph_durable._io import Batch, Op, Stmt
+from langgraph_durable._io import AsyncDriver, Batch, Op, Stmt, SyncDriver
 from langgraph_durable.config import DEFAULT_MAX_LAG, ReadOptions
 from langgraph_durable.errors import ReadOnlyViewError
-from langgraph_durable.sql.replication import PRIMARY_WAL_LSN_SQL, STANDBY_LAG_SQL, standby_params
+from langgraph_durable.sql.replication import (
+    PRIMARY_WAL_LSN_SQL,
+    READ_ONLY_TX_SQL,
+    STANDBY_LAG_SQL,
+    standby_params,
+)
 
 logger = logging.getLogger("langgraph_durable")
 
@@ -347,6 +354,40 @@ class ReadOnlyView:
 
     def _stop_renewer(self) -> None:
         return None
+
+
+class ReadOnlySyncDriver(SyncDriver):
+    """The read pool's driver behind a transaction pooler, where its sessions cannot be
+    ``default_transaction_read_only`` (the SET would leak to the pooler's other
+    clients): every op, and every ``connection()``, runs in a ``READ ONLY``
+    transaction, so a reader cannot write even when the pooler leads to a primary (a
+    promoted standby, the primary itself)."""
+
+    def _attempt(self, conn: Any, started: Any, transaction: bool, after: Any, attempt: int) -> Any:
+        with conn.transaction():
+            conn.execute(READ_ONLY_TX_SQL)
+            return super()._attempt(conn, started, False, after, attempt)
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        with super().connection() as conn, conn.transaction():
+            conn.execute(READ_ONLY_TX_SQL)
+            yield conn
+
+
+class ReadOnlyAsyncDriver(AsyncDriver):
+    """``ReadOnlySyncDriver`` for the async saver's read pool."""
+
+    async def _attempt(self, conn: Any, started: Any, transaction: bool, after: Any, attempt: int) -> Any:
+        async with conn.transaction():
+            await conn.execute(READ_ONLY_TX_SQL)
+            return await super()._attempt(conn, started, False, after, attempt)
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        async with super().connection() as conn, conn.transaction():
+            await conn.execute(READ_ONLY_TX_SQL)
+            yield conn
 
 
 def _thread(config: Any) -> Any:

@@ -55,3 +55,6 @@ def standby_params(primary: dict[str, object] | None) -> dict[str, object]:
 
 # A session of the read pool refuses writes even where read_dsn is a primary.
 READ_ONLY_SESSION_SQL = "SET default_transaction_read_only = on"
+# Behind a transaction pooler a session SET would leak to the pooler's other clients:
+# each read of the read pool runs in a transaction that refuses writes instead.
+READ_ONLY_TX_SQL = "SET TRANSACTION READ ONLY"
