@@ -70,6 +70,7 @@ from langgraph_durable.core.reader import (
     ReadOnlySyncDriver,
     ReadOnlyView,
     ReadSlot,
+    after_write_lag,
     fallback_lag,
     lag_of,
     make_reader,
@@ -329,6 +330,19 @@ class DurablePostgresSaver(_DurableBase):
         if lag.over and settings.fallback:
             return cast(DurablePostgresReader, make_reader(self, self._driver, fallback_lag(lag), conninfo=None, pooler=None))
         return cast(DurablePostgresReader, make_reader(self, slot.driver, lag, conninfo=slot.conninfo, pooler=slot.pooler))
+
+    def reader_after_write(self) -> DurablePostgresReader:
+        """``reader()`` for a process that has just written (the console after an
+        action): the standby only once it has replayed everything the primary had
+        when this was called (``read_lag.seconds == 0.0``), else the primary, saying so
+        (``read_lag.after_write``). Read your own writes, whatever the lag."""
+        reader = self.reader()
+        lag = reader.read_lag
+        if lag.source != "standby" or (lag.in_recovery and lag.seconds == 0.0 and lag.mismatch is None):
+            return reader
+        if lag.in_recovery is False and lag.mismatch is None:
+            return reader  # read_dsn is the primary itself
+        return cast(DurablePostgresReader, make_reader(self, self._driver, after_write_lag(lag), conninfo=None, pooler=None))
 
     async def areader(self) -> DurablePostgresReader:
         """``reader()`` from async code (in a worker thread)."""

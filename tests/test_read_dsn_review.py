@@ -303,3 +303,55 @@ def test_reader_behind_a_pooler_cannot_write(dsn: str) -> None:
                     conn.execute("CREATE TABLE rv_probe_conn (x int)")
     for name in ("rv_probe_op", "rv_probe_tx", "rv_probe_conn"):
         assert _one(dsn, f"SELECT to_regclass('{name}')::text") is None, f"{name} was created"
+
+
+# ------------------------------------------------------------------ the console after an action
+@cluster
+@faketime
+def test_console_shows_its_own_action_not_the_lagging_standby(skewed: _cluster.Pair) -> None:
+    """An operator forgets an unknown-outcome ledger key; the console redirects to the
+    ledger page. On main that page read the standby, which had not replayed the forget:
+    the key was still listed as "outcome unknown" (no warning, the lag under
+    read_max_lag), inviting the operator to act again. Now, after an action, the
+    console's pages read the primary until the standby has replayed it."""
+    from starlette.testclient import TestClient
+
+    from langgraph_durable.console import create_app
+    from langgraph_durable.idempotency import idempotent
+
+    pair = skewed
+    primary, standby = _db(pair.primary.dsn), _db(pair.standby.dsn)
+    key = f"rv-key-{uuid.uuid4().hex[:8]}"
+    token = "revread-token"
+    with DurablePostgresSaver.from_conn_string(primary, read_dsn=standby, read_max_lag=3600) as saver:
+
+        @idempotent(ledger=saver, key=lambda order: key, name="charge_card")
+        def charge(order: str) -> None:
+            raise KeyboardInterrupt  # died right after the effect: outcome unknown
+
+        with pytest.raises(KeyboardInterrupt):
+            charge("o-1")
+        _wait_caught_up(pair)
+        with TestClient(create_app(saver, allow_actions=True, token=token, sample_interval=0)) as client:
+            assert client.post("/login", data={"token": token, "name": "rv"},
+                               follow_redirects=False).status_code == 303
+            assert key in client.get("/ledger?show=all").text  # the standby, caught up
+            _one(pair.standby.dsn, "SELECT pg_wal_replay_pause()")
+            try:
+                page = client.get("/confirm/forget", params={"key": key}).text
+                marker = 'name="csrf" value="'
+                csrf = page[page.index(marker) + len(marker):].split('"', 1)[0]
+                r = client.post("/act/forget", data={"key": key, "confirmed": "yes", "csrf": csrf},
+                                follow_redirects=False)
+                assert r.status_code == 303, r.text[-500:]
+                assert "forgot" in client.get(r.headers["location"]).text  # the flash
+                after = client.get("/ledger?show=all").text
+                # main: the key still listed, "outcome unknown", no out-of-date warning
+                assert key not in after, "the page after the action shows the standby's stale row"
+                assert "reading from the primary" in after
+            finally:
+                _one(pair.standby.dsn, "SELECT pg_wal_replay_resume()")
+                _wait_caught_up(pair)
+            time.sleep(2.1)  # the console measures again (READ_REFRESH)
+            page = client.get("/ledger?show=all").text
+            assert key not in page and f"reading from standby 127.0.0.1:{pair.standby.port}" in page

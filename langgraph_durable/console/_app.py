@@ -236,14 +236,28 @@ class Console:
         self._reader: Any = None
         self._reader_at = 0.0
         self._reader_lock = threading.Lock()
+        # An action committed: pages read the primary until the standby has replayed
+        # it (saver.reader_after_write), so the page after an action shows the action.
+        self._wrote = False
 
     def read(self) -> Any:
         """The reader of this page: the standby (with ``read_dsn``) or the primary."""
         with self._reader_lock:
             now = time.monotonic()
             if self._reader is None or now - self._reader_at >= READ_REFRESH:
-                self._reader, self._reader_at = self.saver.reader(), now
+                if self._wrote:  # the primary (always current) until the standby has it
+                    reader = self.saver.reader_after_write()
+                    self._wrote = reader.read_lag.after_write
+                else:
+                    reader = self.saver.reader()
+                self._reader, self._reader_at = reader, now
             return self._reader
+
+    def wrote(self) -> None:
+        """An action ran: the next page measures again, and reads the primary until
+        the standby has replayed it."""
+        with self._reader_lock:
+            self._wrote, self._reader_at = True, 0.0
 
     # ---------------------------------------------------------------- rendering
     def session(self, request: Request) -> Session | None:
@@ -804,7 +818,10 @@ async def _act(c: Console, request: Request) -> Response:
         return c.error(request, 400, "not confirmed", "actions are confirmed on their own page")
 
     def run() -> tuple[str, str]:
-        return c.execute(action, form, session)
+        try:
+            return c.execute(action, form, session)
+        finally:
+            c.wrote()  # committed or not: the next pages read what the primary has
 
     from starlette.concurrency import run_in_threadpool
 

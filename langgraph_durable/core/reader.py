@@ -100,6 +100,9 @@ class ReadLag:
     standby_error: str | None = None
     # The read_dsn server is not a replica of the primary (core/reader.py mismatch_of).
     mismatch: str | None = None
+    # Reads went to the primary because the standby has not replayed this process's
+    # own last write yet (the console after an action: read your writes).
+    after_write: bool = False
 
     @property
     def over(self) -> bool:
@@ -116,6 +119,11 @@ class ReadLag:
         """One line: ``reading from standby h:5433/db, 12.3 s behind (replay paused)``."""
         if self.server is None:
             return "reading from the primary"
+        if self.after_write:
+            return (
+                f"reading from the primary: the standby {self.server} has not replayed "
+                "the last action yet"
+            )
         if self.fell_back and self.standby_error is not None:
             return (
                 f"reading from the primary: the standby {self.server} does not answer "
@@ -158,6 +166,7 @@ class ReadLag:
             "primary_reachable": self.primary_reachable, "max_lag": self.max_lag,
             "over": self.over, "fell_back": self.fell_back,
             "standby_error": self.standby_error, "mismatch": self.mismatch,
+            "after_write": self.after_write,
             "message": self.describe(),
         }
 
@@ -406,6 +415,11 @@ def make_reader(saver: Any, driver: Any, lag: ReadLag, *, conninfo: str | None, 
         view._conninfo = conninfo
         view.pooler = pooler
     return view
+
+
+def after_write_lag(lag: ReadLag) -> ReadLag:
+    """The primary, because the standby has not replayed this process's last write."""
+    return replace(lag, source="primary", after_write=True)
 
 
 def fallback_lag(lag: ReadLag) -> ReadLag:
