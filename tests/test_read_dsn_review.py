@@ -355,3 +355,29 @@ def test_console_shows_its_own_action_not_the_lagging_standby(skewed: _cluster.P
             time.sleep(2.1)  # the console measures again (READ_REFRESH)
             page = client.get("/ledger?show=all").text
             assert key not in page and f"reading from standby 127.0.0.1:{pair.standby.port}" in page
+
+
+def test_async_reader_behind_a_pooler_cannot_write(dsn: str) -> None:
+    """``test_reader_behind_a_pooler_cannot_write`` for the async saver's read pool."""
+    import asyncio
+
+    from langgraph_durable import AsyncDurablePostgresSaver
+    from langgraph_durable._io import Batch, Stmt
+
+    def create() -> Any:
+        yield Batch([Stmt("CREATE TABLE rv_probe_async (x int)")], final=True)
+
+    async def main(through: str) -> None:
+        async with AsyncDurablePostgresSaver.from_conn_string(dsn, read_dsn=through) as saver:
+            reader = await saver.areader()
+            assert reader.read_lag.source == "standby" and reader.pooler, reader.read_lag
+            assert await reader.aget_tuple({"configurable": {"thread_id": "none"}}) is None
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                await reader.arun_op(create, transaction=False)
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                async with reader.connection() as conn:
+                    await conn.execute("CREATE TABLE rv_probe_async (x int)")
+
+    with pgbouncer(dsn) as through:
+        asyncio.run(main(through))
+    assert _one(dsn, "SELECT to_regclass('rv_probe_async')::text") is None
