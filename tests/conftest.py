@@ -182,6 +182,8 @@ SLOW_FIRST = (
 SLOW_FIRST += ("test_failover_async.py",)  # 20-45 (one primary + standby, 4 worker processes)
 # --- standby26 ---
 SLOW_FIRST += ("test_read_dsn.py",)  # 26 (one primary + standby, 13 CLI processes)
+# --- revread ---
+SLOW_FIRST += ("test_read_dsn_review.py",)  # 14-25 (two primary + standby pairs, pgbouncer)
 
 
 def pytest_configure(config: pytest.Config) -> None:
