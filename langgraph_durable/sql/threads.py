@@ -57,6 +57,11 @@ ON CONFLICT (thread_id) DO UPDATE SET
     lease_prev_version = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.lease_prev_version
                               ELSE t.graph_version END,
     cancelled_at = NULL,
+    -- A cancel requested for a recovery worker's claim follows it into the run it hands
+    -- the claim to (issue 25); any other request belongs to its own run's token only.
+    cancel_token = CASE WHEN t.cancel_token = t.lease_token AND t.lease_owner = %(claim_owner)s
+                             AND t.lease_token = %(claim_token)s
+                        THEN t.lease_token + 1 ELSE t.cancel_token END,
     updated_at = now()
 WHERE t.status <> 'quarantined'
   AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR t.lease_owner = EXCLUDED.lease_owner
