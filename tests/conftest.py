@@ -180,6 +180,9 @@ SLOW_FIRST = (
 )
 # --- failover branch ---
 SLOW_FIRST += ("test_failover_async.py",)  # 20-45 (one primary + standby, 4 worker processes)
+# --- standby26 ---
+SLOW_FIRST += ("test_read_dsn.py",)  # 26 (one primary + standby, 13 CLI processes)
+
 # --- ctl25 ---
 SLOW_FIRST += ("test_control.py",)  # 78 serial (worker processes SIGKILLed, cancels across processes)
 
