@@ -49,8 +49,10 @@ from typing import Any, ClassVar, Literal, cast
 
 from langchain_core.runnables import RunnableConfig
 
+from langgraph_durable import _sealing
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import AsyncDriver, Batch, Flow, Hook, Op, Stmt, SyncDriver, Tx
+from langgraph_durable._sealing import Keyring
 from langgraph_durable._view import SaverView
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
@@ -386,7 +388,7 @@ def _submit_config(graph: Any, config: RunnableConfig) -> tuple[RunnableConfig, 
     return cfg, str(configurable["thread_id"]), version
 
 
-def _op_check_submittable(thread_id: str) -> Op[None]:
+def _op_check_submittable(thread_id: str, ring: Keyring | None = None) -> Op[None]:
     rows = yield Batch([Stmt(RECOVERY_THREAD_STATE_SQL, (thread_id,), fetch=True)])
     row = rows[0][0] if rows[0] else None
     if row is not None and row["status"] == "quarantined":
@@ -397,7 +399,10 @@ def _op_check_submittable(thread_id: str) -> Op[None]:
         info = q[0][0] if q[0] else {}
         raise PoisonCheckpointError(
             thread_id, info.get("checkpoint_id"), int(info.get("attempts") or row["attempts"]),
-            info.get("last_error") or row["last_error"],
+            _sealing.open_text(
+                ring, info.get("last_error") or row["last_error"], thread_id=thread_id,
+                where="last_error", strict=False,
+            ),
         )
 
 
@@ -429,7 +434,8 @@ def _submit_flow(
 ) -> Flow[Any]:
     """submit's one body; ``update_state``: the graph's ``update_state`` or ``aupdate_state``."""
     cfg, thread_id, version = _submit_config(graph, config)
-    yield Tx(lambda: _op_check_submittable(thread_id))
+    ring = _sealing.keyring_of(durable_saver_of(graph).serde)
+    yield Tx(lambda: _op_check_submittable(thread_id, ring))
     out = yield Hook(functools.partial(update_state, as_node="__input__"), (cfg, input))
     if not (yield Tx(lambda: _op_queue(thread_id, version))):
         raise ThreadBusyError(thread_id, None, None)

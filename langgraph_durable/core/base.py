@@ -20,6 +20,7 @@ from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import Connection
 
+from langgraph_durable import _sealing
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
@@ -404,17 +405,34 @@ class _DurableBase(
 
     # ------------------------------------------------------------------ generic access
     def run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
-        """Run a package-internal op (used by the ledger, CLI, retention, recovery)."""
-        return self._run_op(factory, transaction=transaction)
+        """Run a package-internal op (used by the ledger, CLI, retention, recovery).
+        The op sees this saver's keyring as ``_sealing.RING`` (the audit trail's)."""
+        token = _sealing.RING.set(_sealing.keyring_of(self.serde))
+        try:
+            return self._run_op(factory, transaction=transaction)
+        finally:
+            _sealing.RING.reset(token)
 
     async def arun_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
-        return await self._arun_op(factory, transaction=transaction)
+        token = _sealing.RING.set(_sealing.keyring_of(self.serde))
+        try:
+            return await self._arun_op(factory, transaction=transaction)
+        finally:
+            _sealing.RING.reset(token)
 
     def run_flow(self, flow: Flow[Any]) -> Any:
-        return self._run_flow(flow)
+        token = _sealing.RING.set(_sealing.keyring_of(self.serde))
+        try:
+            return self._run_flow(flow)
+        finally:
+            _sealing.RING.reset(token)
 
     async def arun_flow(self, flow: Flow[Any]) -> Any:
-        return await self._arun_flow(flow)
+        token = _sealing.RING.set(_sealing.keyring_of(self.serde))
+        try:
+            return await self._arun_flow(flow)
+        finally:
+            _sealing.RING.reset(token)
 
     def lease_for(self, thread_id: str) -> Lease | None:
         """The lease this process holds on ``thread_id`` (inside a run), if any."""
