@@ -97,6 +97,8 @@ class SaverOptions:
     poison: PoisonOptions = field(default_factory=PoisonOptions)
     leases: LeaseOptions = field(default_factory=LeaseOptions)
     artifacts: ArtifactConfig = field(default_factory=ArtifactConfig)
+    # Channel versions in the compact form (issue 26, _chanver); False: the stock form.
+    compact_versions: bool = True
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -124,6 +126,7 @@ class SaverOptions:
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
     ) -> SaverOptions:
         """The groups for the savers' flat keyword options (same names, same defaults).
         Validated group by group: schema, versions, poison, leases, artifacts."""
@@ -146,6 +149,7 @@ class SaverOptions:
                 compression_level=compression_level,
                 cache_bytes=artifact_cache_bytes,
             ),
+            compact_versions=compact_versions,
         )
 
 

@@ -125,6 +125,7 @@ class DurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
     ) -> None:
         super().__init__(serde=serde, options=SaverOptions.from_keywords(
             schema=schema, graph_version=graph_version,
@@ -136,6 +137,7 @@ class DurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
             pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+            compact_versions=compact_versions,
         ))
         _check_conn("DurablePostgresSaver", conn, asynchronous=False)
         _check_pipe("DurablePostgresSaver", conn, pipe, ConnectionPool)
@@ -174,6 +176,7 @@ class DurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
     ) -> Iterator[DurablePostgresSaver]:
         """Open a connection pool on ``conn_string`` (else ``LANGGRAPH_DURABLE_DSN``;
         ``"embedded"``: the embedded PostgreSQL; neither: ``DsnMissingError``) and yield
@@ -206,6 +209,7 @@ class DurablePostgresSaver(_DurableBase):
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
                 on_unrecognised_run=on_unrecognised_run,
                 pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+                compact_versions=compact_versions,
             )
             try:
                 yield saver
@@ -292,6 +296,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
     ) -> None:
         super().__init__(serde=serde, options=SaverOptions.from_keywords(
             schema=schema, graph_version=graph_version,
@@ -303,6 +308,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
             pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+            compact_versions=compact_versions,
         ))
         _check_conn("AsyncDurablePostgresSaver", conn, asynchronous=True)
         _check_pipe("AsyncDurablePostgresSaver", conn, pipe, AsyncConnectionPool)
@@ -342,6 +348,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
     ) -> AsyncIterator[AsyncDurablePostgresSaver]:
         """Open an async pool and yield a saver (DSN resolved as the sync saver's).
         ``pipeline``: see ``DurablePostgresSaver.from_conn_string``."""
@@ -364,6 +371,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
                 on_unrecognised_run=on_unrecognised_run,
                 pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+                compact_versions=compact_versions,
             )
             try:
                 yield saver

@@ -20,6 +20,7 @@ from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import Connection
 
+from langgraph_durable import _chanver
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import (
     Flow,
@@ -120,6 +121,8 @@ class _DurableBase(
         # False: setup() only verifies the schema version (no DDL; SchemaNotReadyError).
         self.run_migrations = bool(opts.run_migrations)
         self.codec = ArtifactCodec(opts.artifacts)
+        # Channel versions in the compact form (_chanver); False: the stock form.
+        self.compact_versions = bool(opts.compact_versions)
         self._known_refs = KnownRefs()
         self._leases = _LeaseRegistry()
         self._unrecognised_logged: set[str] = set()
@@ -177,13 +180,17 @@ class _DurableBase(
         return super().with_allowlist(extra_allowlist)
 
     def get_next_version(self, current: Any, channel: Any) -> Any:
-        """The stock versioning, plus the zombie guard: LangGraph calls this on the
+        """Compact versions (``compact_versions``, see ``_chanver``; else the stock
+        versioning), plus the zombie guard: LangGraph calls this on the
         loop's own thread when it applies a step's writes, before the next step's tasks
         start. A run whose lease was lost stops here with ``LeaseLostError`` instead of
         running further nodes (and their side effects) whose writes would be rejected."""
         lease = _RUN_LEASE.get()
         if lease is not None and not lease.released:
             self._confirm_lease(lease)
+        if self.compact_versions:
+            # The compact form (issue 26, see _chanver): 22 characters instead of 51.
+            return _chanver.next_compact(current)
         return super().get_next_version(current, channel)
 
     # ------------------------------------------------------------------ public API (sync)
