@@ -66,9 +66,13 @@ def _suffix() -> str:
 def next_compact(current: Any) -> str:
     """The compact version after ``current`` (any form)."""
     n = counter(current) + 1
-    if n >= 10**_WIDTH:  # a thread 10^12 bumps long; never, but never mis-ordered either
-        raise OverflowError(f"channel version counter {n} exceeds the compact form's {_WIDTH} digits")
-    return f"v{n:0{_WIDTH}d}.{_suffix()}"
+    if n < 10**_WIDTH:
+        return f"v{n:0{_WIDTH}d}.{_suffix()}"
+    if not is_compact(current):
+        # A stock counter past the compact form's 12 digits (10^12 bumps): the thread
+        # keeps the stock form, which still sorts above its own history.
+        return f"{n:032d}.{_suffix()}"
+    raise OverflowError(f"channel version counter {n} exceeds the compact form's {_WIDTH} digits")
 
 
 def is_compact(version: Any) -> bool:
