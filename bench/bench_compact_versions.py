@@ -23,9 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_storage as bs  # noqa: E402
+import bench_storage as bs
 
-from langgraph_durable import DurablePostgresSaver  # noqa: E402
+from langgraph_durable import DurablePostgresSaver
 
 
 def durable(compact: bool) -> Callable[[str], Any]:

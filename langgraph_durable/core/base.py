@@ -189,7 +189,7 @@ class _DurableBase(
         if lease is not None and not lease.released:
             self._confirm_lease(lease)
         if self.compact_versions:
-            # The compact form (issue 26, see _chanver): 22 characters instead of 51.
+            # The compact form (issue 26, see _chanver): ~14 characters instead of 51.
             return _chanver.next_compact(current)
         return super().get_next_version(current, channel)
 
