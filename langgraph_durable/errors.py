@@ -860,3 +860,41 @@ __all__ += [
     "PoolerMismatchError",
     "SchemaMissingError",
 ]
+
+
+# --- standby26 ---
+class ReadDsnUnreachableError(DatabaseUnreachableError):
+    """The server behind ``read_dsn`` (``LANGGRAPH_DURABLE_READ_DSN``, ``--read-dsn``: a
+    streaming standby that serves operator reads) could not be reached: raised by
+    ``from_conn_string`` and the CLI within the connect timeout, as for the primary's DSN,
+    and by ``saver.reader()`` of a saver built with the constructor. Same fields as
+    ``DatabaseUnreachableError`` (``dsn`` redacted, ``reason``, ``kind``) plus
+    ``setting="read_dsn"``; catching ``DatabaseUnreachableError`` catches it too."""
+
+    def __init__(self, dsn: str, reason: str, kind: str) -> None:
+        ConfigurationError.__init__(
+            self,
+            f"cannot connect to the read_dsn server (the standby for operator reads), "
+            f"{kind}: {reason} (read_dsn: {dsn}); fix read_dsn / "
+            "LANGGRAPH_DURABLE_READ_DSN / --read-dsn, or leave it unset to read the primary",
+            dsn=dsn, reason=reason, kind=kind, setting="read_dsn",
+        )
+
+
+class ReadOnlyViewError(DurableError):
+    """A write, or a graph run, was asked of ``saver.reader()``: the read-only view that
+    serves operator listings, possibly from a standby that lags. Runs and writes go
+    through the saver itself, which never reads from ``read_dsn``. ``method``: what was
+    called; ``thread_id`` when it names one."""
+
+    def __init__(self, method: str, thread_id: str | None = None) -> None:
+        where = f" (thread {thread_id!r})" if thread_id is not None else ""
+        super().__init__(
+            f"{method}{where} was called on saver.reader(), a read-only view for operator "
+            "listings (its reads may come from a standby that lags): run graphs and write "
+            "through the saver itself, e.g. builder.compile(checkpointer=saver)",
+            method=method, thread_id=thread_id,
+        )
+
+
+__all__ += ["ReadDsnUnreachableError", "ReadOnlyViewError"]

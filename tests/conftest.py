@@ -180,6 +180,8 @@ SLOW_FIRST = (
 )
 # --- failover branch ---
 SLOW_FIRST += ("test_failover_async.py",)  # 20-45 (one primary + standby, 4 worker processes)
+# --- standby26 ---
+SLOW_FIRST += ("test_read_dsn.py",)  # 26 (one primary + standby, 13 CLI processes)
 
 
 def pytest_configure(config: pytest.Config) -> None:

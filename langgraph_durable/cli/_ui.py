@@ -7,13 +7,23 @@ from typing import Annotated
 
 import typer
 
-from langgraph_durable.cli._common import DsnOption, SchemaOption, err_console
+from langgraph_durable.cli._common import (
+    DsnOption,
+    ReadDsnOption,
+    ReadFallbackOption,
+    ReadMaxLagOption,
+    SchemaOption,
+    err_console,
+)
 
 ENV_TOKEN = "LGD_CONSOLE_TOKEN"
 
 
 def ui_command(
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     host: Annotated[str, typer.Option(help="Address to bind (keep 127.0.0.1 unless behind a proxy).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
@@ -48,7 +58,7 @@ def ui_command(
         # Through fail(): the message is text, so rich does not eat "[console]" as markup.
         hint = f"the console needs the 'console' extra: pip install 'langgraph-durable[console]' ({exc})"
         raise fail(False, "ImportError", hint, {}) from None
-    from langgraph_durable.cli._common import saver_or_exit
+    from langgraph_durable.cli._common import Reads, saver_or_exit
     from langgraph_durable.console._security import new_token
 
     graph_obj = registry = None
@@ -60,7 +70,8 @@ def ui_command(
     token = None
     if allow_actions:
         token = os.environ.get(ENV_TOKEN) or new_token()
-    with saver_or_exit(dsn, schema, False, readonly=not allow_actions) as saver:
+    reads = Reads(read_dsn, read_max_lag, read_fallback)
+    with saver_or_exit(dsn, schema, False, readonly=not allow_actions, reads=reads) as saver:
         app = create_app(
             saver, allow_actions=allow_actions, token=token, sample_interval=sample_interval,
             graph=graph_obj, registry=registry,

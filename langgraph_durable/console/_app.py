@@ -50,6 +50,8 @@ from langgraph_durable.sql import console as q
 logger = logging.getLogger("langgraph_durable.console")
 
 PAGE = 50
+# Seconds a page's reader (and the standby lag it shows) is reused before measuring again.
+READ_REFRESH = 2.0
 STATES = ("running", "recoverable", "waiting", "quarantined", "error", "queued", "done", "untracked")
 ACTIONS = ("release", "rewind", "resolve", "forget")
 
@@ -220,13 +222,28 @@ class Console:
     ) -> None:
         if allow_actions and not token:
             raise ValueError("allow_actions needs a token")
-        self.saver = saver
+        # Given a reader (the read-only CLI's), the saver it was made from: actions, the
+        # sampler's counters and dry-runs read the primary, pages ask it for readers.
+        self.saver = getattr(saver, "_origin", saver)
         self.allow_actions = allow_actions
         self.sessions = Sessions(token or "")
         self.env = _env()
-        self.sampler = Sampler(saver, sample_interval)
+        self.sampler = Sampler(self.saver, sample_interval)
         self.graph = graph
         self.registry = registry
+        # Reads off the primary (core/reader.py): pages read with saver.reader(), measured
+        # again at most every READ_REFRESH seconds; actions and the sampler use the saver.
+        self._reader: Any = None
+        self._reader_at = 0.0
+        self._reader_lock = threading.Lock()
+
+    def read(self) -> Any:
+        """The reader of this page: the standby (with ``read_dsn``) or the primary."""
+        with self._reader_lock:
+            now = time.monotonic()
+            if self._reader is None or now - self._reader_at >= READ_REFRESH:
+                self._reader, self._reader_at = self.saver.reader(), now
+            return self._reader
 
     # ---------------------------------------------------------------- rendering
     def session(self, request: Request) -> Session | None:
@@ -247,6 +264,7 @@ class Console:
             flash=flash,
             path=request.url.path,
             query=str(request.url.query),
+            reading=getattr(self._reader, "read_lag", None),
             **ctx,
         )
         return HTMLResponse(html, status_code=status)
@@ -268,9 +286,9 @@ class Console:
         # Untracked threads are not counted here: finding them reads every thread id in
         # checkpoints (seconds at a million threads, issue 14), on every page load. The
         # card says so and links to the list, which finds them page by page.
-        counts: dict[str, Any] = dict(lgi.thread_status_counts(self.saver, untracked=False))
+        counts: dict[str, Any] = dict(lgi.thread_status_counts(self.read(), untracked=False))
         counts["untracked"] = "not counted"
-        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+        with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.WORKERS_SQL)
             workers = [{**w, "note": dead_owner_note(w["owner"])} for w in cur.fetchall()]
             cur.execute(q.LEASES_SQL, (20,))
@@ -292,8 +310,8 @@ class Console:
                 self.sampler.bytes_points(), title="storage", fmt=_fmt_bytes, x_label=clock
             ),
         }
-        quarantined = poison.list_quarantined(self.saver, limit=5)
-        unknown = [e for e in Ledger(self.saver).entries(status="started", limit=200) if e.outcome_unknown]
+        quarantined = poison.list_quarantined(self.read(), limit=5)
+        unknown = [e for e in Ledger(self.read()).entries(status="started", limit=200) if e.outcome_unknown]
         refresh = request.query_params.get("refresh", "")
         return self.render(
             request, "overview.html", refresh=int(refresh) if refresh.isdigit() else 0,
@@ -313,14 +331,14 @@ class Console:
         limit = min(max(int(p.get("limit") or PAGE), 1), 500)
         if version is None and older is None and newer is None:
             rows = lgi.list_threads(
-                self.saver, status=state, prefix=prefix, limit=limit + 1, after=after
+                self.read(), status=state, prefix=prefix, limit=limit + 1, after=after
             )
         else:
             params = {
                 "after": after, "prefix": prefix, "version": version, "older": older,
                 "newer": newer, "status": state, "limit": limit + 1,
             }
-            with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+            with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
                 cur.execute(q.THREADS_SQL, params)
                 rows = [lgi.mark_dead_owner(dict(r)) for r in cur.fetchall()]
         more = len(rows) > limit
@@ -345,17 +363,17 @@ class Console:
         tid = p.get("id")
         if not tid:
             return self.error(request, 400, "missing thread", "give ?id=THREAD")
-        info = lgi.show_thread(self.saver, tid, values=True)
-        history = lgi.thread_history(self.saver, tid, limit=min(int(p.get("history") or 50), 500))
+        info = lgi.show_thread(self.read(), tid, values=True)
+        history = lgi.thread_history(self.read(), tid, limit=min(int(p.get("history") or 50), 500))
         # The ledger table shows 100 rows; tool calls are linked among up to 500.
-        ledger = Ledger(self.saver).entries(thread_id=tid, limit=500)
-        trail = audit.list_audit(self.saver, thread_id=tid, limit=50)
+        ledger = Ledger(self.read()).entries(thread_id=tid, limit=500)
+        trail = audit.list_audit(self.read(), thread_id=tid, limit=50)
         at = None
         if p.get("cp"):
-            at = _state_at(self.saver, tid, lgi.resolve_checkpoint(self.saver, tid, p["cp"]))
+            at = _state_at(self.read(), tid, lgi.resolve_checkpoint(self.read(), tid, p["cp"]))
         diff = None
         if p.get("a") and p.get("b"):
-            diff = lgi.diff_checkpoints(self.saver, tid, p["a"], p["b"], values=True)
+            diff = lgi.diff_checkpoints(self.read(), tid, p["a"], p["b"], values=True)
         found = _conversations(info, at, diff)
         nodes = {w["task_id"]: w["node"] for h in history for w in h["writes"]}
         self._link_ledger(tid, found, ledger, nodes)
@@ -385,13 +403,13 @@ class Console:
         an undecodable one says so."""
         if not keys:
             return {}
-        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+        with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.LEDGER_RESULTS_SQL, (keys,))
             rows = cur.fetchall()
         out = {}
         for row in rows:
             try:
-                value = self.saver.serde.loads_typed((row["result_type"], bytes(row["result"] or b"")))
+                value = self.read().serde.loads_typed((row["result_type"], bytes(row["result"] or b"")))
             except Exception as exc:  # a hostile or foreign row: shown, never fatal
                 out[row["key"]] = msg.folded(f"(cannot decode the recorded result: {type(exc).__name__})")
             else:
@@ -399,8 +417,8 @@ class Console:
         return out
 
     def quarantine(self, request: Request) -> HTMLResponse:
-        entries = poison.list_quarantined(self.saver, limit=500)
-        histories = {e.thread_id: poison.show(self.saver, e.thread_id, history=8).history for e in entries[:50]}
+        entries = poison.list_quarantined(self.read(), limit=500)
+        histories = {e.thread_id: poison.show(self.read(), e.thread_id, history=8).history for e in entries[:50]}
         return self.render(request, "quarantine.html", entries=entries, histories=histories)
 
     def ledger(self, request: Request) -> HTMLResponse:
@@ -408,7 +426,7 @@ class Console:
         status = {"unknown": "started", "started": "started"}.get(show, show if show != "all" else None)
         if status not in (None, "started", "completed", "failed"):
             status, show = "started", "unknown"
-        entries = Ledger(self.saver).entries(status=status, limit=500)
+        entries = Ledger(self.read()).entries(status=status, limit=500)
         if show == "unknown":
             entries = [e for e in entries if e.outcome_unknown]
         return self.render(request, "ledger.html", entries=entries, show=show)
@@ -416,7 +434,7 @@ class Console:
     def versions(self, request: Request) -> HTMLResponse:
         exact = request.query_params.get("exact") == "1"
         fast = self._version_summary()
-        summary = versioning.version_summary(self.saver) if exact else fast
+        summary = versioning.version_summary(self.read()) if exact else fast
         names = self._version_names([g["graph_version"] for g in [*fast, *summary]])
         # The current version of each graph: ?current= for its graph, else the one its
         # newest thread started on (new threads start on the deployed code; old
@@ -433,7 +451,7 @@ class Console:
             g["current_version"] = currents.get(g["graph_name"])
         summary = sorted(summary, key=lambda g: (g["graph_name"] or "", not g["current"]))
         drain = [g for g in summary if not g["current"] and g["unfinished"]]
-        log = versioning.migration_log(self.saver, limit=30)
+        log = versioning.migration_log(self.read(), limit=30)
         dry = None
         p = request.query_params
         if self.graph is not None and p.get("from"):
@@ -453,28 +471,31 @@ class Console:
         wanted = sorted({v for v in versions if v})
         if not wanted:
             return {}
-        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+        with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.VERSION_NAMES_SQL, (wanted,))
             return {r["version"]: r["graph_name"] for r in cur.fetchall()}
 
     def _version_summary(self) -> list[dict[str, Any]]:
         """``versioning.version_summary``'s shape from durable_threads alone (fast)."""
-        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+        with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.VERSIONS_SQL)
             rows = cur.fetchall()
         return versioning.group_version_rows(rows)
 
     def storage(self, request: Request) -> HTMLResponse:
         p = request.query_params
+        # pg_stat_user_tables' counters are each server's own (a standby's are empty):
+        # the table list reads the primary; the heavy scans go to the reader.
         with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.TABLE_SIZES_SQL)
             tables = cur.fetchall()
             _estimate_rows(cur, tables)
-            largest = None
-            if p.get("largest") == "1":
+        largest = None
+        if p.get("largest") == "1":
+            with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
                 cur.execute(q.LARGEST_SQL, (15,))
                 largest = cur.fetchall()
-        stats = lgi.storage_stats(self.saver) if p.get("dedup", "1") != "0" else None
+        stats = lgi.storage_stats(self.read()) if p.get("dedup", "1") != "0" else None
         report = None
         form = {
             "older_than_days": p.get("older_than_days") or "30",
@@ -501,7 +522,7 @@ class Console:
         p = request.query_params
         before = int(p["before"]) if p.get("before", "").isdigit() else None
         rows = audit.list_audit(
-            self.saver, thread_id=p.get("thread") or None, action=p.get("action") or None,
+            self.read(), thread_id=p.get("thread") or None, action=p.get("action") or None,
             before=before, limit=PAGE + 1,
         )
         more = len(rows) > PAGE
