@@ -88,7 +88,7 @@ def cpu_delta(before: dict[int, int], after: dict[int, int]) -> float:
 
 # --------------------------------------------------------------------------- one client
 async def _client(dsn: str, kind: str, pool_size: int, concurrency: int, seconds: float,
-                  ready: Any, go: Any, out: Any) -> None:
+                  ready: Any, go: Any, out: Any, finish: Any) -> None:
     async with AsyncConnectionPool(
         dsn, min_size=pool_size, max_size=pool_size, open=False,
         kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
@@ -116,6 +116,7 @@ async def _client(dsn: str, kind: str, pool_size: int, concurrency: int, seconds
         t0 = time.perf_counter()
         await asyncio.gather(*(loop(j) for j in range(concurrency)))
         out.put((done, time.perf_counter() - t0, os.times().user + os.times().system))
+        finish.wait(120)  # the backends stay up until their CPU has been read
 
 
 def _client_main(*args: Any) -> None:
@@ -139,10 +140,15 @@ def _background(admin_conn: psycopg.Connection[Any]) -> list[int]:
 
 def one_round(dsn: str, kind: str, procs: int, pool: int, concurrency: int, seconds: float) -> dict[str, float]:
     dbname = ci.conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as admin:
+        deadline = time.monotonic() + 60
+        while _backends(admin, str(dbname)) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the previous round's backends are still closing
     ctx = mp.get_context("spawn")
     readies = [ctx.Event() for _ in range(procs)]
-    go, out = ctx.Event(), ctx.Queue()
-    workers = [ctx.Process(target=_client_main, args=(dsn, kind, pool, concurrency, seconds, readies[i], go, out))
+    go, out, finish = ctx.Event(), ctx.Queue(), ctx.Event()
+    workers = [ctx.Process(target=_client_main,
+                           args=(dsn, kind, pool, concurrency, seconds, readies[i], go, out, finish))
                for i in range(procs)]
     for w in workers:
         w.start()
@@ -150,6 +156,8 @@ def one_round(dsn: str, kind: str, procs: int, pool: int, concurrency: int, seco
         r.wait(120)
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as admin:
         pids, bg = _backends(admin, str(dbname)), _background(admin)
+        if len(pids) != procs * pool:  # a previous round's backends still closing, or ours not all up
+            raise RuntimeError(f"expected {procs * pool} backends of {dbname}, found {len(pids)}")
         n0 = admin.execute("SELECT count(*) AS n FROM checkpoints").fetchone()["n"]  # type: ignore[index]
         cpu0, bg0 = cpu_ticks(pids), cpu_ticks(bg)
         lsn0 = admin.execute("SELECT pg_current_wal_lsn() AS l").fetchone()["l"]  # type: ignore[index]
@@ -161,6 +169,7 @@ def one_round(dsn: str, kind: str, procs: int, pool: int, concurrency: int, seco
         cpu1, bg1 = cpu_ticks(pids), cpu_ticks(bg)
         wal = admin.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn AS b", (lsn0,)).fetchone()["b"]  # type: ignore[index]
         n1 = admin.execute("SELECT count(*) AS n FROM checkpoints").fetchone()["n"]  # type: ignore[index]
+        finish.set()
     for w in workers:
         w.join(30)
     ckpts = n1 - n0
