@@ -12,6 +12,9 @@ from typing import Any, cast
 
 import psycopg
 import pytest
+from _hypothesis_profiles import examples  # (and registers the settings profiles)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
 from langgraph_durable import DurablePostgresSaver, recovery
@@ -363,3 +366,56 @@ def test_the_op_corrects_and_goes_on_within_one_poll(db: str) -> None:
         rows = conn.execute("SELECT thread_id, graph_version FROM durable_threads WHERE thread_id LIKE 'moved-%' "
                             "ORDER BY thread_id").fetchall()
         assert [r["graph_version"] for r in rows] == ["v2", "v2", "v2"]
+
+
+_VERSIONS = ("v1", "v2", "v3")
+_row = st.tuples(
+    st.sampled_from(["running", "stopped", "queued", "error", "done", "waiting"]),
+    st.sampled_from([*_VERSIONS, None]),  # the latest checkpoint's stamp
+    st.sampled_from(["same", "same", "same", "none", "other"]),  # what the row names
+)
+
+
+@settings(max_examples=examples(ci=20, long=500))
+@given(rows=st.lists(_row, min_size=1, max_size=12), mine=st.sets(st.sampled_from(_VERSIONS), min_size=1),
+       adopt=st.booleans(), statuses=st.sets(st.sampled_from(list(recovery.RECOVERABLE)), min_size=1))
+def test_the_poll_of_some_versions_against_a_model(
+    db: str, rows: list[tuple[str, str | None, str]], mine: set[str], adopt: bool, statuses: set[str]
+) -> None:
+    """The poll of a worker of ``mine`` (repeated as _op_claim repeats it after a
+    correction) takes the oldest thread it may run among those whose row names one of its
+    versions or none; every row it walked past that named the wrong version now names its
+    checkpoint's. Thread i is i seconds older than thread i+1; errors are past backoff."""
+    versions = sorted(mine)
+    with psycopg.connect(db, autocommit=True) as setup:
+        setup.execute("TRUNCATE durable_threads")
+        setup.execute("DELETE FROM checkpoints")
+        for i, (status, stamp, named) in enumerate(rows):
+            hint = {"same": stamp, "none": None, "other": "v-old"}[named]
+            _thread(setup, f"t{i:02d}", status, 1000 - i, version=stamp, hint=hint)
+
+    def ok(stamp: str | None) -> bool:
+        return stamp in mine or (stamp is None and adopt)
+
+    def named(i: int) -> str | None:
+        stamp, how = rows[i][1], rows[i][2]
+        return {"same": stamp, "none": None, "other": "v-old"}[how]
+
+    takes = statuses | ({"error"})
+    walked = [i for i, (status, _, _) in enumerate(rows) if status in takes and (named(i) in mine or named(i) is None)]
+    expected = next((i for i in walked if ok(rows[i][1])), None)
+    with psycopg.connect(db, row_factory=dict_row, autocommit=True) as conn:
+        got = None
+        for _ in range(recovery.CLAIM_REPAIRS_PER_POLL + len(rows)):
+            row = _claim_row(conn, any_version=False, versions=versions, adopt=adopt,
+                             statuses=sorted(statuses), retry_errors=True)
+            if row is None or row["claimed"]:
+                got = row["thread_id"] if row else None
+                break
+        assert got == (None if expected is None else f"t{expected:02d}")
+        now = {r["thread_id"]: r["graph_version"] for r in conn.execute("SELECT thread_id, graph_version FROM durable_threads")}
+    for i in walked:
+        if expected is not None and i > expected:
+            break
+        if not ok(rows[i][1]):  # walked past, not taken: it names its checkpoint's version now
+            assert now[f"t{i:02d}"] == rows[i][1], (i, rows[i], now)
