@@ -22,7 +22,11 @@ are shown apart: they serve every database of the cluster. Reported per contende
 * ``WAL KB/ckpt``: WAL written per checkpoint (the LSN's advance: cluster-wide, so
   other databases' writes meanwhile count too), what a standby and the disk take.
 
-Run: ``python bench/bench_saturation.py [--dsn ...] [--seconds 15] [--rounds 2]``.
+``--mode puts``: the saver's writes of such a run without LangGraph (a real lease held by
+the durable saver), so the clients' CPU per checkpoint is several times lower and the server
+gets busier on the same machine.
+
+Run: ``python bench/bench_saturation.py [--dsn ...] [--seconds 15] [--rounds 2] [--mode puts]``.
 Needs the server's /proc (PostgreSQL on this machine). Prints the load average.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import multiprocessing as mp
 import os
 import statistics
@@ -38,6 +43,7 @@ import uuid
 from typing import Any, TypedDict
 
 import psycopg
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.graph import END, START, StateGraph
@@ -46,6 +52,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from langgraph_durable import AsyncDurablePostgresSaver, DurablePostgresSaver
+from langgraph_durable import saver as saver_mod
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 STEPS = 10
@@ -87,7 +94,38 @@ def cpu_delta(before: dict[int, int], after: dict[int, int]) -> float:
 
 
 # --------------------------------------------------------------------------- one client
-async def _client(dsn: str, kind: str, pool_size: int, concurrency: int, seconds: float,
+async def _run_graph(graph: Any, thread_id: str) -> None:
+    await graph.ainvoke({"n": 0, "note": ""}, {"configurable": {"thread_id": thread_id}})
+
+
+async def _run_puts(saver: Any, kind: str, thread_id: str) -> None:
+    """The saver's own writes without LangGraph around them (``--mode puts``): what a
+    10-step run writes (12 checkpoints, 10 put_writes), with a real lease held for the
+    durable saver (as a run start takes it; every write fenced), released at the end.
+    The client's CPU per checkpoint drops several-fold, so the server gets busier."""
+    lease = None
+    if kind == "durable":
+        owner = saver_mod._owner_id()
+        res = await saver.arun_op(lambda: saver._op_acquire(thread_id, owner, None, None))
+        lease = saver_mod.Lease(thread_id=thread_id, owner=owner, token=int(res["lease_token"]),
+                                attempts=1, checkpoint_id=None, version=None)
+        saver_mod._RUN_LEASE.set(lease)  # this task's context only
+    parent: str | None = None
+    for i in range(STEPS + 2):
+        cp = empty_checkpoint()
+        cp["channel_values"] = {"n": i, "note": f"step {i} " + "x" * 64}
+        cp["channel_versions"] = {"n": f"{i + 1:032}.0", "note": f"{i + 1:032}.0"}
+        cfg: Any = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "",
+                                     **({"checkpoint_id": parent} if parent else {})}}
+        out = await saver.aput(cfg, cp, {"source": "loop", "step": i, "parents": {}}, dict(cp["channel_versions"]))
+        parent = out["configurable"]["checkpoint_id"]
+        if i <= STEPS - 1:
+            await saver.aput_writes(out, [("n", i + 1), ("note", f"w {i}")], str(uuid.uuid4()), "")
+    if lease is not None:
+        saver_mod._RUN_LEASE.set(None)
+
+
+async def _client(dsn: str, kind: str, mode: str, pool_size: int, concurrency: int, seconds: float,
                   ready: Any, go: Any, out: Any, finish: Any) -> None:
     async with AsyncConnectionPool(
         dsn, min_size=pool_size, max_size=pool_size, open=False,
@@ -97,9 +135,9 @@ async def _client(dsn: str, kind: str, pool_size: int, concurrency: int, seconds
         saver: Any = AsyncPostgresSaver(pool) if kind == "stock" else AsyncDurablePostgresSaver(pool)
         graph = build().compile(checkpointer=saver)
         tag = uuid.uuid4().hex[:8]
+        run = functools.partial(_run_puts, saver, kind) if mode == "puts" else functools.partial(_run_graph, graph)
         # Warm every connection (prepared statement caches, catalog caches).
-        await asyncio.gather(*(graph.ainvoke({"n": 0, "note": ""}, {"configurable": {"thread_id": f"w-{tag}-{i}"}})
-                               for i in range(pool_size)))
+        await asyncio.gather(*(run(f"w-{tag}-{i}") for i in range(pool_size)))
         ready.set()
         go.wait()
         done = 0
@@ -109,7 +147,7 @@ async def _client(dsn: str, kind: str, pool_size: int, concurrency: int, seconds
             nonlocal done
             k = 0
             while time.perf_counter() < stop:
-                await graph.ainvoke({"n": 0, "note": ""}, {"configurable": {"thread_id": f"s-{tag}-{j}-{k}"}})
+                await run(f"s-{tag}-{j}-{k}")
                 k += 1
                 done += 1
 
@@ -138,7 +176,8 @@ def _background(admin_conn: psycopg.Connection[Any]) -> list[int]:
     return [r["pid"] for r in rows]
 
 
-def one_round(dsn: str, kind: str, procs: int, pool: int, concurrency: int, seconds: float) -> dict[str, float]:
+def one_round(dsn: str, kind: str, mode: str, procs: int, pool: int, concurrency: int,
+              seconds: float) -> dict[str, float]:
     dbname = ci.conninfo_to_dict(dsn)["dbname"]
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as admin:
         deadline = time.monotonic() + 60
@@ -148,7 +187,7 @@ def one_round(dsn: str, kind: str, procs: int, pool: int, concurrency: int, seco
     readies = [ctx.Event() for _ in range(procs)]
     go, out, finish = ctx.Event(), ctx.Queue(), ctx.Event()
     workers = [ctx.Process(target=_client_main,
-                           args=(dsn, kind, pool, concurrency, seconds, readies[i], go, out, finish))
+                           args=(dsn, kind, mode, pool, concurrency, seconds, readies[i], go, out, finish))
                for i in range(procs)]
     for w in workers:
         w.start()
@@ -205,11 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--procs", type=int, default=2, help="client processes")
     ap.add_argument("--pool", type=int, default=8, help="connections per client process")
     ap.add_argument("--concurrency", type=int, default=32, help="runs in flight per client process")
+    ap.add_argument("--mode", choices=("graph", "puts"), default="graph",
+                    help="graph: LangGraph runs; puts: the saver's writes of such a run, no LangGraph")
     args = ap.parse_args(argv)
     dsn = make_db(args.dsn)
     print(f"# load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} cpus); "
           f"{args.procs} client processes x {args.concurrency} runs on {args.pool} connections, "
-          f"{args.seconds:.0f} s a round, {args.rounds} rounds; {STEPS}-step graph, new thread per run",
+          f"{args.seconds:.0f} s a round, {args.rounds} rounds; {STEPS}-step graph, new thread per run, "
+          f"mode {args.mode}",
           flush=True)
     try:
         with psycopg.connect(dsn, autocommit=True) as c:
@@ -222,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         got: dict[str, list[dict[str, float]]] = {"stock": [], "durable": []}
         for r in range(args.rounds):
             for kind in got:
-                res = one_round(dsn, kind, args.procs, args.pool, args.concurrency, args.seconds)
+                res = one_round(dsn, kind, args.mode, args.procs, args.pool, args.concurrency, args.seconds)
                 got[kind].append(res)
                 print(f"# round {r + 1} {kind:<8} runs={res['runs']:.0f} ckpts={res['ckpts']:.0f} "
                       f"wall={res['wall']:.1f}s server_cpu={res['server_cpu']:.2f}s ({res['server_cores']:.2f} cores) "
