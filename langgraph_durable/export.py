@@ -22,11 +22,13 @@ when uninstalling, see docs/uninstall.md).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, cast
 
+from langgraph_durable import _sealing
 from langgraph_durable import audit as _audit
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable._view import SaverView
@@ -36,8 +38,10 @@ from langgraph_durable.sql.export import (
     EXPORT_THREADS_SQL,
     REF_BLOBS_SQL,
     REF_WRITES_SQL,
+    SEALED_METADATA_SQL,
     THREAD_CHECKPOINT_COUNT_SQL,
     UPDATE_BLOB_SQL,
+    UPDATE_METADATA_SQL,
     UPDATE_WRITE_SQL,
 )
 from langgraph_durable.sql.threads import LOCK_THREAD_LEASE_SQL
@@ -54,10 +58,11 @@ class ThreadExport:
     envelope_bytes: int = 0  # size of the envelopes replaced
     stock_bytes: int = 0  # size of the stock rows written instead
     channels: list[str] = field(default_factory=list)  # channels whose blobs changed
+    metadata: int = 0  # checkpoints whose sealed run metadata was opened (issue 27)
 
     @property
     def changed(self) -> bool:
-        return bool(self.blobs or self.writes)
+        return bool(self.blobs or self.writes or self.metadata)
 
 
 @dataclass
@@ -80,6 +85,7 @@ class ExportReport:
             "checkpoints": sum(t.checkpoints for t in self.threads),
             "blobs": sum(t.blobs for t in self.threads),
             "writes": sum(t.writes for t in self.threads),
+            "metadata": sum(t.metadata for t in self.threads),
             "envelope_bytes": sum(t.envelope_bytes for t in self.threads),
             "stock_bytes": sum(t.stock_bytes for t in self.threads),
         }
@@ -104,6 +110,7 @@ def op_export_thread(saver: SaverView, thread_id: str, dry_run: bool) -> Op[Thre
             Stmt(THREAD_CHECKPOINT_COUNT_SQL, (tid,), fetch=True),
             Stmt(REF_BLOBS_SQL, (tid, REF_TYPE), fetch=True, prepare=False),
             Stmt(REF_WRITES_SQL, (tid, REF_TYPE), fetch=True, prepare=False),
+            Stmt(SEALED_METADATA_SQL, (tid, _sealing.SEALED_METADATA_KEY), fetch=True, prepare=False),
         ]
     )
     lease = rows[0][0] if rows[0] else None
@@ -111,7 +118,17 @@ def op_export_thread(saver: SaverView, thread_id: str, dry_run: bool) -> Op[Thre
         raise ThreadBusyError(tid, lease["lease_owner"], lease["expires_in"])
     out = ThreadExport(tid, checkpoints=int(rows[1][0]["n"]))
     blobs, writes = rows[2], rows[3]
-    if not blobs and not writes:
+    # Sealed run metadata (issue 27): opened, as the stock saver stores metadata (in the
+    # clear: the stock layout has no place for it sealed; the values stay encrypted).
+    ring = _sealing.keyring_of(saver.serde)
+    metadata_params = [
+        (json.dumps(_sealing.open_metadata(ring, dict(r["metadata"]), thread_id=tid,
+                                           checkpoint_id=r["checkpoint_id"])),
+         tid, r["checkpoint_ns"], r["checkpoint_id"])
+        for r in rows[4]
+    ]
+    out.metadata = len(metadata_params)
+    if not blobs and not writes and not metadata_params:
         return out
     where = {"thread_id": tid, "checkpoint_ns": "", "checkpoint_id": None}
     pairs = [(REF_TYPE, bytes(r["blob"])) for r in (*blobs, *writes)]
@@ -155,6 +172,8 @@ def op_export_thread(saver: SaverView, thread_id: str, dry_run: bool) -> Op[Thre
         stmts.append(Stmt(UPDATE_BLOB_SQL, blob_params, many=True))
     if write_params:
         stmts.append(Stmt(UPDATE_WRITE_SQL, write_params, many=True))
+    if metadata_params:
+        stmts.append(Stmt(UPDATE_METADATA_SQL, metadata_params, many=True))
     yield Batch(stmts)
     return out
 
@@ -274,6 +293,7 @@ DURABLE_TABLES = (
     "durable_quarantine",
     "durable_thread_counts",
     "durable_threads",
+    "durable_workers",
 )
 DURABLE_FUNCTIONS = (
     "durable_fence(text, bigint, text)",
@@ -292,8 +312,11 @@ DURABLE_INDEXES = ("durable_checkpoints_run_idx",)  # on the stock checkpoints t
 # On the stock checkpoints table too (they keep durable_threads.has_root honest): dropped
 # before DURABLE_FUNCTIONS, which they use.
 DURABLE_TRIGGERS = ("durable_root_del", "durable_root_upd", "durable_root_trunc")
+# The natural order of thread ids (the console's list; its index goes with durable_threads).
+DURABLE_COLLATIONS = ("durable_natural",)
 
 __all__ = [
+    "DURABLE_COLLATIONS",
     "DURABLE_FUNCTIONS",
     "DURABLE_INDEXES",
     "DURABLE_TABLES",

@@ -31,3 +31,16 @@ UPDATE checkpoint_writes SET type = %s, blob = %s
 WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s AND task_id = %s AND idx = %s
   AND type = %s
 """
+
+# Issue 27 (rekey27): run metadata whose user keys are sealed (``_sealing.seal_metadata``)
+# goes back to LangGraph's plain form: the stock saver reads metadata as it is stored.
+SEALED_METADATA_SQL = """
+SELECT checkpoint_ns, checkpoint_id, metadata FROM checkpoints
+WHERE thread_id = %s AND metadata ? %s
+ORDER BY checkpoint_ns, checkpoint_id
+"""
+
+UPDATE_METADATA_SQL = """
+UPDATE checkpoints SET metadata = %s::jsonb
+WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s
+"""

@@ -39,7 +39,7 @@ WITH cand AS (
 # prices out, and the planner then turned the whole join around).
 _CLAIM_STATUS = """
         (SELECT r.thread_id, r.updated_at FROM durable_threads r
-        WHERE {version}r.status = '{st}' AND r.lease_owner IS NULL
+        WHERE {version}r.status = '{st}' AND r.lease_owner IS NULL{held}
           AND NOT (r.thread_id = ANY(%(skip)s))
         ORDER BY r.updated_at)
 """
@@ -71,6 +71,7 @@ _CLAIM_TAIL = """        ) u
         FROM durable_threads l
         WHERE l.thread_id = t.thread_id
           AND l.status IN ('running', 'stopped', 'queued', 'error')
+          AND NOT (l.status = 'stopped' AND l.cancelled_at IS NOT NULL)
           -- ... or a thread this very claim took already (see above).
           AND (l.lease_owner IS NULL OR l.lease_expires_at < now() OR l.lease_owner = %(owner)s{dead_lock})
           AND (l.status = ANY(%(statuses)s)
@@ -106,6 +107,7 @@ SET lease_owner = CASE WHEN cand.ok THEN %(owner)s ELSE t.lease_owner END,
 FROM cand
 WHERE t.thread_id = cand.thread_id
 RETURNING t.thread_id, t.lease_token, cand.prev_status, cand.checkpoint_id, cand.graph_version,
+          t.answer_type, t.answer_blob, t.answer_checkpoint_id,
           CASE WHEN cand.attempts_checkpoint_id IS NOT DISTINCT FROM cand.checkpoint_id
                THEN cand.attempts + 1 ELSE 1 END AS attempt, cand.ok AS claimed
 """
@@ -185,7 +187,10 @@ def claim_sql(
             # not an equality to the planner: that walk would need a sort).
             keys = [f"COALESCE(r.graph_version, '') = %(cv{i})s AND " for i in range(versions)]
             keys.append("COALESCE(r.graph_version, '') = '' AND ")
-        parts = [_CLAIM_STATUS.lstrip("\n").format(st=st, version=v) for v in keys for st in key[0]]
+        # A thread an operator cancelled stays 'stopped' until resumed (cancelled_at).
+        held = {"stopped": " AND r.cancelled_at IS NULL"}
+        parts = [_CLAIM_STATUS.lstrip("\n").format(st=st, version=v, held=held.get(st, ""))
+                 for v in keys for st in key[0]]
         if retry_errors and "error" not in key[0]:
             parts += [_CLAIM_ERRORS.lstrip("\n").replace("{version}", v) for v in keys]
         queue = "        UNION ALL\n".join(parts) if parts else _CLAIM_NONE
@@ -253,6 +258,8 @@ ON CONFLICT (thread_id) DO UPDATE SET
     attempts = 0,
     attempts_checkpoint_id = NULL,
     last_error = NULL,
+    cancel_token = NULL,
+    cancelled_at = NULL,
     updated_at = now()
 WHERE t.status <> 'quarantined'
   AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
