@@ -378,6 +378,12 @@ if TYPE_CHECKING:
 __all__ += ["AcknowledgedWorkLostError", "ArchiveRejectedError", "ArchiveTooLargeError"]
 _LAZY.update(dict.fromkeys(__all__[-3:], "langgraph_durable.errors"))
 
+# --- ctl25 --- The operator decisions' errors (issue 25, ops.control).
+if TYPE_CHECKING:
+    from langgraph_durable.errors import ControlRefusedError, RunCancelledError
+__all__ += ["ControlRefusedError", "RunCancelledError"]
+_LAZY.update(dict.fromkeys(__all__[-2:], "langgraph_durable.errors"))
+
 # --- standby26 --- (reads off the primary: read_dsn, saver.reader(); docs/configuration.md)
 if TYPE_CHECKING:
     from langgraph_durable.core.reader import ReadLag

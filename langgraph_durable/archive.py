@@ -74,6 +74,7 @@ import zstandard
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from langgraph_durable import _sealing
 from langgraph_durable import audit as _audit
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable._refs import artifact_lock, op_closure
@@ -615,6 +616,11 @@ def _check_artifacts(
             name, _, ciphertext = data[1:].partition(b"\x00")
             try:
                 data = cipher.decrypt(name.decode(), ciphertext)
+            except (ValueError, _sealing.DecryptionError) as exc:  # the tag check failed: a wrong key (issue 27)
+                raise _sealing.DecryptionError(
+                    thread_id=dump.thread_id, where=f"artifact {shown[:16]} of archive {url}",
+                    reason=getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}",
+                ) from exc
             except Exception:
                 raise refuse("bad_artifact", f"artifact {shown} does not decrypt", digest=shown) from None
             space = _space(name.decode())
@@ -633,7 +639,9 @@ def _check_artifacts(
             ) from None
         except zstandard.ZstdError:
             raise refuse("bad_artifact", f"artifact {shown} does not decompress", digest=shown) from None
-        if _digest(content, space) != digest:
+        ring = _sealing.keyring_of(serde) if space else None
+        key = ring.digest_key() if ring is not None else None  # keyed digests (issue 27)
+        if _digest(content, space) != digest and _digest(content, space, key) != digest:
             raise refuse("artifact_digest", f"artifact {shown}'s content does not hash to its digest", digest=shown)
         if row.get("size") is not None and row.get("size") != len(content):
             raise refuse("bad_artifact", f"artifact {shown} says it is {row.get('size')} bytes, its content is {len(content)}", digest=shown)

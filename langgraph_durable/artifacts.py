@@ -36,6 +36,7 @@ msgpack(items)`` (a chunk). Use :func:`envelope_refs` / :func:`chunk_refs` /
 from __future__ import annotations
 
 import hashlib
+import hmac
 import threading
 import time
 from collections import OrderedDict
@@ -49,12 +50,14 @@ import zstandard
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
+from langgraph_durable import _sealing
 from langgraph_durable.errors import (
     ArtifactIntegrityError,
     ArtifactNotFoundError,
     ConfigurationError,
     SerializationError,
 )
+from langgraph_durable.keyring import decryption_error
 
 REF_TYPE = "durable+ref"
 # Measured (bench/bench_storage.py, docs/storage.md): 16 keeps the envelope of a
@@ -90,6 +93,12 @@ _ZSTD_PREFIX = b"".join(
 )
 # How deep containers are split: the top-level list/dict and the lists/dicts in it.
 _MAX_DEPTH = 1
+
+
+class _WrongKey(Exception):
+    """The cipher refused an artifact's tag (a wrong key): ``accept`` raises the typed
+    ``DecryptionError`` naming the checkpoint, never an integrity error (a wrong key is
+    not damaged bytes and must not quarantine the thread)."""
 
 
 @dataclass(frozen=True)
@@ -140,8 +149,17 @@ def _element_content(tag: str, data: bytes) -> bytes:
     return _ELEMENT + tag.encode() + b"\x00" + data
 
 
-def _digest(content: bytes, space: bytes = b"") -> bytes:
+def _digest(content: bytes, space: bytes = b"", key: bytes | None = None) -> bytes:
+    """sha256 of the content in its namespace; keyed (HMAC-SHA256 with the keyring's
+    digest key, issue 27) when encrypting, so a guessed value cannot be confirmed."""
+    if key is not None:
+        return hmac.new(key, space + content, hashlib.sha256).digest()
     return hashlib.sha256(space + content).digest()
+
+
+def _digest_key(serde: Any) -> bytes | None:
+    ring = _sealing.keyring_of(serde)
+    return ring.digest_key() if ring is not None else None
 
 
 def _space(cipher_name: str | None) -> bytes:
@@ -171,6 +189,7 @@ class _Encoder:
         self.serde = serde
         self.plain, self.cipher = _split_serde(serde)
         self.space = _space(codec.cipher_name(self.cipher))
+        self.key = _digest_key(serde) if self.cipher is not None else None
         self.threshold = threshold
         self.chunk = codec.config.chunk_size
         self.artifacts: dict[bytes, bytes] = {}
@@ -180,7 +199,7 @@ class _Encoder:
 
     def offload(self, tag: str, data: bytes) -> list[Any]:
         content = _element_content(tag, data)
-        digest = _digest(content, self.space)
+        digest = _digest(content, self.space, self.key)
         self.artifacts[digest] = content
         return [_ELEMENT_REF, digest]
 
@@ -298,7 +317,10 @@ class ArtifactCodec:
             if cipher is None:
                 raise ValueError("artifact is encrypted but the saver's serializer has no cipher")
             name, _, ciphertext = data[1:].partition(b"\x00")
-            data = cipher.decrypt(name.decode(), ciphertext)
+            try:
+                data = cipher.decrypt(name.decode(), ciphertext)
+            except (ValueError, _sealing.DecryptionError) as exc:  # pycryptodome: "MAC check failed"
+                raise _WrongKey() from exc
             return self.decompress(data), _space(name.decode())
         return self.decompress(data), b""
 
@@ -462,13 +484,37 @@ class ArtifactCodec:
             where: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
             try:
                 content, space = self._unseal(bytes(data), serde)
+            except _WrongKey as exc:  # the tag check failed: not this saver's key
+                if locate is not None:
+                    where = dict(locate(digest) or where)
+                cause = exc.__cause__
+                raise _sealing.DecryptionError(
+                    thread_id=where.get("thread_id"), where=f"artifact {digest.hex()[:16]}",
+                    reason=getattr(cause, "reason", None) or f"{type(cause).__name__}: {cause}",
+                    checkpoint_id=where.get("checkpoint_id"),
+                ) from cause
             except Exception as exc:  # zstd or cipher failure: the bytes are not ours
                 if locate is not None:
                     where = dict(locate(digest) or where)
+                key_error = decryption_error(
+                    exc, thread_id=where.get("thread_id"), where=f"artifact {digest.hex()}",
+                    checkpoint_id=where.get("checkpoint_id"),
+                )
+                if key_error is not None:  # the key, not damage: refused, not quarantined
+                    raise key_error from exc
                 raise ArtifactIntegrityError(
                     digest.hex(), actual=f"undecodable ({type(exc).__name__})", **where
                 ) from None
-            actual = _digest(content, space)
+            key = _digest_key(serde) if space else None
+            actual = _digest(content, space, key)
+            if actual != digest and key is not None:
+                # Keyed by another digest secret: an earlier one (a key rotation; the key
+                # it came from may be retired after `rekey`), or none (written before keyed
+                # digests: plain sha256). The bytes were authenticated by the cipher under a
+                # configured key just above, so they are this database's own, undamaged:
+                # the digest secret cannot be checked without the retired key, and an
+                # encrypted artifact is accepted on its authentication tag.
+                actual = digest
             if actual != digest:
                 if locate is not None:
                     where = dict(locate(digest) or where)
@@ -762,3 +808,49 @@ class KnownRefs:
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+
+
+# -- rekey (ops/rekey.py): the stored forms re-encrypted, the plaintext never rebuilt ---
+
+def _recrypt_items(items: list[Any], recrypt: Any) -> bool:
+    """Re-encrypt an envelope's inline encrypted items in place; whether any changed."""
+    changed = False
+    for item in items:
+        if item[0] == _INLINE and "+" in item[1]:
+            new = recrypt(bytes(item[2]))
+            if new is not None:
+                item[2] = new
+                changed = True
+        elif item[0] == _NESTED:
+            changed = _recrypt_payload(item[1], item[2], recrypt) or changed
+    return changed
+
+
+def _recrypt_payload(kind: int, payload: list[Any], recrypt: Any) -> bool:
+    if kind == _DICT:
+        return _recrypt_items([p[1] for p in payload], recrypt)
+    return _recrypt_items(payload, recrypt)
+
+
+def recrypt_envelope(data: bytes, recrypt: Any) -> bytes | None:
+    """An envelope (``REF_TYPE``) with its inline encrypted items passed through
+    ``recrypt(ciphertext) -> new ciphertext | None`` (None: already current); None when
+    nothing changed. Artifact references are untouched (artifacts are re-encrypted whole,
+    and their digests are of the plaintext content)."""
+    kind, payload = ormsgpack.unpackb(data)
+    if kind == _SINGLE:
+        changed = _recrypt_items(payload, recrypt)
+    elif kind == _DELTA:
+        changed = _recrypt_payload(payload[0], payload[1], recrypt)
+    else:
+        changed = _recrypt_payload(kind, payload, recrypt)
+    return ormsgpack.packb([kind, payload]) if changed else None
+
+
+def recrypt_stored_artifact(data: bytes, recrypt: Any) -> bytes | None:
+    """An artifact's stored form re-encrypted (None: plaintext, or already current)."""
+    if data[:1] != _SEALED:
+        return None
+    name, _, ciphertext = data[1:].partition(b"\x00")
+    new = recrypt(ciphertext)
+    return None if new is None else _SEALED + name + b"\x00" + new

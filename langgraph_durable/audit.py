@@ -42,6 +42,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from langgraph_durable import _sealing
 from langgraph_durable.sql.audit import AUDIT_INSERT_SQL, AUDIT_LIST_SQL
 
 if TYPE_CHECKING:
@@ -112,6 +113,11 @@ T = TypeVar("T")
 Describe = Callable[..., AuditRecord | None]
 
 
+# What of an audit detail stays in the clear with an encrypting serializer: statuses,
+# reasons and counts (the rest, keys, ids and URLs, is sealed).
+AUDIT_CLEAR = frozenset({"status", "reason", "attempts", "released", "dry_run", "keys"})
+
+
 def _params(action: str, record: AuditRecord, event_id: str) -> dict[str, Any]:
     who, via = actor()
     return {
@@ -122,7 +128,9 @@ def _params(action: str, record: AuditRecord, event_id: str) -> dict[str, Any]:
         "thread_id": record.thread_id,
         "before_id": record.before_id,
         "after_id": record.after_id,
-        "detail": json.dumps(dict(record.detail), default=str),
+        # Sealed with the saver's keyring when it encrypts (issue 27), counts and
+        # statuses kept in the clear.
+        "detail": json.dumps(_sealing.seal_json(_sealing.RING.get(), dict(record.detail), AUDIT_CLEAR), default=str),
     }
 
 
@@ -223,7 +231,13 @@ def _op_list(
     rows = yield Batch([Stmt(AUDIT_LIST_SQL, params, fetch=True, prepare=False)])
     # Rows written before URLs were redacted at write time (issue 23) may hold an archive
     # URL's credentials: every reader (console, CLI, API) sees them redacted.
-    return [{**r, "detail": _redacted(r.get("detail"))} for r in rows[0]]
+    ring = _sealing.RING.get()
+    return [
+        {**r, "detail": _redacted(_sealing.open_json(
+            ring, r.get("detail"), thread_id=r.get("thread_id"), where="audit detail", strict=False
+        ))}
+        for r in rows[0]
+    ]
 
 
 def _redacted(value: Any) -> Any:
@@ -431,7 +445,10 @@ def describe_export(result: Any, saver: SaverView, thread_id: str, dry_run: bool
         return None
     return AuditRecord(
         thread_id=result.thread_id,
-        detail={"blobs": result.blobs, "writes": result.writes, "channels": result.channels},
+        detail={
+            "blobs": result.blobs, "writes": result.writes, "channels": result.channels,
+            "versions": result.versions,
+        },
     )
 
 

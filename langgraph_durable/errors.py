@@ -862,6 +862,45 @@ __all__ += [
 ]
 
 
+# --- ctl25 ---
+class RunCancelledError(DurableError):
+    """An operator asked this run to stop (``ops.control.request_cancel``, the console's
+    Cancel): it stopped at a step boundary, the thread is ``stopped`` at its last
+    checkpoint and resumes with ``invoke(None)`` or a queued resume. ``token``: the
+    fencing token of the lease the request was for."""
+
+    def __init__(self, thread_id: str, token: int | None, checkpoint_id: str | None = None) -> None:
+        super().__init__(
+            f"run on thread {thread_id!r} was cancelled by an operator at a step boundary "
+            f"(lease token {token}); the thread is stopped at checkpoint {checkpoint_id!r}, "
+            "resume it with invoke(None) or `langgraph-durable threads resume`",
+            thread_id=thread_id,
+            token=token,
+            checkpoint_id=checkpoint_id,
+        )
+
+
+class ControlRefusedError(DurableError):
+    """An operator decision (resume, answer, cancel, fork, delete) that does not apply
+    to the thread as it is now: ``action``, the thread's ``status`` (None: no such
+    thread) and ``reason`` say why. Nothing was changed."""
+
+    def __init__(
+        self, thread_id: str, action: str, reason: str, status: str | None = None,
+        checkpoint_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            f"cannot {action} thread {thread_id!r}: {reason}",
+            thread_id=thread_id,
+            action=action,
+            reason=reason,
+            status=status,
+            checkpoint_id=checkpoint_id,
+        )
+
+
+__all__ += ["ControlRefusedError", "RunCancelledError"]
+
 # --- standby26 ---
 class ReadDsnUnreachableError(DatabaseUnreachableError):
     """The server behind ``read_dsn`` (``LANGGRAPH_DURABLE_READ_DSN``, ``--read-dsn``: a
@@ -898,3 +937,48 @@ class ReadOnlyViewError(DurableError):
 
 
 __all__ += ["ReadDsnUnreachableError", "ReadOnlyViewError"]
+
+
+# --- rekey27 -----------------------------------------------------------------------
+
+
+class DecryptionError(DurableError):
+    """Stored encrypted bytes could not be opened with the configured keys: no key has
+    the id the bytes were sealed with, or the authentication tag failed (a wrong key,
+    or tampered bytes). Never garbage, never ``None``. ``where`` names the column
+    (``checkpoint_blobs.blob``, ``durable_ledger.result``...); ``key_id`` is the hex id
+    the bytes name (empty for LangGraph's ``+aes`` form, which carries none)."""
+
+    def __init__(
+        self,
+        *,
+        thread_id: str | None,
+        where: str,
+        reason: str,
+        checkpoint_id: str | None = None,
+        key_id: str = "",
+    ) -> None:
+        thread = f"thread {thread_id!r}" if thread_id is not None else "a row"
+        at = f" checkpoint {checkpoint_id!r}" if checkpoint_id else ""
+        super().__init__(
+            f"cannot decrypt {where} of {thread}{at}: {reason}. Configure the key it was "
+            "written with (DurableEncryptedSerializer(current=..., old=[...])); see "
+            "docs/encryption.md",
+            thread_id=thread_id, checkpoint_id=checkpoint_id, where=where, reason=reason,
+            key_id=key_id,
+        )
+
+
+class RekeyError(DurableError):
+    """``langgraph-durable rekey`` stopped before finishing: ``reason`` says why (the
+    rows of earlier batches stay re-encrypted and readable with the current key; rerun
+    it to resume). ``column`` is the sealed column it was walking."""
+
+    def __init__(self, reason: str, *, column: str = "", thread_id: str | None = None) -> None:
+        super().__init__(
+            f"rekey stopped{' at ' + column if column else ''}: {reason}",
+            reason=reason, column=column, thread_id=thread_id,
+        )
+
+
+__all__ += ["DecryptionError", "RekeyError"]

@@ -53,6 +53,7 @@ from langchain_core.runnables import (
     RunnableSequence,
 )
 
+from langgraph_durable import _sealing
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import ConfigurationError, NoLedgerError, SerializationError
@@ -323,7 +324,7 @@ class _Entry:
             "task_id": self.task_id,
             "name": self.name,
             "fp": self.fingerprint,
-            "preview": self.preview,
+            "preview": _sealing.seal_text(_sealing.keyring_of(self.ledger.serde), self.preview),
             "owner": self.owner,
             "result_type": result_type,
             "result": result,
@@ -365,6 +366,12 @@ def _decode(entry: _Entry, row: Mapping[str, Any]) -> Any:
     try:
         return entry.ledger.serde.loads_typed((row["result_type"], bytes(row["result"] or b"")))
     except Exception as exc:
+        wrong_key = _sealing.decrypt_failure(
+            entry.ledger.serde, str(row["result_type"]), exc, thread_id=entry.thread_id or entry.origin,
+            where=f"the recorded answer of journaled {entry.name!r} (key {entry.key!r})",
+        )
+        if wrong_key is not None:
+            raise wrong_key from exc
         raise SerializationError(
             f"the recorded result of journaled {entry.name!r} (key {entry.key!r}, thread "
             f"{entry.thread_id!r}) cannot be decoded: {type(exc).__name__}: {exc}; "
@@ -530,7 +537,9 @@ class JournaledRunnable(Runnable[Any, Any]):
             "kwargs": {k: _safe_canonical(v, k, serde) for k, v in sorted(kwargs.items())},
             "mode": mode,
         }
-        fingerprint = hashlib.sha256(_dumps({"name": self.journal_name, "args": canon})).hexdigest()
+        fingerprint = _sealing.keyed_fingerprint(
+            serde, hashlib.sha256(_dumps({"name": self.journal_name, "args": canon})).hexdigest()
+        )
         parent = _PARENT.get()
         taken: tuple[Any, tuple[int, str], int] | None = None
         ttl: float | None = None

@@ -29,7 +29,7 @@ from langgraph.checkpoint.base import (
     get_checkpoint_id,
 )
 
-from langgraph_durable import _values
+from langgraph_durable import _sealing, _values
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
@@ -40,6 +40,7 @@ from langgraph_durable._io import (
     SyncDriver,
     Tx,
 )
+from langgraph_durable._sealing import Keyring
 from langgraph_durable.config import OnBusy as OnBusy
 from langgraph_durable.config import OnUnrecognisedRun as OnUnrecognisedRun
 from langgraph_durable.core.view import RunLifecycleView
@@ -47,6 +48,7 @@ from langgraph_durable.errors import (
     AcknowledgedWorkLostError,
     CheckpointLoadError,
     PoisonCheckpointError,
+    RunCancelledError,
     ThreadBusyError,
     UnsupportedLangGraphError,
 )
@@ -61,6 +63,7 @@ from langgraph_durable.sql.checkpoints import PARENT_GONE_STATE
 from langgraph_durable.sql.threads import (
     ATTEMPT_AT_HEAD_SQL,
     ATTEMPT_UNCOUNTED_AT_HEAD_SQL,
+    MARK_CANCELLED_SQL,
     RECORD_FAILURE_SQL,
 )
 from langgraph_durable.versioning import (
@@ -243,7 +246,10 @@ class RunLifecycle(RunLifecycleView):
                 q = q or {}
                 raise PoisonCheckpointError(
                     thread_id, q.get("checkpoint_id"), q.get("attempts") or res.get("attempts", 0),
-                    q.get("last_error") or res.get("last_error"),
+                    _sealing.open_text(
+                        _sealing.keyring_of(self.serde), q.get("last_error") or res.get("last_error"),
+                        thread_id=thread_id, where="last_error", strict=False,
+                    ),
                     reason=q.get("reason") or "max_attempts",
                 )
             if self.on_busy == "wait" and time.monotonic() < deadline:
@@ -318,7 +324,7 @@ class RunLifecycle(RunLifecycleView):
             )
             # Its traceback too (issue 25), while the lease is held: the quarantine
             # below drops it.
-            yield Tx(partial(_op_record_failure, lease, exc, lease.checkpoint_id))
+            yield Tx(partial(_op_record_failure, lease, exc, lease.checkpoint_id, _sealing.keyring_of(self.serde)))
             yield from self._flow_quarantine(lease, record, exc)
         if saved is not None:
             saved = yield from self._flow_check_version(thread_id, saved, version, policy)
@@ -341,7 +347,7 @@ class RunLifecycle(RunLifecycleView):
             ):
                 return "waiting", True, False, None
             return "stopped", False, True, None
-        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | GeneratorExit):
+        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | GeneratorExit | RunCancelledError):
             return "stopped", False, True, None
         text = f"{type(exc).__name__}: {exc}"[:4000]
         # An operator's decision pending (an unknown outcome): not an attempt.
@@ -369,12 +375,18 @@ class RunLifecycle(RunLifecycleView):
         else:
             head = self._head(loop)
         status, reset, undo, error = self._exit_outcome(loop, exc)
+        if isinstance(exc, RunCancelledError):
+            # An operator's cancel (issue 25): 'stopped', and workers leave it so.
+            mark = Stmt(MARK_CANCELLED_SQL, (lease.thread_id, lease.token, lease.owner))
+            return partial(
+                self._op_release, lease, status, reset=reset, undo=undo, error=None, first=(mark,)
+            )
         acked = lease.acked.get("")
         if status in ("done", "waiting") and acked is not None:
             return partial(self._op_release_checked, lease, acked, status, reset=reset, undo=undo)
         first: tuple[Stmt, ...] = ()
         if error is not None and exc is not None:
-            first = _failure_first(lease, exc, head or lease.checkpoint_id)
+            first = _failure_first(lease, exc, head or lease.checkpoint_id, _sealing.keyring_of(self.serde))
         if error is not None and head is not None and head != lease.checkpoint_id:
             # The failure happened past the checkpoint the run started from: it is the
             # first failed attempt at the new head (none, if an operator must decide).
@@ -734,29 +746,38 @@ def _clean(text: str | None) -> str | None:
     return text.replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
 
 
-def _failure_first(lease: Lease, exc: BaseException, checkpoint_id: str | None) -> tuple[Stmt, ...]:
+def _failure_first(
+    lease: Lease, exc: BaseException, checkpoint_id: str | None, ring: Keyring | None = None
+) -> tuple[Stmt, ...]:
     """The failure record's statement for the release pipeline; none if the exception
     cannot even be described (the release itself must never fail on it)."""
     try:
-        return (_failure_stmt(lease, exc, checkpoint_id),)
+        return (_failure_stmt(lease, exc, checkpoint_id, ring),)
     except Exception:
         logger.debug("could not record the failure of %s", lease.thread_id, exc_info=True)
         return ()
 
 
-def _op_record_failure(lease: Lease, exc: BaseException, checkpoint_id: str | None) -> Op[None]:
+def _op_record_failure(
+    lease: Lease, exc: BaseException, checkpoint_id: str | None, ring: Keyring | None = None
+) -> Op[None]:
     from langgraph_durable._io import Batch
 
-    yield Batch([_failure_stmt(lease, exc, checkpoint_id)])
+    yield Batch([_failure_stmt(lease, exc, checkpoint_id, ring)])
 
 
-def _failure_stmt(lease: Lease, exc: BaseException, checkpoint_id: str | None) -> Stmt:
+# What of a failure record stays in the clear with an encrypting serializer (issue 27):
+# code names, ids and the time; the message and traceback (they quote values) are sealed.
+FAILURE_CLEAR = frozenset({"node", "task_id", "type", "traceback_cut", "checkpoint_id", "at"})
+
+
+def _failure_stmt(lease: Lease, exc: BaseException, checkpoint_id: str | None, ring: Keyring | None = None) -> Stmt:
     from psycopg.types.json import Jsonb
 
     return Stmt(
         RECORD_FAILURE_SQL,
         {
-            "failure": Jsonb(failure_record(exc, checkpoint_id)),
+            "failure": Jsonb(_sealing.seal_json(ring, failure_record(exc, checkpoint_id), FAILURE_CLEAR)),
             "thread_id": lease.thread_id,
             "token": lease.token,
             "owner": lease.owner,

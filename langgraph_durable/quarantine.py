@@ -4,12 +4,14 @@ hook runs once. The operator side (list, release) is ``poison.py``."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from langgraph_durable import _sealing
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import (
     Batch,
@@ -81,7 +83,9 @@ class QuarantineOps(QuarantineView):
         return rows[0][0] if rows[0] else None
 
     def _op_quarantine(self, record: PoisonRecord) -> Op[None]:
-        yield Batch([Stmt(QUARANTINE_THREAD_SQL, record.__dict__)])
+        params = dict(record.__dict__)
+        params["last_error"] = _sealing.seal_text(_sealing.keyring_of(self.serde), record.last_error)
+        yield Batch([Stmt(QUARANTINE_THREAD_SQL, params)])
 
     def _fire_on_poison(self, record: PoisonRecord) -> Any:
         logger.error(
@@ -119,6 +123,14 @@ class QuarantineOps(QuarantineView):
         yield Tx(lambda: self._op_quarantine(record))
         self._leases.remove(lease)
         lease.released = True
+        # The error text as stored may be sealed (issue 27): the hook and the error get
+        # it in the clear (or "<encrypted>" when this saver has no key for it).
+        shown = _sealing.open_text(
+            _sealing.keyring_of(self.serde), record.last_error, thread_id=record.thread_id,
+            where="last_error", strict=False,
+        )
+        if shown != record.last_error:
+            record = dataclasses.replace(record, last_error=shown)
         yield Hook(self._fire_on_poison, (record,))
         raise PoisonCheckpointError(
             record.thread_id, record.checkpoint_id, record.attempts, record.last_error,

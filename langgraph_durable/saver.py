@@ -160,6 +160,7 @@ class DurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
         read_dsn: str | None = None,
         read_max_lag: float = DEFAULT_MAX_LAG,
         read_fallback: bool = False,
@@ -174,6 +175,7 @@ class DurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
             pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+            compact_versions=compact_versions,
             read_dsn=read_dsn, read_max_lag=read_max_lag, read_fallback=read_fallback,
         )
         super().__init__(serde=serde, options=options)
@@ -215,6 +217,7 @@ class DurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
         read_dsn: str | None = None,
         read_max_lag: float = DEFAULT_MAX_LAG,
         read_fallback: bool = False,
@@ -261,6 +264,7 @@ class DurablePostgresSaver(_DurableBase):
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
                 on_unrecognised_run=on_unrecognised_run,
                 pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+                compact_versions=compact_versions,
                 read_dsn=read, read_max_lag=read_max_lag, read_fallback=read_fallback,
             )
             try:
@@ -446,6 +450,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
         read_dsn: str | None = None,
         read_max_lag: float = DEFAULT_MAX_LAG,
         read_fallback: bool = False,
@@ -460,6 +465,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
             pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+            compact_versions=compact_versions,
             read_dsn=read_dsn, read_max_lag=read_max_lag, read_fallback=read_fallback,
         )
         super().__init__(serde=serde, options=options)
@@ -502,6 +508,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
         read_dsn: str | None = None,
         read_max_lag: float = DEFAULT_MAX_LAG,
         read_fallback: bool = False,
@@ -528,6 +535,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
                 on_unrecognised_run=on_unrecognised_run,
                 pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+                compact_versions=compact_versions,
                 read_dsn=read, read_max_lag=read_max_lag, read_fallback=read_fallback,
             )
             try:

@@ -40,6 +40,7 @@ from langgraph_durable import (
     SerializationError,
 )
 from langgraph_durable.artifacts import REF_TYPE, ArtifactCodec, chunk_refs, envelope_refs
+from langgraph_durable.errors import DecryptionError
 
 
 def big(seed: object, size: int = 2048) -> str:
@@ -451,10 +452,12 @@ def test_encrypted_serializer_dedups_and_encrypts_at_rest(dsn: str) -> None:
     assert marker.encode() not in stored and big("m3", 1500)[:64].encode() not in stored
     with DurablePostgresSaver.from_conn_string(dsn, serde=serde, artifact_threshold=256) as fresh:
         assert _chat_graph(fresh).get_state(cfg).values == expected
-    # Without the key: a typed error, not wrong state.
+    # Without the key: a typed error naming the thread, not wrong state (issue 27: the
+    # key's DecryptionError, not a CheckpointLoadError: nothing is damaged, no quarantine).
     with DurablePostgresSaver.from_conn_string(dsn, artifact_threshold=256) as nokey:
-        with pytest.raises(CheckpointLoadError):
+        with pytest.raises(DecryptionError) as info:
             nokey.get_tuple(cfg)
+    assert info.value.thread_id == thread
 
 
 @dataclass

@@ -10,21 +10,40 @@ from __future__ import annotations
 
 import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
 from langgraph_durable import AsyncDurablePostgresSaver
 from langgraph_durable.granularity import CheckpointPolicy
+from langgraph_durable.keyring import DurableEncryptedSerializer
+
+# Encryption at rest (issue 27): the same suite with an encrypting serializer, ours with
+# a rotated key (writes the new key, reads both) and LangGraph's own with everything offloaded.
+_KEY, _OLD_KEY = b"k" * 32, b"o" * 32
+
+
+def _serde(kind: str | None) -> SerializerProtocol | None:
+    if kind == "rotating":
+        return DurableEncryptedSerializer(_KEY, old=[_OLD_KEY])
+    if kind == "langgraph":
+        return EncryptedSerializer.from_pycryptodome_aes(key=_KEY)
+    return None
 
 
 @pytest.mark.parametrize(
-    ("threshold", "policy"),
-    [(1024, None), (0, None), (1024, "defer")],
-    ids=["default", "offload-everything", "policy-defer"],
+    ("threshold", "policy", "encryption"),
+    [(1024, None, None), (0, None, None), (1024, "defer", None), (1024, None, "rotating"), (0, None, "langgraph")],
+    ids=["default", "offload-everything", "policy-defer", "encrypted", "encrypted-offload-everything"],
 )
-async def test_conformance_async(dsn: str, threshold: int, policy: CheckpointPolicy | None) -> None:
-    @checkpointer_test(name=f"AsyncDurablePostgresSaver[threshold={threshold}, policy={policy!r}]")
+async def test_conformance_async(
+    dsn: str, threshold: int, policy: CheckpointPolicy | None, encryption: str | None
+) -> None:
+    @checkpointer_test(
+        name=f"AsyncDurablePostgresSaver[threshold={threshold}, policy={policy!r}, encryption={encryption}]"
+    )
     async def factory():  # type: ignore[no-untyped-def]
         async with AsyncDurablePostgresSaver.from_conn_string(
-            dsn, artifact_threshold=threshold, checkpoint_policy=policy
+            dsn, artifact_threshold=threshold, checkpoint_policy=policy, serde=_serde(encryption)
         ) as saver:
             yield saver
 

@@ -15,9 +15,12 @@ from typing import Any
 import typer
 
 from langgraph_durable.cli import (
+    _common,
+    _control,
     _demo,
     _embedded,
     _export,
+    _keys,
     _ledger,
     _quarantine,
     _roles,
@@ -36,9 +39,19 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
+@app.callback()
+def _root(
+    key_file: _common.KeyFileOption = None,
+) -> None:
+    """Durable checkpoints for LangGraph: inspect threads, recover, migrate, compact."""
+    # Every command that opens a saver reads the keys from here (set on each invocation,
+    # so one in a long-lived process, a test's runner, does not leak into the next).
+    _common.KEY_FILE_FLAG[0] = key_file
+
+
 for module in (
     _demo, _embedded, _threads, _versions, _storage, _quarantine, _ledger, _worker, _export,
-    _roles, _ui,
+    _roles, _ui, _keys, _control,
 ):
     module.register(app)
 

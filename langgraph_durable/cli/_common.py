@@ -117,6 +117,21 @@ ReadFallbackOption = Annotated[
         help="Read the primary instead when the standby is more than --read-max-lag behind.",
     ),
 ]
+# Encryption keys (docs/encryption.md "Operators"): a file of keys, one a line, the
+# current first, then the old ones; every command that opens a saver reads it from
+# LANGGRAPH_DURABLE_KEY_FILE (or --key-file where a command has it), and without one
+# LangGraph's LANGGRAPH_AES_KEY. Without a key, encrypted values are shown as encrypted.
+KEY_FILE_ENV = "LANGGRAPH_DURABLE_KEY_FILE"
+KEY_FILE_FLAG: list[str | None] = [None]  # the top-level --key-file of this invocation
+KeyFileOption = Annotated[
+    str | None,
+    typer.Option(
+        "--key-file",
+        help="File of encryption keys, one a line: the current key first, then old ones "
+        "(raw text as LANGGRAPH_AES_KEY, or hex:/base64: prefixed). Default: "
+        "$LANGGRAPH_DURABLE_KEY_FILE, else $LANGGRAPH_AES_KEY.",
+    ),
+]
 
 
 class Reads:
@@ -146,6 +161,58 @@ def say_where(reader: Any) -> None:
         err_console.print(f"[dim]{escape(lag.describe())}[/]", highlight=False)
 
 
+def _parse_key(line: str, path: str, number: int) -> bytes:
+    import base64
+    import binascii
+
+    from langgraph_durable.errors import ConfigurationError
+
+    try:
+        if line.startswith("hex:"):
+            return bytes.fromhex(line[4:])
+        if line.startswith("base64:"):
+            return base64.b64decode(line[7:], validate=True)
+    except (ValueError, binascii.Error) as exc:
+        raise ConfigurationError(
+            f"line {number} of the key file {path!r} is not valid {line.split(':', 1)[0]}",
+            setting="key_file", path=path,
+        ) from exc
+    return line.encode()
+
+
+def read_key_file(path: str) -> list[bytes]:
+    """The keys of a key file (the current first); comments (#) and blank lines skipped."""
+    from langgraph_durable.errors import ConfigurationError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot read the key file {path!r}: {exc.strerror}", setting="key_file", path=path
+        ) from exc
+    keys = [_parse_key(ln.strip(), path, i) for i, ln in enumerate(lines, 1)
+            if ln.strip() and not ln.strip().startswith("#")]
+    if not keys:
+        raise ConfigurationError(f"the key file {path!r} holds no key", setting="key_file", path=path)
+    return keys
+
+
+def serde_from_keys(key_file: str | None) -> Any:
+    """The encrypting serializer the keys name (``--key-file``, else the environment), or
+    None when none is given."""
+    path = key_file or KEY_FILE_FLAG[0] or os.environ.get(KEY_FILE_ENV)
+    if path:
+        keys = read_key_file(path)
+    elif os.environ.get("LANGGRAPH_AES_KEY"):
+        keys = [os.environ["LANGGRAPH_AES_KEY"].encode()]
+    else:
+        return None
+    from langgraph_durable.keyring import DurableEncryptedSerializer
+
+    return DurableEncryptedSerializer(keys[0], old=keys[1:])
+
+
 @contextmanager
 def open_saver(
     dsn: str | None,
@@ -172,6 +239,10 @@ def open_saver(
         )
     else:
         options.setdefault("read_dsn", "")  # a command that only writes never opens it
+    if "serde" not in options:
+        serde = serde_from_keys(None)
+        if serde is not None:
+            options["serde"] = serde
     with DurablePostgresSaver.from_conn_string(resolve_dsn(dsn), schema=schema, **options) as saver:
         saver.setup()
         if not readonly:

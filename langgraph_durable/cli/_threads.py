@@ -24,6 +24,7 @@ from langgraph_durable.cli._common import (
     SchemaOption,
     console,
     err_console,
+    escape,
     fail,
     fmt_bytes,
     open_saver,
@@ -283,6 +284,13 @@ def threads_show(
         print_json(info)
         return
     console.print(_show_summary(info))
+    if (info.get("load_error") or {}).get("encrypted"):
+        console.print(
+            "[yellow]the checkpoint's values are encrypted and this command was given no key "
+            "that opens them: pass --key-file FILE (or set LANGGRAPH_DURABLE_KEY_FILE); "
+            f"{escape(info['load_error']['message'])}[/]"
+        )
+        return
     if info.get("load_error"):
         console.print(
             "[red]the latest checkpoint cannot be decoded: its values are not shown; a run "
@@ -334,7 +342,9 @@ def _show_summary(info: dict[str, Any]) -> Any:
     if info["ledger"]:
         grid.add_row("idempotent calls", ", ".join(f"{k}: {v}" for k, v in info["ledger"].items()))
     damage = info.get("load_error")
-    if damage:
+    if damage and damage.get("encrypted"):
+        grid.add_row("values", Text("encrypted (no key given that opens them)", style="yellow"))
+    elif damage:
         grid.add_row("damaged", Text(damage["message"], style="bold red"))
     else:
         grid.add_row("next", ", ".join(info["next"]) or "(nothing: the run is complete)")
@@ -630,6 +640,10 @@ def stats(
                 if "artifact" in d
                 else f"thread {d['thread_id']!r} {d['row']} {d['channel']!r}"
             )
+            if d.get("encrypted"):  # issue 27: no key given, not damage
+                err_console.print(Text(f"encrypted (not counted without the key: --key-file): {where}",
+                                       style="yellow"))
+                continue
             err_console.print(
                 Text(f"damaged (not counted): {where}: {d['error']}", style="red")
             )

@@ -31,13 +31,20 @@ def ui_command(
         bool,
         typer.Option(
             "--allow-actions",
-            help="Enable release, rewind, resolve and forget (signed in with the token). "
+            help="Enable the decisions (resume, answer, cancel, fork, delete, release, rewind, "
+            "resolve, forget), signed in with the token. "
             "Without it the console only reads.",
         ),
     ] = False,
     graph: Annotated[
         str | None,
-        typer.Option(help="module:builder of the current graph, for the versions page's migrate dry-run."),
+        typer.Option(help="module:builder of the current graph: the versions page's migrate dry-run, "
+                     "and an interrupt's answer run by the console itself (else it is queued for a worker)."),
+    ] = None,
+    archive: Annotated[
+        str | None,
+        typer.Option(help="Archive URL (file:///dir or s3://bucket/prefix): a thread deleted from the "
+                     "console is archived there first."),
     ] = None,
     migrations: Annotated[
         str | None,
@@ -74,7 +81,7 @@ def ui_command(
     with saver_or_exit(dsn, schema, False, readonly=not allow_actions, reads=reads) as saver:
         app = create_app(
             saver, allow_actions=allow_actions, token=token, sample_interval=sample_interval,
-            graph=graph_obj, registry=registry,
+            graph=graph_obj, registry=registry, archive_url=archive,
             allowed_hosts=None if host in ("0.0.0.0", "::") else [host, "127.0.0.1", "localhost", "::1"],
         )
         url = f"http://{host}:{port}/"

@@ -20,7 +20,9 @@ from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import Connection
 
+from langgraph_durable import _chanver, _sealing
 from langgraph_durable import telemetry as _telemetry
+from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
     Flow,
     Op,
@@ -35,6 +37,7 @@ from langgraph_durable.core.load import LoadOps, _canceled_as_typed, _threads_co
 from langgraph_durable.core.rewrite import VersionGate
 from langgraph_durable.core.setup import SetupOps
 from langgraph_durable.core.write import WriteOps
+from langgraph_durable.errors import RunCancelledError
 from langgraph_durable.granularity import CheckpointPolicy, Deferrals
 from langgraph_durable.leases.fence import FenceOps
 from langgraph_durable.leases.model import _HANDOFF, _RUN_LEASE, Lease, _LeaseRegistry, _RenewerSlot
@@ -53,6 +56,9 @@ from langgraph_durable.versioning import (
     VersionPolicy,
     graph_fingerprint,
 )
+
+# LangGraph's configurable key for the run's durability (langgraph._internal._constants).
+_DURABILITY_KEY = "__pregel_durability"
 
 
 class _DurableBase(
@@ -120,6 +126,8 @@ class _DurableBase(
         # False: setup() only verifies the schema version (no DDL; SchemaNotReadyError).
         self.run_migrations = bool(opts.run_migrations)
         self.codec = ArtifactCodec(opts.artifacts)
+        # Channel versions in the compact form (_chanver); False: the stock form.
+        self.compact_versions = bool(opts.compact_versions)
         self._known_refs = KnownRefs()
         self._leases = _LeaseRegistry()
         self._unrecognised_logged: set[str] = set()
@@ -177,14 +185,40 @@ class _DurableBase(
         return super().with_allowlist(extra_allowlist)
 
     def get_next_version(self, current: Any, channel: Any) -> Any:
-        """The stock versioning, plus the zombie guard: LangGraph calls this on the
+        """Compact versions (``compact_versions``, see ``_chanver``; else the stock
+        versioning), plus the zombie guard: LangGraph calls this on the
         loop's own thread when it applies a step's writes, before the next step's tasks
         start. A run whose lease was lost stops here with ``LeaseLostError`` instead of
         running further nodes (and their side effects) whose writes would be rejected."""
         lease = _RUN_LEASE.get()
         if lease is not None and not lease.released:
             self._confirm_lease(lease)
+            if lease.cancel:
+                # An operator's cancel (issue 25, ops.control.request_cancel), learnt
+                # from a put or a renewal: stop at this step boundary, before the
+                # next step's tasks start; the exit releases the thread as 'stopped'.
+                raise RunCancelledError(lease.thread_id, lease.token, lease.acked.get("") or lease.checkpoint_id)
+        if self.compact_versions:
+            # The compact form (issue 26, see _chanver): ~14 characters instead of 51.
+            return _chanver.next_compact(current)
         return super().get_next_version(current, channel)
+
+    def _raise_if_cancelled(self, config: RunnableConfig, written: RunnableConfig) -> None:
+        """A root put (stored, committed) whose RETURNING said an operator cancelled the
+        run (issue 25): raise now. Under durability="sync" LangGraph waits for this put
+        before the next step, so the run stops at this boundary with this checkpoint
+        stored; otherwise get_next_version stops it at the next boundary at the latest."""
+        configurable = config["configurable"]
+        if configurable.get("checkpoint_ns") or configurable.get(_DURABILITY_KEY) != "sync":
+            # Under "async" LangGraph reads this put's outcome only at the next put or at
+            # the run's exit: raising would only fail a run that has just finished.
+            return
+        thread_id = str(configurable["thread_id"])
+        lease = _RUN_LEASE.get()
+        if lease is None or lease.thread_id != thread_id:
+            lease = self._leases.for_runtime(configurable.get(_RUNTIME_KEY), thread_id)
+        if lease is not None and lease.cancel and not lease.released:
+            raise RunCancelledError(thread_id, lease.token, written["configurable"].get("checkpoint_id"))
 
     # ------------------------------------------------------------------ public API (sync)
 
@@ -237,6 +271,7 @@ class _DurableBase(
             str(config["configurable"]["thread_id"]),
             lambda: self._op_put(config, checkpoint, metadata, new_versions),
         )
+        self._raise_if_cancelled(config, written)
         return written
 
     @_telemetry.instrument("put_writes")
@@ -330,6 +365,7 @@ class _DurableBase(
             str(config["configurable"]["thread_id"]),
             lambda: self._op_put(config, checkpoint, metadata, new_versions),
         )
+        self._raise_if_cancelled(config, written)
         return written
 
     @_telemetry.instrument("put_writes")
@@ -375,17 +411,34 @@ class _DurableBase(
 
     # ------------------------------------------------------------------ generic access
     def run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
-        """Run a package-internal op (used by the ledger, CLI, retention, recovery)."""
-        return self._run_op(factory, transaction=transaction)
+        """Run a package-internal op (used by the ledger, CLI, retention, recovery).
+        The op sees this saver's keyring as ``_sealing.RING`` (the audit trail's)."""
+        token = _sealing.RING.set(_sealing.keyring_of(self.serde))
+        try:
+            return self._run_op(factory, transaction=transaction)
+        finally:
+            _sealing.RING.reset(token)
 
     async def arun_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
-        return await self._arun_op(factory, transaction=transaction)
+        token = _sealing.RING.set(_sealing.keyring_of(self.serde))
+        try:
+            return await self._arun_op(factory, transaction=transaction)
+        finally:
+            _sealing.RING.reset(token)
 
     def run_flow(self, flow: Flow[Any]) -> Any:
-        return self._run_flow(flow)
+        token = _sealing.RING.set(_sealing.keyring_of(self.serde))
+        try:
+            return self._run_flow(flow)
+        finally:
+            _sealing.RING.reset(token)
 
     async def arun_flow(self, flow: Flow[Any]) -> Any:
-        return await self._arun_flow(flow)
+        token = _sealing.RING.set(_sealing.keyring_of(self.serde))
+        try:
+            return await self._arun_flow(flow)
+        finally:
+            _sealing.RING.reset(token)
 
     def lease_for(self, thread_id: str) -> Lease | None:
         """The lease this process holds on ``thread_id`` (inside a run), if any."""

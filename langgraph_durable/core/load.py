@@ -29,7 +29,7 @@ from langgraph.checkpoint.postgres.base import (
 )
 from langgraph.checkpoint.serde.types import TASKS
 
-from langgraph_durable import _values
+from langgraph_durable import _sealing, _values
 from langgraph_durable._io import (
     Batch,
     Op,
@@ -39,8 +39,10 @@ from langgraph_durable.core.idclock import _advance_id_clock
 from langgraph_durable.core.view import LoadView
 from langgraph_durable.errors import (
     CheckpointLoadError,
+    DecryptionError,
     DurableError,
 )
+from langgraph_durable.keyring import decryption_error
 from langgraph_durable.sql.artifacts import FETCH_ARTIFACTS_SQL
 
 # Keys _op_load_rows adds to a checkpoint row for _load_checkpoint_tuple (not columns).
@@ -50,8 +52,15 @@ _ROW_LOCAL = "__durable_local"
 _ROW_SENDS = "__durable_sends"
 
 
-def _load_error(where: Mapping[str, Any], what: str, exc: BaseException) -> CheckpointLoadError:
-    """The typed error for stored bytes that do not decode (the caller chains ``exc``)."""
+def _load_error(where: Mapping[str, Any], what: str, exc: BaseException) -> DurableError:
+    """The typed error for stored bytes that do not decode (the caller chains ``exc``):
+    ``DecryptionError`` when it is the key (a wrong one, or none: not damage, so the thread
+    is refused, not quarantined), else ``CheckpointLoadError``."""
+    key_error = decryption_error(
+        exc, thread_id=where.get("thread_id"), where=what, checkpoint_id=where.get("checkpoint_id")
+    )
+    if key_error is not None:
+        return key_error
     return CheckpointLoadError(
         f"cannot decode {what} of checkpoint {where.get('checkpoint_id')!r} of thread "
         f"{where.get('thread_id')!r}: {type(exc).__name__}: {exc}",
@@ -135,9 +144,17 @@ class LoadOps(LoadView):
     ) -> Any:
         try:
             return self.codec.decode(self.serde, tag, data, local=local, **where)
+        except DecryptionError as exc:
+            raise _load_error(where, "a stored value", exc) from exc
         except DurableError:
             raise
         except Exception as exc:  # damaged bytes: msgpack, zstd, the serializer's own
+            wrong_key = _sealing.decrypt_failure(
+                self.serde, tag, exc, thread_id=where.get("thread_id"), where=f"a {tag!r} value",
+                checkpoint_id=where.get("checkpoint_id"),
+            )
+            if wrong_key is not None:
+                raise wrong_key from exc
             raise _load_error(where, f"a {tag!r} value", exc) from exc
 
     def _op_legacy_sends(self, rows: list[Any]) -> Op[dict[tuple[str, str], list[tuple[str, bytes]]]]:
@@ -188,6 +205,8 @@ class LoadOps(LoadView):
             }
             try:
                 local = yield from self._op_resolve(pairs, where, partial(self._locate, rows))
+            except DecryptionError as exc:
+                raise _load_error(where, "a stored value", exc) from exc
             except (DurableError, psycopg.Error):
                 raise
             except Exception as exc:  # an envelope that does not parse
@@ -242,6 +261,11 @@ class LoadOps(LoadView):
             "checkpoint_ns": value["checkpoint_ns"],
             "checkpoint_id": value["checkpoint_id"],
         }
+        if _sealing.SEALED_METADATA_KEY in (value["metadata"] or ()):
+            value["metadata"] = _sealing.open_metadata(
+                _sealing.keyring_of(self.serde), value["metadata"],
+                thread_id=value["thread_id"], checkpoint_id=value["checkpoint_id"],
+            )
         stored, stored_md = value["checkpoint"], value["metadata"]
         problem = _values.checkpoint_problem(stored, stored_md)
         if problem is not None:
@@ -324,16 +348,35 @@ class LoadOps(LoadView):
         if config is not None:
             conf = config.get("configurable", {})
             _values.check_ids(conf.get("thread_id"), conf.get("checkpoint_ns"), conf.get("checkpoint_id"))
+        ring = _sealing.keyring_of(self.serde)
+        sealed = _sealing.sealed_filter_keys(ring, filter)
+        if sealed:
+            # Metadata keys stored sealed (issue 27): the database cannot compare them, so
+            # the clear part filters in SQL and the rest here, on the decrypted metadata,
+            # before any value is decoded; the limit applies to the matches.
+            filter = {k: v for k, v in (filter or {}).items() if k not in sealed}
         where, args = cast(BasePostgresSaver, self)._search_where(config, filter, before)
         query = SELECT_SQL + where + " ORDER BY checkpoint_id DESC"
         params = list(args)
-        if limit is not None:
+        if limit is not None and not sealed:
             query += " LIMIT %s"
             params.append(int(limit))
         rows = yield Batch([Stmt(query, params, fetch=True)])
-        if not rows[0]:
+        found = rows[0]
+        if sealed:
+            found = [r for r in found if _sealing.matches(self._opened_metadata(ring, r), sealed)]
+            found = found if limit is None else found[: int(limit)]
+        if not found:
             return []
-        return (yield from self._op_load_rows(rows[0]))
+        return (yield from self._op_load_rows(found))
+
+    @staticmethod
+    def _opened_metadata(ring: Any, row: Any) -> Any:
+        """A row's metadata decrypted in place (``_load_tuple`` finds it opened)."""
+        row["metadata"] = _sealing.open_metadata(
+            ring, row["metadata"], thread_id=row["thread_id"], checkpoint_id=row["checkpoint_id"]
+        )
+        return row["metadata"]
 
     def _op_delta_history(
         self, config: RunnableConfig, channels: Sequence[str]
@@ -372,6 +415,8 @@ class LoadOps(LoadView):
         if any(self.codec.is_ref(t) for t, _ in pairs):
             try:
                 local = yield from self._op_resolve(pairs, where)
+            except DecryptionError as exc:
+                raise _load_error(where, "a stored value", exc) from exc
             except (DurableError, psycopg.Error):
                 raise
             except Exception as exc:  # an envelope that does not parse
@@ -450,6 +495,8 @@ class LoadOps(LoadView):
                     key=lambda w: writes_sort_key(w[4].decode(), w[0].decode(), int(w[5])),
                 )
             ]
+        except DecryptionError as exc:
+            raise _load_error(where, "a stored value", exc) from exc
         except DurableError:
             raise
         except Exception as exc:

@@ -17,6 +17,7 @@ from langgraph.checkpoint.postgres.base import (
 )
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
+from langgraph_durable import _sealing
 from langgraph_durable._io import (
     AfterCommit,
     Batch,
@@ -163,7 +164,11 @@ class VersionGate(VersionGateView):
         stmts.append(
             Stmt(
                 REWRITE_CHECKPOINT_SQL,
-                (_jsonb({**checkpoint, "channel_values": values_json}), _jsonb(md), thread_id, ns, cid),
+                (
+                    _jsonb({**checkpoint, "channel_values": values_json}),
+                    _jsonb(_sealing.seal_metadata(_sealing.keyring_of(self.serde), md)),
+                    thread_id, ns, cid,
+                ),
             )
         )
         if result.writes_changed:
@@ -227,13 +232,14 @@ class VersionGate(VersionGateView):
         new_versions = checkpoint["channel_versions"]
         values_json: dict[str, Any] = {}
         blob_rows: list[tuple[Any, ...]] = []
+        sealed = _sealing.keyring_of(self.serde) is not None  # no value inline (issue 27)
         for k, v in checkpoint["channel_values"].items():
             if k in old_versions and old_versions[k] == new_versions.get(k):
                 # Unchanged: keep it exactly as stored (inline JSON, or its blob row).
                 if k in raw_inline:
                     values_json[k] = raw_inline[k]
                 continue
-            if isinstance(v, _DeltaSnapshot) or not self._inline(v):
+            if (sealed and v is not None) or isinstance(v, _DeltaSnapshot) or not self._inline(v):
                 if isinstance(v, _DeltaSnapshot):
                     values_json[k] = True
                 enc = self.codec.encode(self.serde, v)

@@ -47,6 +47,7 @@ class QuarantineView:
 
     _leases: _LeaseRegistry
     on_poison: PoisonHook | None
+    serde: SerializerProtocol
 
 
 class FenceView:
@@ -64,6 +65,7 @@ class LeaseView:
     lease_ttl: float
     pooler: Pooler
     schema: str | None
+    serde: SerializerProtocol
     takeover_dead_owners: bool
 
     if TYPE_CHECKING:
@@ -147,6 +149,7 @@ class RunLifecycleView:
     max_resume_attempts: int
     on_busy: OnBusy
     on_unrecognised_run: OnUnrecognisedRun
+    serde: SerializerProtocol
     version_policy: VersionPolicy
 
     if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from langgraph.checkpoint.postgres.base import (
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from psycopg.types.json import Jsonb
 
-from langgraph_durable import _values
+from langgraph_durable import _sealing, _values
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import (
     AfterCommit,
@@ -288,6 +288,8 @@ class WriteOps(WriteView):
         values = checkpoint["channel_values"]
         inline = copy["channel_values"] = dict(values)
         blob_values: dict[str, Any] = {}
+        if _sealing.keyring_of(self.serde) is not None:
+            return self._put_values_sealed(copy, checkpoint, new_versions, where)
         for k, v in values.items():
             if type(v) is str:
                 # The usual channel value, its checks without isinstance (per channel
@@ -312,6 +314,39 @@ class WriteOps(WriteView):
                 enc = self._encode(blob_values[k], where, _root(k))
                 artifacts.update(enc.artifacts)
                 blob_rows.append((thread_id, checkpoint_ns, k, ver, enc.type, enc.data))
+        return copy, blob_rows, artifacts
+
+    def _put_values_sealed(
+        self, copy: Checkpoint, checkpoint: Checkpoint, new_versions: ChannelVersions, where: Mapping[str, Any]
+    ) -> tuple[Checkpoint, list[tuple[Any, ...]], dict[bytes, bytes]]:
+        """``_put_values`` with an encrypting serializer (issue 27): no value stays inline
+        in the checkpoint's JSON (``None`` aside: it says nothing), every one goes to a
+        blob through the (encrypting) serializer. A value that would have been inline gets its blob row at every put,
+        not only when its channel changed: a checkpoint written before encryption was on
+        kept it inline, so no blob of its (channel, version) may exist yet (the upsert
+        leaves an existing one alone)."""
+        thread_id, checkpoint_ns = where["thread_id"], where["checkpoint_ns"]
+        inline = copy["channel_values"] = {}
+        versions = checkpoint["channel_versions"]
+        artifacts: dict[bytes, bytes] = {}
+        blob_rows: list[tuple[Any, ...]] = []
+        for k, v in checkpoint["channel_values"].items():
+            if v is None:
+                inline[k] = None  # no information (trigger channels): kept inline, as without a key
+                continue
+            if isinstance(v, _DeltaSnapshot):
+                inline[k] = True
+            elif (isinstance(v, str) and not v.isascii()) or (k == _START and isinstance(v, dict)):
+                self._check_texts(v, where, _root(k))
+            ver = new_versions.get(k)
+            if ver is None and (isinstance(v, _DeltaSnapshot) or not self._inline(v)):
+                continue  # stored as a blob when its channel changed, as without a key
+            ver = versions.get(k) if ver is None else ver
+            if ver is None:
+                continue
+            enc = self._encode(v, where, _root(k))
+            artifacts.update(enc.artifacts)
+            blob_rows.append((thread_id, checkpoint_ns, k, ver, enc.type, enc.data))
         return copy, blob_rows, artifacts
 
     @staticmethod
@@ -348,7 +383,7 @@ class WriteOps(WriteView):
         copy, blob_rows, artifacts = self._put_values(checkpoint, new_versions, where)
         mode, guard, lease = self._guard(thread_id, config, checkpoint_ns, checkpoint["id"], parent_id)
         md = self._stamp(config, metadata, lease)
-        cp_json, md_json = self._put_json(copy, md, where)
+        cp_json, md_json = self._put_json(copy, _sealing.seal_metadata(_sealing.keyring_of(self.serde), md), where)
         _telemetry.checkpoint_bytes(cp_json, blob_rows)
         stmts: list[Stmt] = []
         new_refs: list[bytes] = []
@@ -373,10 +408,11 @@ class WriteOps(WriteView):
         else:
             texts = GUARDED_UPSERT_CHILD_CHECKPOINT_SQL if child else GUARDED_UPSERT_CHECKPOINT_SQL
         sql = texts[mode]
-        stmts.append(Stmt(sql, (*row, *guard)))
+        # Lease mode: the put's RETURNING says whether an operator cancelled this run.
+        stmts.append(Stmt(sql, (*row, *guard), fetch=lease is not None))
         try:
             # The only batch: one pipeline, no BEGIN/COMMIT (_io._implicit).
-            yield Batch(stmts, final=True)
+            out = yield Batch(stmts, final=True)
         except psycopg.Error as exc:
             err = self._fence_error(thread_id, lease, exc) or self._gone_error(
                 thread_id, checkpoint_ns, checkpoint["id"], parent_id, lease, exc
@@ -391,6 +427,9 @@ class WriteOps(WriteView):
             raise err from exc
         if lease is not None:
             lease.acked[checkpoint_ns] = checkpoint["id"]
+            got = out[-1] if out else None
+            if got and got[0].get("cancel"):
+                lease.cancel = True
         OUTAGE.writable()  # "writable again" after an outage (_pool: two attribute reads)
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))

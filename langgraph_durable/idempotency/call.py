@@ -15,6 +15,7 @@ from collections.abc import (
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from langgraph_durable import _sealing
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
     ConfigurationError,
@@ -119,6 +120,9 @@ class _Call:
     # instead of ``key`` when this very task recorded the call under it (an upgrade
     # in the middle of a thread), see _adopt_legacy_key.
     legacy_key: str | None = None
+    # The unkeyed fingerprint when ``fingerprint`` is keyed (issue 27): a row recorded
+    # before keyed fingerprints still matches it.
+    plain_fingerprint: str | None = None
     owner: str = field(default_factory=_owner)
     lost: bool = False
 
@@ -135,7 +139,8 @@ class _Call:
             "task_id": self.task_id,
             "name": self.spec.name,
             "fp": self.fingerprint,
-            "preview": self.preview,
+            # Sealed with an encrypting serializer (issue 27): the arguments are user data.
+            "preview": _sealing.seal_text(_sealing.keyring_of(self.serde), self.preview),
             "owner": self.owner,
             "claim_ttl": None if self.spec.transactional else self.claim_ttl,
             "ttl": self.ttl,
@@ -247,7 +252,8 @@ def _build_call(
 ) -> _Call:
     site = _current_site()
     ledger = _resolve_ledger(spec, site)
-    fingerprint, preview = _fingerprint(spec.name, args_for_fp, ledger.serde)
+    plain, preview = _fingerprint(spec.name, args_for_fp, ledger.serde)
+    fingerprint = _sealing.keyed_fingerprint(ledger.serde, plain)
     parent = _PARENT.get()
     origin = site.thread_id if site else (parent.origin if parent else None)
     derived = _derive_key(spec, site, ledger, parent, key_args, tool_call_id)
@@ -263,6 +269,7 @@ def _build_call(
         ledger=ledger,
         key=key,
         fingerprint=fingerprint,
+        plain_fingerprint=plain if plain != fingerprint else None,
         preview=preview,
         thread_id=derived.thread_id,
         origin=origin,

@@ -12,12 +12,14 @@ from collections.abc import (
 from dataclasses import dataclass
 from typing import Any, cast
 
+from langgraph_durable import _sealing
 from langgraph_durable import audit as _audit
 from langgraph_durable._io import (
     Batch,
     Stmt,
     op_memo,
 )
+from langgraph_durable._sealing import Keyring
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
     CallInFlightError,
@@ -62,8 +64,16 @@ class LedgerEntry:
     expires_at: dt.datetime | None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> LedgerEntry:
+    def from_row(cls, row: Mapping[str, Any], ring: Keyring | None = None) -> LedgerEntry:
+        """``ring``: the saver's keyring, opening what is sealed (issue 27); without
+        one a sealed text reads ``"<encrypted>"``."""
         started = row["status"] == "started"
+        thread = row["thread_id"] or row["origin_thread_id"]
+
+        def opened(column: str) -> str | None:
+            where = f"{column} of idempotency key {row['key']!r}"
+            return _sealing.open_text(ring, row[column], thread_id=thread, where=where, strict=False)
+
         # A claim whose owner is a dead process of this machine is dead now, whatever
         # its claim lease says (the check a run start makes on its lease).
         live = bool(row["live"]) and not owner_is_dead(row.get("owner"))
@@ -78,8 +88,8 @@ class LedgerEntry:
             in_flight=started and live,
             outcome_unknown=started and not live,
             error_type=row["error_type"],
-            error=row["error"],
-            args_preview=row["args_preview"],
+            error=opened("error"),
+            args_preview=opened("args_preview"),
             fingerprint=row["fingerprint"],
             created_at=row["created_at"],
             completed_at=row["completed_at"],
@@ -107,7 +117,7 @@ class Ledger:
     # ops (one definition each; the sync and async methods only pick the runner)
     def _op_get(self, key: str) -> Generator[Any, Any, LedgerEntry | None]:
         rows = yield from _op_one(LEDGER_READ_SQL, (key,))
-        return LedgerEntry.from_row(rows[0]) if rows else None
+        return LedgerEntry.from_row(rows[0], _sealing.keyring_of(self.saver.serde)) if rows else None
 
     def _op_entries(
         self, thread_id: str | None, status: str | None, limit: int
@@ -115,7 +125,8 @@ class Ledger:
         rows = yield from _op_one(
             LEDGER_LIST_SQL, {"thread_id": thread_id, "status": status, "limit": int(limit)}
         )
-        return [LedgerEntry.from_row(r) for r in rows]
+        ring = _sealing.keyring_of(self.saver.serde)
+        return [LedgerEntry.from_row(r, ring) for r in rows]
 
     def _op_result(self, key: str) -> Generator[Any, Any, Any]:
         rows = yield from _op_one(LEDGER_READ_SQL, (key,))
@@ -125,6 +136,13 @@ class Ledger:
         try:
             return self.saver.serde.loads_typed((row["result_type"], bytes(row["result"] or b"")))
         except Exception as exc:
+            wrong_key = _sealing.decrypt_failure(
+                self.saver.serde, str(row["result_type"]), exc,
+                thread_id=row["thread_id"] or row.get("origin_thread_id"),
+                where=f"the recorded result of idempotency key {key!r}",
+            )
+            if wrong_key is not None:
+                raise wrong_key from exc
             raise SerializationError(
                 f"the recorded result of idempotency key {key!r} cannot be decoded: {exc}",
                 value_type=str(row["result_type"]),

@@ -21,7 +21,7 @@ from typing import Any, cast
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from langgraph_durable import granularity
+from langgraph_durable import _sealing, granularity
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import (
     AsyncDriver,
@@ -118,6 +118,12 @@ def _decode(call: _Call, row: Mapping[str, Any]) -> Any:
     try:
         return call.serde.loads_typed((row["result_type"], bytes(row["result"] or b"")))
     except Exception as exc:
+        wrong_key = _sealing.decrypt_failure(
+            call.serde, str(row["result_type"]), exc, thread_id=call.thread_id or call.origin,
+            where=f"the recorded result of idempotency key {call.key!r}",
+        )
+        if wrong_key is not None:
+            raise wrong_key from exc
         raise SerializationError(
             f"the recorded result of idempotency key {call.key!r} cannot be decoded: "
             f"{type(exc).__name__}: {exc}",
@@ -143,16 +149,27 @@ def _encode(call: _Call, result: Any) -> tuple[str, bytes, Any]:
         ) from exc
 
 
+def _error_text(call: _Call, text: str) -> str:
+    """A failed call's error text as stored: sealed with an encrypting serializer."""
+    return _sealing.seal_text(_sealing.keyring_of(call.serde), text) or text
+
+
 @_telemetry.instrument("ledger_judge")
 def _judge(call: _Call, row: Mapping[str, Any]) -> str:
     """What to do with someone else's row: 'replay', 'wait' or 'takeover' (raises the
     terminal outcomes)."""
-    if row["fingerprint"] != call.fingerprint:
+    if row["fingerprint"] != call.fingerprint and (
+        call.plain_fingerprint is None or row["fingerprint"] != call.plain_fingerprint
+    ):
         raise IdempotencyConflictError(call.key, row["fingerprint"], call.fingerprint)
     if row["status"] == "completed":
         return "replay"
     if row["status"] == "failed":
-        raise IdempotentCallFailedError(call.key, row["error_type"], row["error"])
+        error = _sealing.open_text(
+            _sealing.keyring_of(call.serde), row["error"], thread_id=call.thread_id or call.origin,
+            where=f"the recorded error of idempotency key {call.key!r}",
+        )
+        raise IdempotentCallFailedError(call.key, row["error_type"], error)
     if _live(row):
         return "wait"
     if call.spec.on_unknown == "retry":
@@ -311,7 +328,7 @@ def _claim(call: _Call) -> Generator[Any, Any, tuple[bool, Any]]:
 def _record_failure(call: _Call, exc: BaseException) -> Generator[Any, Any, None]:
     mine = (call.key, call.owner)
     if isinstance(exc, Exception) and not _is_bubble(exc) and call.spec.caches(exc):
-        failed = (type(exc).__qualname__, f"{exc}"[:4000], *mine)
+        failed = (type(exc).__qualname__, _error_text(call, f"{exc}"[:4000]), *mine)
         yield _tx(LEDGER_FAIL_SQL, failed, fetch=False)
     elif isinstance(exc, Exception):
         # An exception (or an interrupt) means the call did not happen: run it again
@@ -326,7 +343,7 @@ def _record(call: _Call, result: Any) -> Generator[Any, Any, Any]:
     try:
         tag, data, value = _encode(call, result)
     except SerializationError as err:
-        failed = ("SerializationError", err.message[:4000], call.key, call.owner)
+        failed = ("SerializationError", _error_text(call, err.message[:4000]), call.key, call.owner)
         yield _tx(LEDGER_FAIL_SQL, failed, fetch=False)
         raise
     done = yield _tx(LEDGER_COMPLETE_SQL, (tag, data, call.key, call.owner))
@@ -389,7 +406,8 @@ def _tx_steps(call: _Call) -> Generator[Any, Any, _Outcome]:
     except Exception as exc:
         # The driver rolled the function's savepoint back: its writes are gone.
         if call.spec.caches(exc) and not _is_bubble(exc):
-            yield Batch([Stmt(LEDGER_FAIL_SQL, (type(exc).__qualname__, f"{exc}"[:4000], call.key, call.owner))])
+            failed = (type(exc).__qualname__, _error_text(call, f"{exc}"[:4000]), call.key, call.owner)
+            yield Batch([Stmt(LEDGER_FAIL_SQL, failed)])
         else:
             yield Batch([Stmt(LEDGER_RELEASE_SQL, (call.key, call.owner))])
         return _Outcome(error=exc)

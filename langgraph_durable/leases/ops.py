@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from langgraph_durable import _sealing
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._io import (
     Batch,
@@ -169,7 +170,8 @@ class LeaseOps(LeaseView):
                         "status": status,
                         "reset": reset,
                         "undo": undo,
-                        "error": error,
+                        # Sealed with an encrypting serializer (issue 27): it quotes state.
+                        "error": _sealing.seal_text(_sealing.keyring_of(self.serde), error),
                         "checkpoint_id": checkpoint_id,
                         "thread_id": lease.thread_id,
                         "token": lease.token,

@@ -26,6 +26,7 @@ import orjson
 import ormsgpack
 from psycopg.rows import dict_row, tuple_row
 
+from langgraph_durable import _sealing
 from langgraph_durable.artifacts import (
     _CHUNK_REF,
     _ELEMENT_REF,
@@ -35,7 +36,8 @@ from langgraph_durable.artifacts import (
     _envelope_items,
     _payload_items,
 )
-from langgraph_durable.errors import CheckpointLoadError, InspectError
+from langgraph_durable.errors import CheckpointLoadError, DecryptionError, InspectError
+from langgraph_durable.keyring import decryption_error
 from langgraph_durable.leases.dead import dead_owner_note, dead_rows
 from langgraph_durable.leases.dead import params as dead_params
 from langgraph_durable.sql.inspection import (
@@ -337,11 +339,13 @@ def show_thread(
         saved = saver.get_tuple(
             {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}}
         )
-    except CheckpointLoadError as exc:  # report what SQL alone can tell, and the damage
+    except (CheckpointLoadError, DecryptionError) as exc:  # what SQL alone can tell, and why not more
         out["load_error"] = {
             "error": type(exc).__name__,
             "message": str(exc),
             "checkpoint_id": exc.fields.get("checkpoint_id"),
+            # issue 27: encrypted and no (or another) key given, not damage
+            "encrypted": isinstance(exc, DecryptionError),
         }
         out["checkpoint"] = {"id": exc.fields.get("checkpoint_id")}
         return out
@@ -386,6 +390,7 @@ def _thread_facts(saver: DurablePostgresSaver, thread_id: str, checkpoint_ns: st
         ledger = _rows(conn, LEDGER_BY_STATUS_SQL, (thread_id,))
     if row is None and count == 0:
         raise InspectError(f"thread {thread_id!r} not found", thread_id=thread_id)
+    ring = _sealing.keyring_of(saver.serde)
     out: dict[str, Any] = {
         "thread_id": thread_id,
         "status": row["status"] if row else None,
@@ -393,8 +398,13 @@ def _thread_facts(saver: DurablePostgresSaver, thread_id: str, checkpoint_ns: st
         "graph_version": row["graph_version"] if row else None,
         "attempts": row["attempts"] if row else None,
         "attempts_checkpoint_id": row["attempts_checkpoint_id"] if row else None,
-        "last_error": row["last_error"] if row else None,
-        "last_failure": row.get("last_failure") if row else None,
+        # Opened with the saver's keyring (issue 27); "<encrypted>" without one.
+        "last_error": _sealing.open_text(
+            ring, row["last_error"], thread_id=thread_id, where="last_error", strict=False
+        ) if row else None,
+        "last_failure": _sealing.open_json(
+            ring, row.get("last_failure"), thread_id=thread_id, where="last_failure", strict=False
+        ) if row else None,
         "created_at": _plain(row["created_at"]) if row else None,
         "updated_at": _plain(row["updated_at"]) if row else None,
         "lease": None,
@@ -838,7 +848,8 @@ def _chunk_expansion(
                 inline = _count_refs(ormsgpack.unpackb(content[1:]), inner_el, inner_ch)
             except Exception as exc:  # a damaged chunk artifact: reported, not fatal
                 users = _rows(conn, ARTIFACT_USERS_SQL, (r["digest"],))
-                item = {"artifact": bytes(r["digest"]).hex(), "error": f"{type(exc).__name__}: {exc}"}
+                item = {"artifact": bytes(r["digest"]).hex(), "error": f"{type(exc).__name__}: {exc}",
+                        "encrypted": decryption_error(exc, thread_id=None, where="") is not None}
                 damaged.append({**item, "thread_ids": [u["thread_id"] for u in users]})
                 inline, inner_el, inner_ch = 0, Counter(), Counter()
             expansion[bytes(r["digest"])] = (inline, inner_el, inner_ch)
@@ -856,6 +867,7 @@ def _damage(what: str, where: list[Any], exc: Exception) -> dict[str, Any]:
         "channel": channel,
         "checkpoint_id": cid[0] if cid else None,
         "error": f"{type(exc).__name__}: {exc}",
+        "encrypted": decryption_error(exc, thread_id=None, where="") is not None,
     }
 
 

@@ -38,6 +38,7 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base.id import uuid6
 
+from langgraph_durable import _sealing
 from langgraph_durable import audit as _audit
 from langgraph_durable._io import Batch, Op, Stmt, op_memo
 from langgraph_durable._view import SaverView
@@ -153,12 +154,18 @@ class RewindResult:
 
 
 # ---------------------------------------------------------------------- ops
+def _opened(text: str | None, thread_id: str) -> str | None:
+    """An error text as stored, opened with the running saver's keyring (issue 27);
+    ``"<encrypted>"`` for a saver without one."""
+    return _sealing.open_text(_sealing.RING.get(), text, thread_id=thread_id, where="last_error", strict=False)
+
+
 def _entry(row: dict[str, Any]) -> QuarantineEntry:
     return QuarantineEntry(
         thread_id=row["thread_id"],
         checkpoint_id=row["checkpoint_id"],
         attempts=int(row["attempts"]),
-        last_error=row["last_error"],
+        last_error=_opened(row["last_error"], row["thread_id"]),
         graph_version=row["graph_version"],
         reason=row["reason"],
         quarantined_at=row["quarantined_at"],
@@ -189,7 +196,7 @@ def _op_show(thread_id: str, history: int) -> Op[ThreadReport]:
         status=status,
         attempts=int(t.get("attempts") or 0),
         attempts_checkpoint_id=t.get("attempts_checkpoint_id"),
-        last_error=t.get("last_error"),
+        last_error=_opened(t.get("last_error"), thread_id),
         graph_version=t.get("graph_version"),
         lease_owner=t.get("lease_owner") if (t.get("expires_in") or 0) > 0 else None,
         quarantine=_entry(entry[0]) if entry and status == QUARANTINED else None,

@@ -10,7 +10,8 @@ sdists of exactly those versions (they ship their tests) into ``.cache/langgraph
 savers and once with the durable ones substituted through the suites' own fixtures
 (``suite_plugin.py`` says how, and holds the one normalisation: the ``graph_version`` metadata
 key); ``--policy`` adds a third run, the durable savers with ``checkpoint_policy="defer"``
-(CI runs it). Per-test outcomes are compared; the run fails if any test's outcome differs
+(CI runs it); ``--encrypted`` gives every saver of every run, stock and durable alike,
+LangGraph's ``EncryptedSerializer`` (issue 27; ``suite_plugin --lgd-encrypted``). Per-test outcomes are compared; the run fails if any test's outcome differs
 between stock and durable, unless ``KNOWN_DIFFERENCES`` lists it (each entry names the issue
 item that removes it), and if a stock test fails at all (the environment, not the saver, is
 wrong). A difference between stock and the policy run passes only as a reviewed history-only
@@ -250,9 +251,14 @@ SAVER_ARGS = {
 }
 
 
+# Given to every saver mode's pytest: --encrypted adds --lgd-encrypted (issue 27: stock and
+# durable savers alike with LangGraph's EncryptedSerializer, compared as without it).
+EXTRA_ARGS: list[str] = []
+
+
 def launch(job: Job, saver: str, workers: int, base: str, ids: list[str] | None = None) -> Running:
     # Per langgraph version: the newest and the oldest job may run at the same time.
-    out = CACHE / "results" / f"langgraph-{metadata.version('langgraph')}"
+    out = CACHE / "results" / (f"langgraph-{metadata.version('langgraph')}" + ("-encrypted" if EXTRA_ARGS else ""))
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{job.name}-{saver}" + ("-rerun" if ids else "")
     xml, log = out / f"{stem}.xml", out / f"{stem}.log"
@@ -272,7 +278,7 @@ def launch(job: Job, saver: str, workers: int, base: str, ids: list[str] | None 
     # durable one's CPU. Python's tracebacks read lines through linecache instead.
     cmd = [
         sys.executable, "-m", "pytest", *(ids or job.files),
-        "-p", "suite_plugin", *SAVER_ARGS[saver],
+        "-p", "suite_plugin", *SAVER_ARGS[saver], *EXTRA_ARGS,
         "-p", "no:cacheprovider", "-o", f"addopts={job.suites[0].addopts}",
         "-q", "--tb=native", f"--junitxml={xml}", f"--lgd-failures={failures}",
     ]
@@ -348,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--saver", action="append", choices=tuple(SAVER_ARGS))
     ap.add_argument("--policy", action="store_true",
                     help="also run the durable savers with a checkpoint policy on (saver 'policy')")
+    ap.add_argument("--encrypted", action="store_true",
+                    help="every saver, stock and durable, with LangGraph's EncryptedSerializer "
+                    "(issue 27: the suites pass with encryption at rest on)")
     ap.add_argument("-n", "--workers", type=int, default=int(os.environ.get("LGD_SUITE_WORKERS", "2")),
                     help="xdist workers per pytest run (default 2; the runs go side by side)")
     ap.add_argument("--sequential", action="store_true", help="one pytest run at a time (default: all at once)")
@@ -355,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="PostgreSQL server URI ending in '/' (test databases are created there); "
                     "default: a throwaway cluster (fastpg.py), else " + SERVER)
     args = ap.parse_args(argv)
+    if args.encrypted:
+        EXTRA_ARGS[:] = ["--lgd-encrypted"]
     with contextlib.ExitStack() as stack:
         base = args.base or stack.enter_context(fastpg.start()) or SERVER
         return _main(args, base)

@@ -428,6 +428,29 @@ DURABLE_BUILDERS = {
 }
 
 
+ENCRYPTION_KEY = b"lgd-suite-key-0123456789abcdef01"
+
+
+def _encrypt_every_saver() -> None:
+    """--lgd-encrypted: a saver given no serializer gets LangGraph's encrypting one, in
+    the stock run and the durable run alike (their results are compared), through the
+    base class every checkpointer's constructor calls; a test's own serde is kept."""
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    base_init = BaseCheckpointSaver.__init__
+    if getattr(base_init, "_lgd_encrypted", False):
+        return
+
+    def __init__(self: Any, *, serde: Any = None) -> None:
+        if serde is None:
+            serde = EncryptedSerializer.from_pycryptodome_aes(key=ENCRYPTION_KEY)
+        base_init(self, serde=serde)
+
+    __init__._lgd_encrypted = True  # type: ignore[attr-defined]
+    BaseCheckpointSaver.__init__ = __init__  # type: ignore[method-assign]
+
+
 # ---------------------------------------------------------------- pytest hooks
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("langgraph-durable suites")
@@ -448,6 +471,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="durable savers: checkpoint_policy='defer' (every node deferrable) or "
         "ReworkBudget(seconds=60) (issue 16: deferral must be invisible to the suites)",
+    )
+    group.addoption(
+        "--lgd-encrypted",
+        action="store_true",
+        help="every saver (stock and durable alike) built without a serializer of its own "
+        "gets EncryptedSerializer.from_pycryptodome_aes (issue 27: encryption at rest)",
     )
     group.addoption(
         "--lgd-failures",
@@ -519,6 +548,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _policy = ReworkBudget(seconds=60.0) if policy == "budget" else policy
     _normalise = not config.getoption("--lgd-keep-graph-version")
     durable = config.getoption("--lgd-saver") == "durable"
+    if config.getoption("--lgd-encrypted"):
+        _encrypt_every_saver()
     mods = sys.modules
     if _suite_of(config) == "langgraph":
         for name in ("tests.conftest_checkpointer", "tests.conftest_store"):

@@ -1,0 +1,251 @@
+"""Encryption at rest of what the package stores outside ``serde`` (issue 27).
+
+With an encrypting serializer (``EncryptedSerializer``), every column that can hold what a
+user or a model supplied is sealed with the keyring (``Keyring.seal``: authenticated
+encryption with a key id), in a form that says it is sealed, so a reader without the key
+shows "encrypted" and one with the wrong key raises ``DecryptionError`` naming the thread:
+
+* text columns (``last_error``, ``args_preview``): ``lgd:sealed:v1:`` + base64;
+* JSON columns (``last_failure``, audit ``detail``): ``{"lgd:sealed": base64}``;
+* run metadata: the keys in ``CLEAR_METADATA`` stay as they are (LangGraph and the package
+  query them), the rest go sealed under ``SEALED_METADATA_KEY``.
+
+Without an encrypting serializer every function here returns its input unchanged: the
+stored format is byte-for-byte the one before issue 27. ``sql.sealed.SEALED`` lists the
+columns so ``langgraph-durable rekey`` can walk them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any
+
+import orjson
+
+from langgraph_durable.errors import DecryptionError
+from langgraph_durable.keyring import SEALED_PREFIX, Keyring, decryption_error, is_encrypting
+
+__all__ = [
+    "CLEAR_METADATA",
+    "SEALED_METADATA_KEY",
+    "DecryptionError",
+    "Keyring",
+    "is_encrypting",
+    "is_sealed",
+    "keyring_of",
+    "open_json",
+    "open_metadata",
+    "open_text",
+    "seal_json",
+    "seal_metadata",
+    "seal_text",
+    "sealed_filter_keys",
+]
+
+TEXT_PREFIX = "lgd:sealed:v1:"
+JSON_KEY = "lgd:sealed"
+SEALED_METADATA_KEY = "lgd:sealed"
+ENCRYPTED = "<encrypted>"
+NO_KEY = "it is encrypted and this saver has no key (configure its encrypting serializer)"
+
+# Run-metadata keys kept in the clear: LangGraph's own (source, step, parents), the
+# package's graph-version stamp and migration marks (queried in SQL by the version gate,
+# `versions` and undo), run_id (delete_for_runs' index) and thread_id (copy_thread).
+# Ids, counters and version names: never a value a user or a model supplied.
+CLEAR_METADATA = frozenset(
+    {"source", "step", "parents", "graph_version", "migrated_from", "migration_id", "run_id", "thread_id"}
+)
+
+_CACHE: dict[int, tuple[Any, Keyring | None]] = {}
+
+# The keyring of the saver running the current operator op (set by ``run_op`` and its
+# twins): what the audit trail seals its details with, the ops being plain functions.
+RING: ContextVar[Keyring | None] = ContextVar("langgraph_durable_ring", default=None)
+
+
+def keyring_of(serde: Any) -> Keyring | None:
+    """The keyring of a saver's serializer, or None when it does not encrypt. Cached per
+    serializer object (the saver's ``serde`` is fixed once built)."""
+    if serde is None:
+        return None
+    hit = _CACHE.get(id(serde))
+    if hit is not None and hit[0] is serde:
+        return hit[1]
+    ring = Keyring.from_serde(serde) if is_encrypting(serde) else None
+    if len(_CACHE) > 256:
+        _CACHE.clear()
+    _CACHE[id(serde)] = (serde, ring)
+    return ring
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _payload(encoded: Any) -> bytes | None:
+    """The sealed bytes base64 ``encoded`` holds, or None when it is not a sealed form
+    (a user's own value that happens to look like one is then kept as it is)."""
+    if not isinstance(encoded, str):
+        return None
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except ValueError:
+        return None
+    return raw if raw[:3] == SEALED_PREFIX else None
+
+
+def is_sealed(value: Any) -> bool:
+    """Whether a stored text, JSON value or metadata holds sealed data."""
+    if isinstance(value, str):
+        return value.startswith(TEXT_PREFIX) and _payload(value[len(TEXT_PREFIX):]) is not None
+    if isinstance(value, Mapping):
+        return _payload(value.get(JSON_KEY)) is not None
+    return False
+
+
+def seal_text(ring: Keyring | None, text: str | None) -> str | None:
+    if ring is None or text is None or is_sealed(text):
+        return text  # sealed already: an error text read back and written on (quarantine)
+    return TEXT_PREFIX + _b64(ring.seal(text.encode("utf-8", "surrogatepass")))
+
+
+def open_text(
+    ring: Keyring | None, value: str | None, *, thread_id: str | None, where: str,
+    checkpoint_id: str | None = None, strict: bool = True,
+) -> str | None:
+    """A stored text back in the clear. Sealed and no key: ``DecryptionError`` when
+    ``strict``, else ``"<encrypted>"`` (what views show)."""
+    if not isinstance(value, str) or not value.startswith(TEXT_PREFIX):
+        return value
+    payload = _payload(value[len(TEXT_PREFIX):])
+    if payload is None:
+        return value
+    if ring is None:
+        if strict:
+            raise DecryptionError(
+                thread_id=thread_id, where=where, reason=NO_KEY, checkpoint_id=checkpoint_id
+            )
+        return ENCRYPTED
+    raw = ring.open(payload, thread_id=thread_id, where=where, checkpoint_id=checkpoint_id)
+    return raw.decode("utf-8", "surrogatepass")
+
+
+def seal_json(ring: Keyring | None, value: Any, keep: frozenset[str] = frozenset()) -> Any:
+    """A JSON-able value sealed into ``{"lgd:sealed": ...}`` (None stays None). For a
+    mapping, the keys in ``keep`` stay beside it in the clear (ids, types, counts)."""
+    if ring is None or value is None or is_sealed(value):
+        return value
+    if isinstance(value, Mapping) and keep:
+        rest = {k: v for k, v in value.items() if k not in keep}
+        out = {k: v for k, v in value.items() if k in keep}
+        if rest:
+            out[JSON_KEY] = _b64(ring.seal(orjson.dumps(rest, default=str)))
+        return out
+    return {JSON_KEY: _b64(ring.seal(orjson.dumps(value, default=str)))}
+
+
+def open_json(
+    ring: Keyring | None, value: Any, *, thread_id: str | None, where: str,
+    checkpoint_id: str | None = None, strict: bool = True,
+) -> Any:
+    payload = _payload(value.get(JSON_KEY)) if isinstance(value, Mapping) else None
+    if payload is None:
+        return value
+    clear = {k: v for k, v in value.items() if k != JSON_KEY}
+    if ring is None:
+        if strict:
+            raise DecryptionError(
+                thread_id=thread_id, where=where, reason=NO_KEY, checkpoint_id=checkpoint_id
+            )
+        return {**clear, "encrypted": True}
+    raw = ring.open(payload, thread_id=thread_id, where=where, checkpoint_id=checkpoint_id)
+    opened = orjson.loads(raw)
+    return {**clear, **opened} if clear else opened
+
+
+def seal_metadata(ring: Keyring | None, md: dict[str, Any]) -> dict[str, Any]:
+    """The metadata as stored: clear keys as they are, the rest sealed under one key."""
+    if ring is None:
+        return md
+    rest = {k: v for k, v in md.items() if k not in CLEAR_METADATA}
+    if not rest:
+        return md
+    out = {k: v for k, v in md.items() if k in CLEAR_METADATA}
+    out[SEALED_METADATA_KEY] = _b64(ring.seal(orjson.dumps(rest)))
+    return out
+
+
+def open_metadata(
+    ring: Keyring | None, md: Any, *, thread_id: str | None, checkpoint_id: str | None,
+) -> Any:
+    """The metadata as LangGraph gave it (``seal_metadata`` undone)."""
+    payload = _payload(md.get(SEALED_METADATA_KEY)) if isinstance(md, Mapping) else None
+    if payload is None:
+        return md  # not sealed (a user key of that name, in a row written without a key)
+    out = {k: v for k, v in md.items() if k != SEALED_METADATA_KEY}
+    if ring is None:
+        raise DecryptionError(thread_id=thread_id, where="metadata", reason=NO_KEY, checkpoint_id=checkpoint_id)
+    raw = ring.open(payload, thread_id=thread_id, where="metadata", checkpoint_id=checkpoint_id)
+    out.update(orjson.loads(raw))
+    return out
+
+
+def sealed_filter_keys(ring: Keyring | None, filter: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The part of a ``list(filter=...)`` on sealed metadata keys (checked client-side)."""
+    if ring is None or not filter:
+        return {}
+    return {k: v for k, v in filter.items() if k not in CLEAR_METADATA}
+
+
+def matches(md: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """``metadata @> wanted`` for the decrypted metadata (JSONB containment, top level
+    by key, nested values by containment)."""
+    return all(k in md and _contains(md[k], v) for k, v in wanted.items())
+
+
+def _contains(have: Any, want: Any) -> bool:
+    if isinstance(want, Mapping):
+        return isinstance(have, Mapping) and all(k in have and _contains(have[k], v) for k, v in want.items())
+    if isinstance(want, list):
+        if not isinstance(have, list):
+            return False
+        return all(any(_contains(h, w) for h in have) for w in want)
+    if isinstance(want, bool) or isinstance(have, bool):
+        return type(want) is type(have) and want == have
+    return bool(have == want)
+
+
+def keyed_fingerprint(serde: Any, plain: str) -> str:
+    """A call's fingerprint as stored (``durable_ledger.fingerprint``, and inside journal
+    keys): with an encrypting serializer HMAC-SHA256 of the plain one under the digest
+    key, so guessed arguments cannot be confirmed by hashing them (a card number has few
+    enough candidates); equal arguments still give equal fingerprints. Without a key (or
+    a cipher whose key the package cannot see) the plain sha256, as before."""
+    ring = keyring_of(serde)
+    key = ring.digest_key() if ring is not None else None
+    if key is None:
+        return plain
+    return hmac.new(key, b"langgraph-durable fingerprint\x00" + plain.encode(), hashlib.sha256).hexdigest()
+
+
+def decrypt_failure(
+    serde: Any, tag: str, exc: BaseException, *, thread_id: str | None, where: str,
+    checkpoint_id: str | None = None,
+) -> DecryptionError | None:
+    """The typed error for serializer output the key cannot open (the cipher's tag check
+    failed: a wrong key), or None for any other decode failure. LangGraph's
+    ``EncryptedSerializer`` tags its output ``<type>+<cipher>`` and pycryptodome raises
+    ``ValueError("MAC check failed")``."""
+    if isinstance(exc, DecryptionError):
+        if getattr(exc, "thread_id", None) is not None:
+            return exc
+        reason = str(getattr(exc, "reason", exc))  # raised by the cipher, which does not know the row
+    elif "+" in tag and is_encrypting(serde) and isinstance(exc, ValueError | KeyError | AssertionError):
+        reason = f"{type(exc).__name__}: {exc}"
+    else:  # an encrypted value and no key (rekey27: the operators say "encrypted")
+        return decryption_error(exc, thread_id=thread_id, where=where, checkpoint_id=checkpoint_id)
+    return DecryptionError(thread_id=thread_id, where=where, reason=reason, checkpoint_id=checkpoint_id)
