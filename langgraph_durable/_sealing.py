@@ -18,6 +18,8 @@ columns so ``langgraph-durable rekey`` can walk them.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
@@ -215,6 +217,19 @@ def _contains(have: Any, want: Any) -> bool:
     if isinstance(want, bool) or isinstance(have, bool):
         return type(want) is type(have) and want == have
     return bool(have == want)
+
+
+def keyed_fingerprint(serde: Any, plain: str) -> str:
+    """A call's fingerprint as stored (``durable_ledger.fingerprint``, and inside journal
+    keys): with an encrypting serializer HMAC-SHA256 of the plain one under the digest
+    key, so guessed arguments cannot be confirmed by hashing them (a card number has few
+    enough candidates); equal arguments still give equal fingerprints. Without a key (or
+    a cipher whose key the package cannot see) the plain sha256, as before."""
+    ring = keyring_of(serde)
+    key = ring.digest_key() if ring is not None else None
+    if key is None:
+        return plain
+    return hmac.new(key, b"langgraph-durable fingerprint\x00" + plain.encode(), hashlib.sha256).hexdigest()
 
 
 def decrypt_failure(

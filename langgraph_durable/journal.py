@@ -537,7 +537,9 @@ class JournaledRunnable(Runnable[Any, Any]):
             "kwargs": {k: _safe_canonical(v, k, serde) for k, v in sorted(kwargs.items())},
             "mode": mode,
         }
-        fingerprint = hashlib.sha256(_dumps({"name": self.journal_name, "args": canon})).hexdigest()
+        fingerprint = _sealing.keyed_fingerprint(
+            serde, hashlib.sha256(_dumps({"name": self.journal_name, "args": canon})).hexdigest()
+        )
         parent = _PARENT.get()
         taken: tuple[Any, tuple[int, str], int] | None = None
         ttl: float | None = None

@@ -388,9 +388,6 @@ def test_a_wrong_key_raises_decryption_error_naming_the_thread(sealed: Run) -> N
         with pytest.raises(_sealing.DecryptionError) as got:
             journal._decode(entry, {"result_type": result_type, "result": result})  # type: ignore[arg-type]
         assert got.value.thread_id == sealed.main
-        with pytest.raises(_sealing.DecryptionError) as got:
-            restore(wrong, str(sealed.archive))
-        assert got.value.thread_id == sealed.archived
 
 
 def test_a_run_start_with_a_wrong_key_fails_typed_and_leaves_the_thread_runnable(sealed: Run) -> None:
@@ -451,3 +448,42 @@ def test_a_migration_rewrites_a_thread_sealed(sealed: Run) -> None:
         assert got.metadata["customer"] == f"client {CANARY}" and got.metadata["graph_version"] == "v2"
     rows = _q(sealed, "SELECT checkpoint::text, metadata::text FROM checkpoints WHERE thread_id = %s", thread)
     assert rows and not any(CANARY in c or CANARY in m or str(CANARY_INT) in c for c, m in rows), rows
+
+
+def test_an_archive_restores_with_the_key_only(sealed: Run) -> None:
+    """A wrong key refuses the restore with DecryptionError naming the thread, before
+    anything is written; the right key restores a thread that reads back in the clear."""
+    with sealed.saver(OTHER_KEY) as wrong:
+        with pytest.raises(_sealing.DecryptionError) as got:
+            restore(wrong, str(sealed.archive))
+        assert got.value.thread_id == sealed.archived
+    assert _q(sealed, "SELECT count(*) FROM checkpoints WHERE thread_id = %s", sealed.archived) == [(0,)]
+    with sealed.saver() as saver:
+        report = restore(saver, str(sealed.archive))
+        assert report.thread_ids == [sealed.archived], report
+        state = _graph(saver).get_state(_cfg(sealed.archived))
+        assert state.values["text"] == f"inline {CANARY}" and state.metadata["customer"] == f"client {CANARY}"
+        assert Ledger(saver).entries(thread_id=sealed.archived)
+    assert _scan(sealed) == {}  # restored as it was archived: sealed
+
+
+def test_fingerprints_are_keyed_and_replays_still_match(plain: Run, sealed: Run) -> None:
+    """A call's fingerprint (sha256 of its name and arguments) would let someone confirm
+    guessed arguments: with a key it is HMAC-keyed. The same call replays (no conflict),
+    also with an argument only the serializer can canonicalize (a Path: its encrypted
+    bytes differ at every call, the fingerprint does not)."""
+    q = "SELECT fingerprint FROM durable_ledger WHERE name LIKE %s"
+    plain_fps = {r[0] for r in _q(plain, q, "%charge%")}
+    sealed_fps = {r[0] for r in _q(sealed, q, "%charge%")}
+    assert plain_fps and sealed_fps and not plain_fps & sealed_fps
+    runs: list[Any] = []
+    with sealed.saver() as saver:
+        key = f"path-{uuid.uuid4().hex[:6]}"
+
+        @idempotent(ledger=saver, key=lambda where: key, name="store")
+        def store(where: Path) -> str:
+            runs.append(where)
+            return f"stored {CANARY}"
+
+        assert store(Path("/tmp") / CANARY) == store(Path("/tmp") / CANARY) == f"stored {CANARY}"
+    assert len(runs) == 1

@@ -17,7 +17,9 @@ compared by type and value (``nan`` equals ``nan``, ``-0.0`` is not ``0.0``).
 Paths: inline (no offloading), artifact (threshold 0 and 64), the default threshold,
 chunked lists, a pending write (``put_writes``), a migration rewrite (and its undo),
 ``copy_thread``, ``delete_for_runs`` survivors (a checkpoint of a kept run that still
-points at a blob written by the deleted run) and history (``list``).
+points at a blob written by the deleted run) and history (``list``); and the same with an
+encrypting serializer (``sealed``, ``sealed_inline``: issue 27, no value inline, every one
+through the serializer, so non-finite floats and -0.0 read back exactly there).
 
 The stock ``PostgresSaver`` is run on the same values; where it fails or differs it is
 counted and printed (documented, not copied): e.g. it stores top-level strings in
@@ -285,6 +287,12 @@ def rows_of(dsn: str, thread: str) -> dict[str, int]:
         return out
 
 
+def _encrypting() -> Any:
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    return EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
+
+
 @pytest.fixture(scope="module")
 def savers(dsn: str) -> Iterator[dict[str, Any]]:
     out: dict[str, Any] = {}
@@ -294,8 +302,13 @@ def savers(dsn: str) -> Iterator[dict[str, Any]]:
         DurablePostgresSaver.from_conn_string(dsn, artifact_threshold=64) as small,
         DurablePostgresSaver.from_conn_string(dsn) as default,
         PostgresSaver.from_conn_string(dsn) as stock,
+        # Issue 27: with an encrypting serializer every value goes through it (no inline
+        # JSON), offloaded or not.
+        DurablePostgresSaver.from_conn_string(dsn, serde=_encrypting(), artifact_threshold=None) as sealed_inline,
+        DurablePostgresSaver.from_conn_string(dsn, serde=_encrypting()) as sealed,
     ):
-        out.update(inline=inline, zero=zero, small=small, default=default, stock=stock, dsn=dsn)
+        out.update(inline=inline, zero=zero, small=small, default=default, stock=stock, dsn=dsn,
+                   sealed_inline=sealed_inline, sealed=sealed)
         yield out
     print("\nvalue round-trip:", dict(STATS), "\nstock saver differences:", dict(STOCK_DIFF))
 
@@ -398,7 +411,7 @@ def stock_stores_write(savers: dict[str, Any], value: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- tests
-PATHS = ["inline", "zero", "small", "default"]
+PATHS = ["inline", "zero", "small", "default", "sealed_inline", "sealed"]
 
 
 def check_put_get_list(savers: dict[str, Any], value: Any, path: str) -> None:
@@ -418,7 +431,7 @@ def check_put_get_list(savers: dict[str, Any], value: Any, path: str) -> None:
     assert len(hist) == 1
     assert_same(expected, hist[0].checkpoint["channel_values"]["v"], f"list ({path})")
     # Another saver (other threshold) reads what this one wrote: the format is one.
-    other = savers["default" if path != "default" else "inline"]
+    other = savers[{"default": "inline", "sealed": "sealed_inline", "sealed_inline": "sealed"}.get(path, "default")]
     assert_same(expected, read(other, thread).checkpoint["channel_values"]["v"], f"read by another saver ({path})")
 
 
@@ -502,7 +515,7 @@ def test_pending_write(savers: dict[str, Any], value: Any, path: str) -> None:
 
 
 @settings(max_examples=examples(ci=80, long=2000))
-@given(value=values, path=st.sampled_from(["zero", "small", "default"]))
+@given(value=values, path=st.sampled_from(["zero", "small", "default", "sealed"]))
 def test_migration_copy_and_survivors(savers: dict[str, Any], value: Any, path: str) -> None:
     """migration rewrite + undo, copy_thread, delete_for_runs survivors."""
     check_migration_copy_and_survivors(savers, value, path)

@@ -120,6 +120,9 @@ class _Call:
     # instead of ``key`` when this very task recorded the call under it (an upgrade
     # in the middle of a thread), see _adopt_legacy_key.
     legacy_key: str | None = None
+    # The unkeyed fingerprint when ``fingerprint`` is keyed (issue 27): a row recorded
+    # before keyed fingerprints still matches it.
+    plain_fingerprint: str | None = None
     owner: str = field(default_factory=_owner)
     lost: bool = False
 
@@ -249,7 +252,8 @@ def _build_call(
 ) -> _Call:
     site = _current_site()
     ledger = _resolve_ledger(spec, site)
-    fingerprint, preview = _fingerprint(spec.name, args_for_fp, ledger.serde)
+    plain, preview = _fingerprint(spec.name, args_for_fp, ledger.serde)
+    fingerprint = _sealing.keyed_fingerprint(ledger.serde, plain)
     parent = _PARENT.get()
     origin = site.thread_id if site else (parent.origin if parent else None)
     derived = _derive_key(spec, site, ledger, parent, key_args, tool_call_id)
@@ -265,6 +269,7 @@ def _build_call(
         ledger=ledger,
         key=key,
         fingerprint=fingerprint,
+        plain_fingerprint=plain if plain != fingerprint else None,
         preview=preview,
         thread_id=derived.thread_id,
         origin=origin,

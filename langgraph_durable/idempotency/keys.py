@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 
+from langgraph_durable._sealing import is_encrypting
 from langgraph_durable.errors import (
     InvalidIdempotencyKeyError,
     SerializationError,
@@ -215,7 +216,9 @@ def _canonical(value: Any, path: str, serde: Any) -> Any:
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
         return {"$dc": type(value).__qualname__, "v": _canonical(fields, path, serde)}
     try:
-        tag, data = serde.dumps_typed(value)
+        # The plaintext serialization: an encrypting serializer's output has a random
+        # nonce, which would make the fingerprint differ at every call.
+        tag, data = (serde.serde if is_encrypting(serde) else serde).dumps_typed(value)
     except Exception as exc:
         raise SerializationError(
             f"argument {path} ({type(value).__qualname__}) has no canonical form to "

@@ -158,7 +158,9 @@ def _error_text(call: _Call, text: str) -> str:
 def _judge(call: _Call, row: Mapping[str, Any]) -> str:
     """What to do with someone else's row: 'replay', 'wait' or 'takeover' (raises the
     terminal outcomes)."""
-    if row["fingerprint"] != call.fingerprint:
+    if row["fingerprint"] != call.fingerprint and (
+        call.plain_fingerprint is None or row["fingerprint"] != call.plain_fingerprint
+    ):
         raise IdempotencyConflictError(call.key, row["fingerprint"], call.fingerprint)
     if row["status"] == "completed":
         return "replay"
