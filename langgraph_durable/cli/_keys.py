@@ -66,7 +66,8 @@ def rekey_command(
         console.print(
             f"digest secret: derived from key id {report.digest_key_id} (the oldest key given). "
             "Before removing that key from the key file, keep it as the digest secret "
-            "(DurableEncryptedSerializer(..., digest_from=KEY); see docs/encryption.md)",
+            "(a digest:KEY line in the key file, DurableEncryptedSerializer(..., digest_from=KEY) "
+            "in code; see docs/encryption.md)",
             highlight=False, markup=False,
         )
 
