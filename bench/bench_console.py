@@ -30,12 +30,15 @@ from langgraph_durable.sql import console as q
 
 VIEWS = [
     ("overview", "/"),
-    ("threads p1", "/threads"),
+    ("threads p1 (natural order)", "/threads"),
+    ("threads p1 (byte order, sort=id)", "/threads?sort=id"),
     ("threads p100 (after=)", "/threads?after=t00005000"),
     ("threads state=quarantined", "/threads?state=quarantined"),
     ("threads version=v1", "/threads?version=v1"),
     ("threads version=v1 idle>1h", "/threads?version=v1&older_than_h=1"),
-    ("threads prefix", "/threads?prefix=t0004"),
+    ("threads prefix (10% of threads)", "/threads?prefix=t0004"),
+    ("threads prefix (every thread)", "/threads?prefix=t"),
+    ("threads prefix, byte order", "/threads?prefix=t0004&sort=id"),
     ("thread detail", "/thread?id=t00004242"),
     ("thread diff", "/thread?id=t00004242&a=latest~1&b=latest"),
     ("thread conversation (2000 msgs)", "/thread?id=conv-bench"),
@@ -50,6 +53,19 @@ VIEWS = [
     ("storage retention dry-run", "/storage?dedup=0&dry_run=1&older_than_days=0.5"),
     ("audit", "/audit"),
 ]
+
+# The decisions' confirmation pages (issue 25), signed in; {stopped} etc. are filled
+# with a thread of that state once the database is built.
+DECISION_VIEWS = [
+    ("confirm resume", "/confirm/resume?thread={stopped}"),
+    ("confirm answer", "/confirm/answer?thread=ask-bench&value=%22yes%22"),
+    ("confirm cancel", "/confirm/cancel?thread={running}"),
+    ("confirm fork", "/confirm/fork?thread={done}&cp=latest"),
+    ("confirm delete", "/confirm/delete?thread={done}"),
+    ("confirm rewind", "/confirm/rewind?thread={quarantined}&to=latest~1"),
+    ("thread detail (decide panel)", "/thread?id={waiting}"),
+]
+WORKERS = 50  # registered workers (ten of them dead), for the overview and versions pages
 
 
 def extras(dsn: str) -> None:
@@ -115,6 +131,57 @@ def conversation(saver: DurablePostgresSaver) -> None:
         )
 
 
+def asking(saver: DurablePostgresSaver) -> None:
+    """A real thread waiting on an interrupt (``ask-bench``), for the answer's page."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    from langgraph_durable.ops import inspection as lgi
+
+    try:
+        if lgi.show_thread(saver, "ask-bench").get("interrupts"):
+            return
+    except LookupError:
+        pass
+    b: StateGraph = StateGraph(dict)
+    b.add_node("confirm", lambda s: {"ok": interrupt({"question": "ship it?"})})
+    b.add_edge(START, "confirm")
+    b.add_edge("confirm", END)
+    g = b.compile(checkpointer=saver.bind(graph_version="v1"))
+    g.invoke({"ok": None}, {"configurable": {"thread_id": "ask-bench"}})
+
+
+def samples(saver: DurablePostgresSaver) -> dict[str, str]:
+    """One of the 100k threads of each state the decisions need (not conv-bench)."""
+    from langgraph_durable.ops import inspection as lgi
+
+    out = {}
+    for state in ("stopped", "waiting", "running", "done", "quarantined"):
+        rows = lgi.list_threads(saver, status=state, prefix="t0", limit=1)
+        out[state] = rows[0]["thread_id"] if rows else "none"
+    return out
+
+
+def register_workers(saver: DurablePostgresSaver, n: int) -> None:
+    """``n`` registered workers serving v1 or v2, the last fifth dead (no heartbeat for
+    an hour); the rows RecoveryWorker.run writes (sql.workers.WORKER_REGISTER_SQL)."""
+    with saver.connection() as conn:
+        conn.execute("DELETE FROM durable_workers WHERE host = 'bench-host'")
+        conn.execute(
+            """INSERT INTO durable_workers (worker_id, name, host, pid, identity, ttl_s, versions,
+                                            graph_names, concurrency, claimed, started_at,
+                                            heartbeat_at, last_poll_at)
+               SELECT md5(g::text), 'bench-host:' || (1000 + g), 'bench-host', 1000 + g,
+                      'bench-host:' || (1000 + g), 30,
+                      ARRAY[CASE WHEN g %% 2 = 0 THEN 'v1' ELSE 'v2' END], ARRAY['bench'], 8,
+                      g %% 3, now() - interval '1 hour',
+                      now() - CASE WHEN g > %s THEN interval '1 hour' ELSE interval '1 second' END,
+                      now() - interval '1 second'
+               FROM generate_series(1, %s) g""",
+            (n - n // 5, n),
+        )
+
+
 def explain(dsn: str) -> list[str]:
     out = []
     cases = {
@@ -129,6 +196,22 @@ def explain(dsn: str) -> list[str]:
             }
             rows = conn.execute(
                 psycopg.sql.Composed([psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS) "), q.THREADS_SQL]),
+                params,
+            ).fetchall()
+            out.append(f"-- console threads query, {name}")
+            out.extend(r[0] for r in rows)
+        natural = {
+            "natural order, page 1": {},
+            "natural order, after t00050000": {"after": "t00050000"},
+            "natural order, prefix t0004 (10% of threads)": {"prefix": "t0004"},
+        }
+        for name, extra in natural.items():
+            params = {
+                "after": None, "prefix": None, "version": None, "older": None, "newer": None,
+                "status": None, "limit": 51, **extra,
+            }
+            rows = conn.execute(
+                psycopg.sql.Composed([psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS) "), q.THREADS_NATURAL_SQL]),
                 params,
             ).fetchall()
             out.append(f"-- console threads query, {name}")
@@ -157,10 +240,15 @@ def main(argv: list[str] | None = None) -> None:
             saver.setup()
             if not reused:
                 conversation(saver)
-            app = create_app(saver, sample_interval=0)
+            asking(saver)
+            register_workers(saver, WORKERS)
+            picks = samples(saver)
+            app = create_app(saver, sample_interval=0, allow_actions=True, token="bench")
             with TestClient(app) as client:
+                client.post("/login", data={"name": "bench", "token": "bench"})
+                views = VIEWS + [(n, v.format(**picks)) for n, v in DECISION_VIEWS]
                 print(f"{'view':34} {'median ms':>10} {'max ms':>8}  status")
-                for name, path in VIEWS:
+                for name, path in views:
                     times = []
                     status = 0
                     for _ in range(args.repeat):

@@ -377,3 +377,21 @@ if TYPE_CHECKING:
     )
 __all__ += ["AcknowledgedWorkLostError", "ArchiveRejectedError", "ArchiveTooLargeError"]
 _LAZY.update(dict.fromkeys(__all__[-3:], "langgraph_durable.errors"))
+
+# --- ctl25 --- The operator decisions' errors (issue 25, ops.control).
+if TYPE_CHECKING:
+    from langgraph_durable.errors import ControlRefusedError, RunCancelledError
+__all__ += ["ControlRefusedError", "RunCancelledError"]
+_LAZY.update(dict.fromkeys(__all__[-2:], "langgraph_durable.errors"))
+
+# --- standby26 --- (reads off the primary: read_dsn, saver.reader(); docs/configuration.md)
+if TYPE_CHECKING:
+    from langgraph_durable.core.reader import ReadLag
+    from langgraph_durable.errors import ReadDsnUnreachableError, ReadOnlyViewError
+    from langgraph_durable.saver import AsyncDurablePostgresReader, DurablePostgresReader
+__all__ += ["ReadDsnUnreachableError", "ReadOnlyViewError"]
+_LAZY.update(dict.fromkeys(__all__[-2:], "langgraph_durable.errors"))
+__all__ += ["AsyncDurablePostgresReader", "DurablePostgresReader"]
+_LAZY.update(dict.fromkeys(__all__[-2:], "langgraph_durable.saver"))
+__all__ += ["ReadLag"]
+_LAZY["ReadLag"] = "langgraph_durable.core.reader"

@@ -141,6 +141,17 @@ class SaverView(SchemaView, RefsView, GateView, Protocol):
     ) -> Op[None]: ...
 
 
+    # ------------------------------------------------------------------ writes (ops.control: fork, delete)
+    def _op_put(
+        self, config: RunnableConfig, checkpoint: Any, metadata: Any, new_versions: Any
+    ) -> Op[RunnableConfig]: ...
+
+    def _op_put_writes(
+        self, config: RunnableConfig, writes: Any, task_id: str, task_path: str
+    ) -> Op[None]: ...
+
+    def _op_delete_thread(self, thread_id: str) -> Op[None]: ...
+
     # last: a method named ``list`` shadows the builtin in the annotations after it
     def list(
         self,

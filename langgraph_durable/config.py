@@ -9,6 +9,7 @@ validates it the same way (``LeaseOptions(ttl=0.1)`` raises ``ConfigurationError
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -85,6 +86,43 @@ class PoisonOptions:
             raise ConfigurationError("max_resume_attempts must be >= 1")
 
 
+# --- standby26 --- reads off the primary (core/reader.py)
+# Seconds behind above which read commands warn (or read the primary with read_fallback).
+DEFAULT_MAX_LAG = 10.0
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """``read_dsn`` (a streaming standby for operator reads; None: the primary),
+    ``read_max_lag`` (seconds), ``read_fallback`` (read the primary above it)."""
+
+    dsn: str | None = None
+    max_lag: float = DEFAULT_MAX_LAG
+    fallback: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dsn is not None and not isinstance(self.dsn, str):
+            raise ConfigurationError(
+                f"read_dsn must be a connection string, not {type(self.dsn).__name__}",
+                read_dsn=repr(self.dsn),
+            )
+        object.__setattr__(self, "dsn", (self.dsn or "").strip() or None)
+        try:
+            lag = float(self.max_lag)
+        except (TypeError, ValueError):
+            lag = math.nan
+        if not lag >= 0 or math.isinf(lag):
+            raise ConfigurationError(
+                f"read_max_lag must be a number of seconds >= 0, not {self.max_lag!r}",
+                read_max_lag=self.max_lag,
+            )
+        object.__setattr__(self, "max_lag", lag)
+        if not isinstance(self.fallback, bool):
+            raise ConfigurationError(
+                f"read_fallback must be a bool, not {self.fallback!r}", read_fallback=self.fallback
+            )
+
+
 @dataclass(frozen=True)
 class SaverOptions:
     """Every option of a saver: the groups, and the few that stand alone."""
@@ -97,6 +135,7 @@ class SaverOptions:
     poison: PoisonOptions = field(default_factory=PoisonOptions)
     leases: LeaseOptions = field(default_factory=LeaseOptions)
     artifacts: ArtifactConfig = field(default_factory=ArtifactConfig)
+    reads: ReadOptions = field(default_factory=ReadOptions)
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -124,6 +163,9 @@ class SaverOptions:
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        read_dsn: str | None = None,
+        read_max_lag: float = DEFAULT_MAX_LAG,
+        read_fallback: bool = False,
     ) -> SaverOptions:
         """The groups for the savers' flat keyword options (same names, same defaults).
         Validated group by group: schema, versions, poison, leases, artifacts."""
@@ -146,7 +188,11 @@ class SaverOptions:
                 compression_level=compression_level,
                 cache_bytes=artifact_cache_bytes,
             ),
+            reads=ReadOptions(read_dsn, read_max_lag, read_fallback),
         )
 
 
-__all__ = ["LeaseOptions", "OnBusy", "OnUnrecognisedRun", "PoisonOptions", "SaverOptions", "VersionOptions"]
+__all__ = [
+    "LeaseOptions", "OnBusy", "OnUnrecognisedRun", "PoisonOptions", "ReadOptions", "SaverOptions",
+    "VersionOptions",
+]

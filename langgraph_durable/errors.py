@@ -862,6 +862,83 @@ __all__ += [
 ]
 
 
+# --- ctl25 ---
+class RunCancelledError(DurableError):
+    """An operator asked this run to stop (``ops.control.request_cancel``, the console's
+    Cancel): it stopped at a step boundary, the thread is ``stopped`` at its last
+    checkpoint and resumes with ``invoke(None)`` or a queued resume. ``token``: the
+    fencing token of the lease the request was for."""
+
+    def __init__(self, thread_id: str, token: int | None, checkpoint_id: str | None = None) -> None:
+        super().__init__(
+            f"run on thread {thread_id!r} was cancelled by an operator at a step boundary "
+            f"(lease token {token}); the thread is stopped at checkpoint {checkpoint_id!r}, "
+            "resume it with invoke(None) or `langgraph-durable threads resume`",
+            thread_id=thread_id,
+            token=token,
+            checkpoint_id=checkpoint_id,
+        )
+
+
+class ControlRefusedError(DurableError):
+    """An operator decision (resume, answer, cancel, fork, delete) that does not apply
+    to the thread as it is now: ``action``, the thread's ``status`` (None: no such
+    thread) and ``reason`` say why. Nothing was changed."""
+
+    def __init__(
+        self, thread_id: str, action: str, reason: str, status: str | None = None,
+        checkpoint_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            f"cannot {action} thread {thread_id!r}: {reason}",
+            thread_id=thread_id,
+            action=action,
+            reason=reason,
+            status=status,
+            checkpoint_id=checkpoint_id,
+        )
+
+
+__all__ += ["ControlRefusedError", "RunCancelledError"]
+
+# --- standby26 ---
+class ReadDsnUnreachableError(DatabaseUnreachableError):
+    """The server behind ``read_dsn`` (``LANGGRAPH_DURABLE_READ_DSN``, ``--read-dsn``: a
+    streaming standby that serves operator reads) could not be reached: raised by
+    ``from_conn_string`` and the CLI within the connect timeout, as for the primary's DSN,
+    and by ``saver.reader()`` of a saver built with the constructor. Same fields as
+    ``DatabaseUnreachableError`` (``dsn`` redacted, ``reason``, ``kind``) plus
+    ``setting="read_dsn"``; catching ``DatabaseUnreachableError`` catches it too."""
+
+    def __init__(self, dsn: str, reason: str, kind: str) -> None:
+        ConfigurationError.__init__(
+            self,
+            f"cannot connect to the read_dsn server (the standby for operator reads), "
+            f"{kind}: {reason} (read_dsn: {dsn}); fix read_dsn / "
+            "LANGGRAPH_DURABLE_READ_DSN / --read-dsn, or leave it unset to read the primary",
+            dsn=dsn, reason=reason, kind=kind, setting="read_dsn",
+        )
+
+
+class ReadOnlyViewError(DurableError):
+    """A write, or a graph run, was asked of ``saver.reader()``: the read-only view that
+    serves operator listings, possibly from a standby that lags. Runs and writes go
+    through the saver itself, which never reads from ``read_dsn``. ``method``: what was
+    called; ``thread_id`` when it names one."""
+
+    def __init__(self, method: str, thread_id: str | None = None) -> None:
+        where = f" (thread {thread_id!r})" if thread_id is not None else ""
+        super().__init__(
+            f"{method}{where} was called on saver.reader(), a read-only view for operator "
+            "listings (its reads may come from a standby that lags): run graphs and write "
+            "through the saver itself, e.g. builder.compile(checkpointer=saver)",
+            method=method, thread_id=thread_id,
+        )
+
+
+__all__ += ["ReadDsnUnreachableError", "ReadOnlyViewError"]
+
+
 # --- rekey27 -----------------------------------------------------------------------
 
 

@@ -293,6 +293,7 @@ DURABLE_TABLES = (
     "durable_quarantine",
     "durable_thread_counts",
     "durable_threads",
+    "durable_workers",
 )
 DURABLE_FUNCTIONS = (
     "durable_fence(text, bigint, text)",
@@ -311,8 +312,11 @@ DURABLE_INDEXES = ("durable_checkpoints_run_idx",)  # on the stock checkpoints t
 # On the stock checkpoints table too (they keep durable_threads.has_root honest): dropped
 # before DURABLE_FUNCTIONS, which they use.
 DURABLE_TRIGGERS = ("durable_root_del", "durable_root_upd", "durable_root_trunc")
+# The natural order of thread ids (the console's list; its index goes with durable_threads).
+DURABLE_COLLATIONS = ("durable_natural",)
 
 __all__ = [
+    "DURABLE_COLLATIONS",
     "DURABLE_FUNCTIONS",
     "DURABLE_INDEXES",
     "DURABLE_TABLES",

@@ -48,6 +48,7 @@ from langgraph_durable.errors import (
     AcknowledgedWorkLostError,
     CheckpointLoadError,
     PoisonCheckpointError,
+    RunCancelledError,
     ThreadBusyError,
     UnsupportedLangGraphError,
 )
@@ -62,6 +63,7 @@ from langgraph_durable.sql.checkpoints import PARENT_GONE_STATE
 from langgraph_durable.sql.threads import (
     ATTEMPT_AT_HEAD_SQL,
     ATTEMPT_UNCOUNTED_AT_HEAD_SQL,
+    MARK_CANCELLED_SQL,
     RECORD_FAILURE_SQL,
 )
 from langgraph_durable.versioning import (
@@ -345,7 +347,7 @@ class RunLifecycle(RunLifecycleView):
             ):
                 return "waiting", True, False, None
             return "stopped", False, True, None
-        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | GeneratorExit):
+        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | GeneratorExit | RunCancelledError):
             return "stopped", False, True, None
         text = f"{type(exc).__name__}: {exc}"[:4000]
         # An operator's decision pending (an unknown outcome): not an attempt.
@@ -373,6 +375,12 @@ class RunLifecycle(RunLifecycleView):
         else:
             head = self._head(loop)
         status, reset, undo, error = self._exit_outcome(loop, exc)
+        if isinstance(exc, RunCancelledError):
+            # An operator's cancel (issue 25): 'stopped', and workers leave it so.
+            mark = Stmt(MARK_CANCELLED_SQL, (lease.thread_id, lease.token, lease.owner))
+            return partial(
+                self._op_release, lease, status, reset=reset, undo=undo, error=None, first=(mark,)
+            )
         acked = lease.acked.get("")
         if status in ("done", "waiting") and acked is not None:
             return partial(self._op_release_checked, lease, acked, status, reset=reset, undo=undo)

@@ -61,6 +61,7 @@ from langgraph_durable.errors import (
     LeaseLostError,
     MigrationError,
     PoisonCheckpointError,
+    RunCancelledError,
     ThreadBusyError,
 )
 from langgraph_durable.leases.dead import op_dead_leases
@@ -79,6 +80,13 @@ from langgraph_durable.sql.recovery import (
     STATUS_ROWS_SQL,
     claim_sql,
 )
+from langgraph_durable.sql.threads import CLEAR_ANSWER_SQL
+from langgraph_durable.sql.workers import (
+    WORKER_HEARTBEAT_SQL,
+    WORKER_PRUNE_SQL,
+    WORKER_REGISTER_SQL,
+    WORKER_STOPPED_SQL,
+)
 from langgraph_durable.versioning import VERSION_KEY, MigrationRegistry, graph_fingerprint
 
 logger = logging.getLogger("langgraph_durable.recovery")
@@ -87,6 +95,9 @@ Shutdown = Literal["step", "finish"]
 
 # Statuses a claim may pick up (besides 'error', which is opt-in with a backoff).
 RECOVERABLE = ("running", "stopped", "queued")
+
+# Rows of stopped or dead workers kept in durable_workers (newest first), at most.
+WORKER_ROWS_KEPT = 200
 
 STATUS_KINDS = ("running", "recoverable", "waiting", "quarantined", "done", "error", "orphaned")
 
@@ -105,6 +116,10 @@ class Claim:
     graph_version: str | None
     previous_status: str
     attempt: int
+    # A queued answer (ops.control.queue_answer): the serde's (type, bytes) of the
+    # Command(resume=...) value, and the waiting checkpoint it answers.
+    answer: tuple[str, bytes] | None = None
+    answer_checkpoint_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +256,7 @@ def _op_claim(
     if not found:
         return None
     r = found[0]
+    blob = r.get("answer_blob")
     return Claim(
         thread_id=r["thread_id"],
         owner=owner,
@@ -249,6 +265,8 @@ def _op_claim(
         graph_version=r["graph_version"],
         previous_status=r["prev_status"],
         attempt=int(r["attempt"]),
+        answer=None if blob is None else (str(r["answer_type"]), bytes(blob)),
+        answer_checkpoint_id=r.get("answer_checkpoint_id"),
     )
 
 
@@ -278,15 +296,41 @@ def _op_claim_dead(
     return cast("list[dict[str, Any]]", rows[0])
 
 
-def _op_finish(claim: Claim) -> Op[dict[str, Any] | None]:
+def _op_finish(claim: Claim, clear_answer: bool = False) -> Op[dict[str, Any] | None]:
     params = {"thread_id": claim.thread_id, "owner": claim.owner, "token": claim.token}
+    clear = (
+        [Stmt(CLEAR_ANSWER_SQL, {"thread_id": claim.thread_id, "checkpoint_id": claim.answer_checkpoint_id})]
+        if clear_answer and claim.answer_checkpoint_id is not None
+        else []
+    )
     rows = yield Batch(
         [
             Stmt(RECOVERY_FINISH_SQL, params),
+            *clear,
             Stmt(RECOVERY_THREAD_STATE_SQL, (claim.thread_id,), fetch=True, name="thread"),
         ]
     )
     return rows["thread"][0] if rows["thread"] else None
+
+
+def _op_register(params: dict[str, Any]) -> Op[None]:
+    """Register a worker (durable_workers), pruning old stopped / dead rows first (the
+    table stays bounded: a day of history, at most WORKER_ROWS_KEPT such rows)."""
+    yield Batch(
+        [
+            Stmt(WORKER_PRUNE_SQL, {"keep_s": 86400.0, "keep": WORKER_ROWS_KEPT}),
+            Stmt(WORKER_REGISTER_SQL, params),
+        ]
+    )
+
+
+def _op_heartbeat(params: dict[str, Any]) -> Op[bool]:
+    rows = yield Batch([Stmt(WORKER_HEARTBEAT_SQL, params, fetch=True)], final=True)
+    return bool(rows[0])
+
+
+def _op_worker_stopped(worker_id: str) -> Op[None]:
+    yield Batch([Stmt(WORKER_STOPPED_SQL, {"worker_id": worker_id})], final=True)
 
 
 def _op_status_counts() -> Op[dict[str, int]]:
@@ -443,6 +487,8 @@ class RecoveryWorker:
         config: RunnableConfig | None = None,
         name: str | None = None,
         on_recovery: Callable[[RecoveryResult], Any] | None = None,
+        heartbeat_interval: float | None = None,
+        register: bool = True,
     ) -> None:
         graph_list = _mapping_or_list(graphs)
         if not graph_list:
@@ -476,6 +522,16 @@ class RecoveryWorker:
         # optimisation: another worker may still try, and a restart forgets it.
         self._skip: dict[str, float] = {}
         self._aio_stop: asyncio.Event | None = None
+        # The registry (durable_workers, issue 25): run()/arun() register, heartbeat
+        # every heartbeat_interval (one UPDATE, from a thread / task of its own: a
+        # worker whose slots are all busy still shows alive) and mark the row stopped.
+        if heartbeat_interval is not None and heartbeat_interval <= 0:
+            raise ConfigurationError("heartbeat_interval must be > 0", heartbeat_interval=heartbeat_interval)
+        self.heartbeat_interval = heartbeat_interval or min(10.0, max(1.0, self.saver.lease_ttl / 3))
+        self.register = register
+        self.worker_id = uuid.uuid4().hex
+        self._in_flight = 0
+        self._last_poll: float | None = None
 
     def _check_targets(self) -> None:
         if len(self.targets) > 1:
@@ -553,6 +609,8 @@ class RecoveryWorker:
             outcome = "handed_back" if handed_back else "finished"
         elif isinstance(exc, LeaseLostError):
             outcome = "lease_lost"
+        elif isinstance(exc, RunCancelledError):
+            outcome = "cancelled"  # an operator's cancel: 'stopped', held until resumed
         elif isinstance(
             exc, PoisonCheckpointError | GraphVersionMismatchError | MigrationError | ThreadBusyError
         ) or needs_operator(exc):
@@ -591,6 +649,73 @@ class RecoveryWorker:
                 logger.exception("on_recovery hook failed for thread %s", claim.thread_id)
         return result
 
+    # ----------------------------------------------------------------- registry
+    def _registration(self) -> dict[str, Any]:
+        from langgraph_durable.core.rewrite import graph_name
+        from langgraph_durable.ops.control import ANY_VERSION
+
+        versions: set[str] = set()
+        names: set[str] = set()
+        for t in self.targets:
+            versions |= set(t.versions)
+            if t.version is not None:
+                versions.add(t.version)
+            if t.any_version:
+                versions.add(ANY_VERSION)
+            name = graph_name(t.graph, self.config)
+            if name:
+                names.add(name)
+        identity = process_identity()
+        return {
+            "worker_id": self.worker_id,
+            "name": self.name,
+            "host": identity.split(":", 1)[0],
+            "pid": os.getpid(),
+            "identity": identity,
+            # Dead once three heartbeats and a poll are missed.
+            "ttl": 3 * self.heartbeat_interval + self.poll_interval,
+            "versions": sorted(versions),
+            "graph_names": sorted(names),
+            "concurrency": self.concurrency,
+        }
+
+    def _heartbeat_params(self) -> dict[str, Any]:
+        with self._lock:
+            claimed = self._in_flight
+        last = self._last_poll
+        return {
+            "worker_id": self.worker_id,
+            "claimed": claimed,
+            "poll_ago": None if last is None else max(0.0, time.monotonic() - last),
+        }
+
+    def _heartbeat_flow(self, mode: _Mode) -> Flow[None]:
+        """Register, then one UPDATE per heartbeat interval until stop(); re-registers
+        if the row was pruned meanwhile (a worker paused past its ttl)."""
+        registration = self._registration()
+        try:
+            yield Tx(lambda: _op_register(registration))
+        except Exception as exc:
+            logger.warning("worker %s: could not register in durable_workers: %s", self.name, exc)
+        while not self._stop.is_set():
+            yield Hook(mode.pause, (self, self.heartbeat_interval))
+            if self._stop.is_set():
+                break
+            params = self._heartbeat_params()
+            try:
+                found = yield Tx(functools.partial(_op_heartbeat, params))
+                if not found:
+                    yield Tx(lambda: _op_register(registration))
+            except Exception as exc:  # database down: keep beating
+                logger.warning("worker %s: heartbeat failed: %s", self.name, exc)
+
+    def _stopped_flow(self) -> Flow[None]:
+        worker_id = self.worker_id
+        try:
+            yield Tx(lambda: _op_worker_stopped(worker_id))
+        except Exception as exc:
+            logger.warning("worker %s: could not mark itself stopped: %s", self.name, exc)
+
     # ----------------------------------------------------------------- sync
     def stop(self) -> None:
         """Stop claiming; running threads stop at their next step boundary (or finish,
@@ -612,6 +737,7 @@ class RecoveryWorker:
     # One body for both kinds of worker: flows whose ops go to the saver and whose
     # Hooks (the graph's stream, the pause between polls) come from a _Mode.
     def _recover_flow(self, mode: _Mode) -> Flow[RecoveryResult | None]:
+        self._last_poll = time.monotonic()
         claim = yield Tx(self._claim_op())
         if claim is None:
             return None
@@ -619,6 +745,8 @@ class RecoveryWorker:
 
     def _resume_flow(self, claim: Claim, mode: _Mode) -> Flow[RecoveryResult]:
         started = time.monotonic()
+        with self._lock:
+            self._in_flight += 1
         self._log_start(claim)
         target = self._target_for(claim.graph_version)
         exc: BaseException | None = None
@@ -629,17 +757,34 @@ class RecoveryWorker:
             handed_back = yield Hook(mode.stream, (self, target, claim))
         except Exception as e:
             exc = e
+        finally:
+            with self._lock:
+                self._in_flight -= 1
         row = None
         try:
-            row = yield Tx(lambda: _op_finish(claim))
+            # A queued answer is cleared here once consumed (CLEAR_ANSWER_SQL decides).
+            row = yield Tx(lambda: _op_finish(claim, clear_answer=True))
         except Exception:
             logger.exception("could not read back thread %s", claim.thread_id)
         return self._result(claim, row, exc, handed_back, started)
 
+    def _input(self, target: _Target, claim: Claim) -> Any:
+        """What the claimed thread runs: ``Command(resume=answer)`` when an operator's
+        queued answer is for the checkpoint the thread is still at (a worker killed
+        before the answer was consumed left it: running it again upserts the same
+        resume write), else ``None`` (the head moved on: the answer was consumed)."""
+        if claim.answer is None or claim.answer_checkpoint_id != claim.checkpoint_id:
+            return None
+        from langgraph.types import Command
+
+        value = target.saver.serde.loads_typed(claim.answer)
+        logger.info("thread %s: running the queued answer to checkpoint %s", claim.thread_id, claim.checkpoint_id)
+        return Command(resume=value)
+
     def _stream(self, target: _Target, claim: Claim) -> bool:
         """Run the claimed thread to its end (or, stopping, to a step boundary): True
         when it was handed back at a step boundary."""
-        stream = target.graph.stream(None, self._run_config(claim), stream_mode="values")
+        stream = target.graph.stream(self._input(target, claim), self._run_config(claim), stream_mode="values")
         # Closed explicitly: the run's exit (lease release) happens in close(). The
         # claim reaches the run's lease acquisition through the context, not config.
         with claim_handoff(claim.thread_id, claim.owner, claim.token), contextlib.closing(stream):
@@ -652,7 +797,7 @@ class RecoveryWorker:
         return False
 
     async def _astream(self, target: _Target, claim: Claim) -> bool:
-        astream = target.graph.astream(None, self._run_config(claim), stream_mode="values")
+        astream = target.graph.astream(self._input(target, claim), self._run_config(claim), stream_mode="values")
         # An abandoned async generator is only finalized later (by the event loop),
         # after the worker may have closed its pool: close it here, at the boundary.
         try:
@@ -698,6 +843,13 @@ class RecoveryWorker:
             "worker %s started: concurrency=%d graphs=%s",
             self.name, self.concurrency, [t.version for t in self.targets],
         )
+        beat = None
+        if self.register:
+            beat = threading.Thread(
+                target=lambda: self._sync.flows(self).run_flow(self._heartbeat_flow(self._sync)),
+                name="langgraph-durable-worker-heartbeat", daemon=True,
+            )
+            beat.start()
         try:
             slots = [
                 threading.Thread(
@@ -713,6 +865,10 @@ class RecoveryWorker:
                 while s.is_alive():
                     s.join(0.2)
         finally:
+            if beat is not None:
+                self._stop.set()
+                beat.join(10)
+                self._sync.flows(self).run_flow(self._stopped_flow())
             if restore is not None:
                 restore()
         logger.info("worker %s stopped: %s", self.name, self.stats)
@@ -786,11 +942,19 @@ class RecoveryWorker:
                 except (NotImplementedError, RuntimeError):
                     pass
         logger.info("worker %s started (async): concurrency=%d", self.name, self.concurrency)
+        beat = None
+        if self.register:
+            beat = asyncio.create_task(self._async.flows(self).run_flow(self._heartbeat_flow(self._async)))
         try:
             await asyncio.gather(
                 *(self._aslot(until_idle, max_recoveries) for _ in range(self.concurrency))
             )
         finally:
+            if beat is not None:
+                self.stop()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(beat, 10)
+                await self._async.flows(self).run_flow(self._stopped_flow())
             for signum in installed:
                 loop.remove_signal_handler(signum)
         logger.info("worker %s stopped: %s", self.name, self.stats)

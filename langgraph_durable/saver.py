@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, ClassVar, cast
 
+import psycopg
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, AsyncPipeline, Capabilities, Connection, Pipeline
@@ -40,20 +42,45 @@ from langgraph_durable._io import (
     Op,
     SyncDriver,
 )
-from langgraph_durable.config import SaverOptions
+from langgraph_durable.config import DEFAULT_MAX_LAG, SaverOptions
 from langgraph_durable.core.base import _DurableBase as _DurableBase
 from langgraph_durable.core.connections import (
+    READ_POOL_WAIT,
     _check_conn,
     _check_pipe,
     _conninfo_of,
     aopen_pool,
+    aopen_read_pool,
     apreflight,
+    apreflight_read,
+    aprobe_primary,
+    aprobe_standby,
     open_pool,
+    open_read_pool,
     preflight,
+    preflight_read,
+    probe_primary,
+    probe_standby,
 )
 from langgraph_durable.core.jsonb import _jsonb as _jsonb
+from langgraph_durable.core.reader import (
+    RECHECK_AFTER,
+    ReadLag,
+    ReadOnlyView,
+    ReadSlot,
+    fallback_lag,
+    lag_of,
+    make_reader,
+    needs_second_look,
+    note_not_standby,
+    op_primary_lsn,
+    op_standby_lag,
+    primary_lag,
+    resolve_read_dsn,
+    unanswered_lag,
+)
 from langgraph_durable.embedded import resolve_dsn
-from langgraph_durable.errors import ConfigurationError
+from langgraph_durable.errors import ConfigurationError, DurableError, ReadDsnUnreachableError
 from langgraph_durable.granularity import CheckpointPolicy
 from langgraph_durable.leases.model import _RUN_LEASE as _RUN_LEASE
 from langgraph_durable.leases.model import Lease as Lease
@@ -91,6 +118,10 @@ class DurablePostgresSaver(_DurableBase):
     cursor). ``pipe``: a ``psycopg.Pipeline`` of ``conn``, as the stock saver takes it;
     see ``_check_pipe`` for what it changes."""
 
+    # read_dsn (core/reader.py): the settings and, once opened, the standby's pool.
+    _reads: ReadSlot
+    _reader_class: ClassVar[type[Any]]
+
     def _load_checkpoint_tuple(self, value: Any) -> CheckpointTuple:
         """The stock ``PostgresSaver``'s row-to-tuple hook, same name and signature;
         what this saver adds (the artifacts a row needs, pre-v4 pending sends) rides in
@@ -125,8 +156,11 @@ class DurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        read_dsn: str | None = None,
+        read_max_lag: float = DEFAULT_MAX_LAG,
+        read_fallback: bool = False,
     ) -> None:
-        super().__init__(serde=serde, options=SaverOptions.from_keywords(
+        options = SaverOptions.from_keywords(
             schema=schema, graph_version=graph_version,
             version_policy=version_policy, unversioned_policy=unversioned_policy,
             migrations=migrations, max_resume_attempts=max_resume_attempts,
@@ -136,7 +170,9 @@ class DurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
             pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
-        ))
+            read_dsn=read_dsn, read_max_lag=read_max_lag, read_fallback=read_fallback,
+        )
+        super().__init__(serde=serde, options=options)
         _check_conn("DurablePostgresSaver", conn, asynchronous=False)
         _check_pipe("DurablePostgresSaver", conn, pipe, ConnectionPool)
         check_pooled_conn("DurablePostgresSaver", conn, self.pooler, (ConnectionPool,))
@@ -145,6 +181,7 @@ class DurablePostgresSaver(_DurableBase):
         self.supports_pipeline = Capabilities().has_pipeline()
         self._driver = SyncDriver(conn, session_schema(self) if not getattr(conn, "_durable_own", False) else None)
         self._conninfo = _conninfo_of(conn)
+        self._reads = ReadSlot(options.reads)
 
     @classmethod
     @contextmanager
@@ -174,6 +211,9 @@ class DurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        read_dsn: str | None = None,
+        read_max_lag: float = DEFAULT_MAX_LAG,
+        read_fallback: bool = False,
     ) -> Iterator[DurablePostgresSaver]:
         """Open a connection pool on ``conn_string`` (else ``LANGGRAPH_DURABLE_DSN``;
         ``"embedded"``: the embedded PostgreSQL; neither: ``DsnMissingError``) and yield
@@ -186,10 +226,21 @@ class DurablePostgresSaver(_DurableBase):
         the server in one pipeline round trip, synced before the call returns (a put
         returns once committed). The stock ``pipeline=True`` instead puts its single
         connection in pipeline mode until the next sync; here a pool is kept either way
-        (a dropped connection is replaced), so ``True`` and ``False`` give the same saver."""
+        (a dropped connection is replaced), so ``True`` and ``False`` give the same saver.
+
+        ``read_dsn`` (else ``LANGGRAPH_DURABLE_READ_DSN``): a streaming standby for
+        operator reads through ``saver.reader()`` (the console, the CLI's read commands,
+        inspection, listings). Given here, it is checked at once
+        (``ReadDsnUnreachableError`` in seconds); from the variable, at the first
+        ``reader()``, so a process that only runs graphs never connects to it (``""``:
+        ignore the variable). The run path never reads from it. ``read_max_lag``:
+        seconds of replay lag above which ``reader().read_lag.over`` (the CLI and the
+        console warn); ``read_fallback``: then read the primary instead
+        (docs/configuration.md)."""
         if not isinstance(pipeline, bool):
             raise ConfigurationError(f"pipeline must be a bool, not {pipeline!r}", pipeline=pipeline)
         dsn = resolve_dsn(conn_string)
+        read = resolve_read_dsn(read_dsn)
         schema = validate_schema(schema)
         pooled = resolve_pooler(pooler)
         # Fail in seconds on a wrong DSN; find a transaction pooler nobody mentioned.
@@ -206,11 +257,15 @@ class DurablePostgresSaver(_DurableBase):
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
                 on_unrecognised_run=on_unrecognised_run,
                 pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+                read_dsn=read, read_max_lag=read_max_lag, read_fallback=read_fallback,
             )
             try:
+                if read is not None and read_dsn:  # given: fail in seconds if wrong
+                    saver._open_reads()
                 yield saver
             finally:
                 saver._stop_renewer()
+                saver._close_reads()
 
     def setup(self) -> None:
         """Create or migrate the tables. Idempotent and safe to call concurrently.
@@ -250,6 +305,83 @@ class DurablePostgresSaver(_DurableBase):
 
     def close(self) -> None:
         self._stop_renewer()
+        self._close_reads()
+
+    # ------------------------------------------------------------------ reads off the primary
+    def reader(self) -> DurablePostgresReader:
+        """A read-only view for operator listings (core/reader.py): with ``read_dsn``,
+        its reads go to that standby, after measuring how far behind it is
+        (``reader.read_lag``; over ``read_max_lag`` with ``read_fallback``: the primary).
+        Without ``read_dsn``, the primary. The saver itself never reads the standby."""
+        settings = self._reads.settings
+        if settings.dsn is None:
+            return cast(DurablePostgresReader, make_reader(self, self._driver, primary_lag(settings), conninfo=None, pooler=None))
+        try:
+            slot = self._open_reads()
+            lag = self._measure_reads()
+        except ReadDsnUnreachableError as exc:
+            if not settings.fallback:
+                raise
+            return cast(DurablePostgresReader, make_reader(self, self._driver, unanswered_lag(settings, exc), conninfo=None, pooler=None))
+        if lag.over and settings.fallback:
+            return cast(DurablePostgresReader, make_reader(self, self._driver, fallback_lag(lag), conninfo=None, pooler=None))
+        return cast(DurablePostgresReader, make_reader(self, slot.driver, lag, conninfo=slot.conninfo, pooler=slot.pooler))
+
+    async def areader(self) -> DurablePostgresReader:
+        """``reader()`` from async code (in a worker thread)."""
+        return await asyncio.to_thread(self.reader)
+
+    def _measure_reads(self) -> ReadLag:
+        settings = self._reads.settings
+        for look in range(2):
+            lsn = self._primary_lsn()
+            reachable = lsn is not None
+            row = probe_standby(self._reads.pool, lsn)
+            lag = lag_of(row, settings, primary_reachable=reachable)
+            if look or not needs_second_look(lag):
+                break
+            time.sleep(RECHECK_AFTER)
+        note_not_standby(settings, lag)
+        return lag
+
+    def _primary_lsn(self) -> str | None:
+        """The primary's WAL position, None when it does not answer: a pool within
+        seconds; the user's single connection through the driver (its lock)."""
+        if isinstance(self.conn, ConnectionPool):
+            return probe_primary(self.conn)
+        try:
+            return self._driver.run_op(op_primary_lsn, transaction=False)
+        except (psycopg.Error, DurableError):
+            return None
+
+    def _open_reads(self) -> ReadSlot:
+        """The read_dsn pool, opened on first use (``from_conn_string``: at once):
+        ``ReadDsnUnreachableError`` in seconds when its server does not answer."""
+        slot = self._reads
+        with slot.lock:
+            if slot.driver is None:
+                dsn = cast(str, slot.settings.dsn)
+                pooled = preflight_read(dsn)
+                pool = open_read_pool(dsn, pooled, self.schema)
+                try:
+                    pool.wait(READ_POOL_WAIT)  # its connection made now, not during a run
+                    driver = SyncDriver(pool, None)
+                    note_not_standby(slot.settings, lag_of(
+                        driver.run_op(lambda: op_standby_lag(None), transaction=False),
+                        slot.settings, primary_reachable=False,
+                    ))
+                except BaseException:
+                    pool.close()
+                    raise
+                slot.opened(pool, driver, _conninfo_of(pool), pooled)
+        return slot
+
+    def _close_reads(self) -> None:
+        slot = self._reads
+        with slot.lock:
+            pool, slot.pool, slot.driver = slot.pool, None, None
+        if pool is not None:
+            pool.close()
 
 
 class AsyncDurablePostgresSaver(_DurableBase):
@@ -261,6 +393,9 @@ class AsyncDurablePostgresSaver(_DurableBase):
     ``AsyncConnection`` or ``AsyncConnectionPool`` (``autocommit=True``); an
     ``asyncpg`` pool is refused with ``UnsupportedConnectionError``. ``pipe``: an
     ``AsyncPipeline`` of ``conn`` (see ``_check_pipe``)."""
+
+    _reads: ReadSlot
+    _reader_class: ClassVar[type[Any]]
 
     async def _load_checkpoint_tuple(self, value: Any) -> CheckpointTuple:
         """The stock ``AsyncPostgresSaver``'s row-to-tuple hook (a coroutine there too),
@@ -292,8 +427,11 @@ class AsyncDurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        read_dsn: str | None = None,
+        read_max_lag: float = DEFAULT_MAX_LAG,
+        read_fallback: bool = False,
     ) -> None:
-        super().__init__(serde=serde, options=SaverOptions.from_keywords(
+        options = SaverOptions.from_keywords(
             schema=schema, graph_version=graph_version,
             version_policy=version_policy, unversioned_policy=unversioned_policy,
             migrations=migrations, max_resume_attempts=max_resume_attempts,
@@ -303,7 +441,9 @@ class AsyncDurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
             pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
-        ))
+            read_dsn=read_dsn, read_max_lag=read_max_lag, read_fallback=read_fallback,
+        )
+        super().__init__(serde=serde, options=options)
         _check_conn("AsyncDurablePostgresSaver", conn, asynchronous=True)
         _check_pipe("AsyncDurablePostgresSaver", conn, pipe, AsyncConnectionPool)
         check_pooled_conn("AsyncDurablePostgresSaver", conn, self.pooler, (AsyncConnectionPool,))
@@ -312,6 +452,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         self.supports_pipeline = Capabilities().has_pipeline()
         self._driver = AsyncDriver(conn, session_schema(self) if not getattr(conn, "_durable_own", False) else None)
         self._conninfo = _conninfo_of(conn)
+        self._reads = ReadSlot(options.reads)
         self.loop = asyncio.get_running_loop()
 
     @classmethod
@@ -342,6 +483,9 @@ class AsyncDurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        read_dsn: str | None = None,
+        read_max_lag: float = DEFAULT_MAX_LAG,
+        read_fallback: bool = False,
     ) -> AsyncIterator[AsyncDurablePostgresSaver]:
         """Open an async pool and yield a saver (DSN resolved as the sync saver's).
         ``pipeline``: see ``DurablePostgresSaver.from_conn_string``."""
@@ -349,6 +493,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
             raise ConfigurationError(f"pipeline must be a bool, not {pipeline!r}", pipeline=pipeline)
         # In a thread: "embedded" may start a server.
         dsn = await asyncio.to_thread(resolve_dsn, conn_string)
+        read = resolve_read_dsn(read_dsn)
         schema = validate_schema(schema)
         pooled = resolve_pooler(pooler)
         if await apreflight(dsn, pooler):
@@ -364,11 +509,15 @@ class AsyncDurablePostgresSaver(_DurableBase):
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
                 on_unrecognised_run=on_unrecognised_run,
                 pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+                read_dsn=read, read_max_lag=read_max_lag, read_fallback=read_fallback,
             )
             try:
+                if read is not None and read_dsn:  # given: fail in seconds if wrong
+                    await saver._aopen_reads()
                 yield saver
             finally:
                 saver._stop_renewer()
+                await saver._aclose_reads()
 
     async def setup(self) -> None:
         """Create or migrate the tables: ``await saver.setup()``, as with the stock
@@ -423,10 +572,107 @@ class AsyncDurablePostgresSaver(_DurableBase):
 
     async def aclose(self) -> None:
         self._stop_renewer()
+        await self._aclose_reads()
+
+    # ------------------------------------------------------------------ reads off the primary
+    async def areader(self) -> AsyncDurablePostgresReader:
+        """A read-only view for operator listings: see ``DurablePostgresSaver.reader``."""
+        settings = self._reads.settings
+        if settings.dsn is None:
+            return cast(AsyncDurablePostgresReader, make_reader(self, self._driver, primary_lag(settings), conninfo=None, pooler=None))
+        try:
+            slot = await self._aopen_reads()
+            lag = await self._ameasure_reads()
+        except ReadDsnUnreachableError as exc:
+            if not settings.fallback:
+                raise
+            return cast(AsyncDurablePostgresReader, make_reader(self, self._driver, unanswered_lag(settings, exc), conninfo=None, pooler=None))
+        if lag.over and settings.fallback:
+            return cast(AsyncDurablePostgresReader, make_reader(self, self._driver, fallback_lag(lag), conninfo=None, pooler=None))
+        return cast(AsyncDurablePostgresReader, make_reader(self, slot.driver, lag, conninfo=slot.conninfo, pooler=slot.pooler))
+
+    def reader(self) -> AsyncDurablePostgresReader:
+        """``areader()`` from another thread than the saver's event loop."""
+        self._check_thread()
+        return asyncio.run_coroutine_threadsafe(self.areader(), self.loop).result()
+
+    async def _ameasure_reads(self) -> ReadLag:
+        settings = self._reads.settings
+        for look in range(2):
+            lsn = await self._aprimary_lsn()
+            reachable = lsn is not None
+            row = await aprobe_standby(self._reads.pool, lsn)
+            lag = lag_of(row, settings, primary_reachable=reachable)
+            if look or not needs_second_look(lag):
+                break
+            await asyncio.sleep(RECHECK_AFTER)
+        note_not_standby(settings, lag)
+        return lag
+
+    async def _aprimary_lsn(self) -> str | None:
+        """``DurablePostgresSaver._primary_lsn`` for the async saver."""
+        if isinstance(self.conn, AsyncConnectionPool):
+            return await aprobe_primary(self.conn)
+        try:
+            return cast("str | None", await self._driver.run_op(op_primary_lsn, transaction=False))
+        except (psycopg.Error, DurableError):
+            return None
+
+    async def _aopen_reads(self) -> ReadSlot:
+        """``DurablePostgresSaver._open_reads`` for the async saver."""
+        slot = self._reads
+        if slot.driver is None:
+            async with self._reads_lock():
+                if slot.driver is None:
+                    dsn = cast(str, slot.settings.dsn)
+                    pooled = await apreflight_read(dsn)
+                    pool = aopen_read_pool(dsn, pooled, self.schema)
+                    await pool.open()
+                    try:
+                        await pool.wait(READ_POOL_WAIT)
+                        driver = AsyncDriver(pool, None)
+                        row = await driver.run_op(lambda: op_standby_lag(None), transaction=False)
+                        note_not_standby(slot.settings, lag_of(row, slot.settings, primary_reachable=False))
+                    except BaseException:
+                        await pool.close()
+                        raise
+                    slot.opened(pool, driver, _conninfo_of(pool), pooled)
+        return slot
+
+    @asynccontextmanager
+    async def _reads_lock(self) -> AsyncIterator[None]:
+        # The slot's threading lock, taken without blocking the event loop.
+        await asyncio.to_thread(self._reads.lock.acquire)
+        try:
+            yield
+        finally:
+            self._reads.lock.release()
+
+    async def _aclose_reads(self) -> None:
+        slot = self._reads
+        pool, slot.pool, slot.driver = slot.pool, None, None
+        if pool is not None:
+            await pool.close()
+
+
+class DurablePostgresReader(ReadOnlyView, DurablePostgresSaver):
+    """``DurablePostgresSaver.reader()``: reads (``get_tuple``, ``list``, the inspection
+    and CLI queries) on the read_dsn standby or the primary, ``read_lag`` saying which
+    and how far behind; writes and graph runs raise ``ReadOnlyViewError``."""
+
+
+class AsyncDurablePostgresReader(ReadOnlyView, AsyncDurablePostgresSaver):
+    """``AsyncDurablePostgresSaver.areader()``: see ``DurablePostgresReader``."""
+
+
+DurablePostgresSaver._reader_class = DurablePostgresReader
+AsyncDurablePostgresSaver._reader_class = AsyncDurablePostgresReader
 
 
 __all__ = [
+    "AsyncDurablePostgresReader",
     "AsyncDurablePostgresSaver",
+    "DurablePostgresReader",
     "DurablePostgresSaver",
     "Lease",
     "PoisonRecord",

@@ -180,9 +180,15 @@ SLOW_FIRST = (
 )
 # --- failover branch ---
 SLOW_FIRST += ("test_failover_async.py",)  # 20-45 (one primary + standby, 4 worker processes)
+# --- standby26 ---
+SLOW_FIRST += ("test_read_dsn.py",)  # 26 (one primary + standby, 13 CLI processes)
 # --- seal27 branch ---
 SLOW_FIRST += ("test_rekey.py",)  # 20 (threads written, a rekey child SIGKILLed, three rekeys)
 SLOW_FIRST += ("test_encryption_at_rest.py",)  # 30 (the canary workload, once per mode: plain + 2 serializers)
+# --- ctl25 ---
+SLOW_FIRST += ("test_control.py",)  # 78 serial (worker processes SIGKILLed, cancels across processes)
+# --- ui25 ---
+SLOW_FIRST += ("test_console_walk.py",)  # ~50 (a worker process, Chromium, a 12 s run cancelled and resumed)
 
 
 def pytest_configure(config: pytest.Config) -> None:

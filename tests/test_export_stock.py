@@ -304,6 +304,7 @@ def test_uninstall_as_documented_keeps_every_thread(admin_dsn: str) -> None:
     from conftest import drop_database, make_database
 
     from langgraph_durable.export import (
+        DURABLE_COLLATIONS,
         DURABLE_FUNCTIONS,
         DURABLE_INDEXES,
         DURABLE_TABLES,
@@ -327,11 +328,15 @@ def test_uninstall_as_documented_keeps_every_thread(admin_dsn: str) -> None:
             conn.execute(f"DROP TABLE {', '.join(DURABLE_TABLES)}")
             conn.execute(f"DROP FUNCTION {', '.join(DURABLE_FUNCTIONS)}")
             conn.execute(f"DROP INDEX {', '.join(DURABLE_INDEXES)}")
+            conn.execute(f"DROP COLLATION IF EXISTS {', '.join(DURABLE_COLLATIONS)}")
             left = conn.execute(
                 "SELECT count(*) FROM pg_class WHERE relname LIKE 'durable%%' "
                 "AND relnamespace = 'public'::regnamespace"
             ).fetchone()
             assert left == (0,)
+            assert conn.execute(
+                "SELECT count(*) FROM pg_collation WHERE collname LIKE 'durable%%'"
+            ).fetchone() == (0,)
         with PostgresSaver.from_conn_string(url) as stock:
             stock.setup()
             assert compare_snapshots(tuples, snapshot_thread(stock, "exp-uninstall")) == []

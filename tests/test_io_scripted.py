@@ -163,9 +163,10 @@ def test_put_under_a_lost_lease_raises_lease_lost(lease: Lease) -> None:
     assert lease.lost
     sql, params = driver.statements[-1]
     # The put carries the run's fence: the lease check's token, owner, thread, then the
-    # order check's 7 parameters (guard_params).
+    # order check's 7 parameters and the cancel probe's 2 (guard_params).
     assert "durable_guard_fail('lost'" in sql
-    assert (7, "me:1", THREAD) == tuple(params[-12:-9])
+    assert (7, "me:1", THREAD) == tuple(params[-14:-11])
+    assert (7, THREAD) == tuple(params[-2:])
     with pytest.raises(LeaseLostError):
         ScriptedDriver().run_op(_put(saver))  # lost: refused before any statement
 

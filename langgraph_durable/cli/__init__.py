@@ -16,6 +16,7 @@ import typer
 
 from langgraph_durable.cli import (
     _common,
+    _control,
     _demo,
     _embedded,
     _export,
@@ -50,7 +51,7 @@ def _root(
 
 for module in (
     _demo, _embedded, _threads, _versions, _storage, _quarantine, _ledger, _worker, _export,
-    _roles, _ui, _keys,
+    _roles, _ui, _keys, _control,
 ):
     module.register(app)
 

@@ -84,6 +84,39 @@ SchemaOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
+# Reads off the primary (core/reader.py): the read commands and the console take these.
+# The names, not core.reader's constants: importing it here would load psycopg for --help.
+ENV_READ_DSN = "LANGGRAPH_DURABLE_READ_DSN"
+ENV_READ_MAX_LAG = "LANGGRAPH_DURABLE_READ_MAX_LAG"
+ENV_READ_FALLBACK = "LANGGRAPH_DURABLE_READ_FALLBACK"
+ReadDsnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--read-dsn",
+        envvar=ENV_READ_DSN,
+        help="A streaming standby to read from instead of the primary (default: "
+        "$LANGGRAPH_DURABLE_READ_DSN); its replay lag is printed on stderr.",
+        show_default=False,
+    ),
+]
+ReadMaxLagOption = Annotated[
+    float,
+    typer.Option(
+        "--read-max-lag",
+        envvar=ENV_READ_MAX_LAG,
+        min=0,
+        metavar="SECONDS",
+        help="Warn when the standby is more than this many seconds behind.",
+    ),
+]
+ReadFallbackOption = Annotated[
+    bool,
+    typer.Option(
+        "--read-fallback",
+        envvar=ENV_READ_FALLBACK,
+        help="Read the primary instead when the standby is more than --read-max-lag behind.",
+    ),
+]
 # Encryption keys (docs/encryption.md "Operators"): a file of keys, one a line, the
 # current first, then the old ones; every command that opens a saver reads it from
 # LANGGRAPH_DURABLE_KEY_FILE (or --key-file where a command has it), and without one
@@ -100,6 +133,33 @@ KeyFileOption = Annotated[
         "$LANGGRAPH_DURABLE_KEY_FILE, else $LANGGRAPH_AES_KEY.",
     ),
 ]
+
+
+class Reads:
+    """Where a read command reads: ``--read-dsn`` (None: the primary), the lag above
+    which it warns, and whether it then reads the primary instead."""
+
+    def __init__(self, dsn: str | None = None, max_lag: float = 10.0, fallback: bool = False) -> None:
+        self.dsn, self.max_lag, self.fallback = dsn, max_lag, fallback
+
+
+def say_where(reader: Any) -> None:
+    """The line on stderr that says where a read command read and how far behind that
+    is; loud above --read-max-lag. Nothing when there is no read_dsn."""
+    lag = getattr(reader, "read_lag", None)
+    if lag is None or lag.server is None:
+        return
+    if lag.over and not lag.fell_back:
+        err_console.print(
+            f"[bold yellow]warning:[/] {escape(lag.describe())}, over --read-max-lag "
+            f"{lag.max_lag:g} s: what follows may be out of date (--read-fallback reads the "
+            "primary)",
+            highlight=False,
+        )
+    elif lag.fell_back:
+        err_console.print(f"[yellow]note:[/] {escape(lag.describe())}", highlight=False)
+    else:
+        err_console.print(f"[dim]{escape(lag.describe())}[/]", highlight=False)
 
 
 def _parse_key(line: str, path: str, number: int) -> bytes:
@@ -167,22 +227,42 @@ def serde_from_keys(key_file: str | None) -> Any:
 
 @contextmanager
 def open_saver(
-    dsn: str | None, schema: str | None = None, *, readonly: bool = False, **options: Any
+    dsn: str | None,
+    schema: str | None = None,
+    *,
+    readonly: bool = False,
+    reads: Reads | None = None,
+    **options: Any,
 ) -> Iterator[Any]:
     """A set-up sync saver on the resolved DSN. ``readonly``: the commands that only
     read run no DDL (the schema version is verified, ``SchemaNotReadyError`` if it is
-    missing or old), so they work with a role that has SELECT only."""
+    missing or old), so they work with a role that has SELECT only; they get the
+    saver's ``reader()``: with ``reads.dsn`` (``--read-dsn``) it reads that standby, and
+    the lag is printed on stderr (``say_where``). A write command gets the saver (with
+    ``reads``, for the console, whose pages ask it for readers)."""
     from langgraph_durable.saver import DurablePostgresSaver
 
     if readonly:
         options["run_migrations"] = False
+        reads = reads or Reads()
+    if reads is not None:
+        options.update(
+            read_dsn=reads.dsn or "", read_max_lag=reads.max_lag, read_fallback=reads.fallback
+        )
+    else:
+        options.setdefault("read_dsn", "")  # a command that only writes never opens it
     if "serde" not in options:
         serde = serde_from_keys(None)
         if serde is not None:
             options["serde"] = serde
     with DurablePostgresSaver.from_conn_string(resolve_dsn(dsn), schema=schema, **options) as saver:
         saver.setup()
-        yield saver
+        if not readonly:
+            yield saver
+            return
+        reader = saver.reader()
+        say_where(reader)
+        yield reader
 
 
 def fail(json_out: bool, name: str, message: str, fields: dict[str, Any]) -> typer.Exit:
@@ -196,13 +276,18 @@ def fail(json_out: bool, name: str, message: str, fields: dict[str, Any]) -> typ
 
 @contextmanager
 def saver_or_exit(
-    dsn: str | None, schema: str | None, json_out: bool, *, readonly: bool = False
+    dsn: str | None,
+    schema: str | None,
+    json_out: bool,
+    *,
+    readonly: bool = False,
+    reads: Reads | None = None,
 ) -> Iterator[Any]:
     """``open_saver`` for operator commands: a typed error becomes a message and exit 1."""
     from langgraph_durable.errors import DurableError
 
     try:
-        with open_saver(dsn, schema, readonly=readonly) as saver:
+        with open_saver(dsn, schema, readonly=readonly, reads=reads) as saver:
             yield saver
     except DurableError as exc:
         raise fail(json_out, type(exc).__name__, exc.message, exc.fields) from None

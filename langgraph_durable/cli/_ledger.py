@@ -17,6 +17,10 @@ import typer
 from langgraph_durable.cli._common import (
     DsnOption,
     JsonOption,
+    ReadDsnOption,
+    ReadFallbackOption,
+    ReadMaxLagOption,
+    Reads,
     SchemaOption,
     console,
     fail,
@@ -53,14 +57,15 @@ class _CliError(Exception):
 
 @contextmanager
 def _ledger(
-    dsn: str | None, schema: str | None, json_out: bool, *, readonly: bool = False
+    dsn: str | None, schema: str | None, json_out: bool, *, readonly: bool = False,
+    reads: Reads | None = None,
 ) -> Iterator[Any]:
     """A ``Ledger`` on a set-up saver; a typed error becomes a message (JSON on stdout
     with --json) and exit code 1."""
     from langgraph_durable.idempotency import Ledger
 
     try:
-        with saver_or_exit(dsn, schema, json_out, readonly=readonly) as saver:
+        with saver_or_exit(dsn, schema, json_out, readonly=readonly, reads=reads) as saver:
             yield Ledger(saver)
     except _CliError as exc:
         raise fail(json_out, exc.name, exc.message, exc.fields) from None
@@ -119,6 +124,9 @@ def list_cmd(
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many keys.")] = 100,
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -128,7 +136,7 @@ def list_cmd(
     from rich.markup import escape
     from rich.table import Table
 
-    with _ledger(dsn, schema, json_out, readonly=True) as ledger:
+    with _ledger(dsn, schema, json_out, readonly=True, reads=Reads(read_dsn, read_max_lag, read_fallback)) as ledger:
         entries = ledger.entries(
             thread_id=thread, status=None if status is None else status.value, limit=limit
         )
@@ -171,6 +179,9 @@ def list_cmd(
 def show_cmd(
     key: KeyArg,
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -179,7 +190,7 @@ def show_cmd(
     from rich.markup import escape
     result: Any = None
     result_error: str | None = None
-    with _ledger(dsn, schema, json_out, readonly=True) as ledger:
+    with _ledger(dsn, schema, json_out, readonly=True, reads=Reads(read_dsn, read_max_lag, read_fallback)) as ledger:
         entry = ledger.get(key)
         if entry is None:
             raise _missing(key)

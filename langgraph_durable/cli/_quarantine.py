@@ -10,6 +10,10 @@ import typer
 from langgraph_durable.cli._common import (
     DsnOption,
     JsonOption,
+    ReadDsnOption,
+    ReadFallbackOption,
+    ReadMaxLagOption,
+    Reads,
     SchemaOption,
     console,
     print_json,
@@ -39,6 +43,9 @@ def _short(text: str | None, width: int = 60) -> str:
 def list_cmd(
     limit: Annotated[int | None, typer.Option(help="At most this many threads.")] = None,
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -47,7 +54,7 @@ def list_cmd(
 
     from langgraph_durable.ops import poison
 
-    with saver_or_exit(dsn, schema, json_out, readonly=True) as saver:
+    with saver_or_exit(dsn, schema, json_out, readonly=True, reads=Reads(read_dsn, read_max_lag, read_fallback)) as saver:
         entries = poison.list_quarantined(saver, limit=limit)
     if json_out:
         print_json([e.to_dict() for e in entries])
@@ -72,6 +79,9 @@ def show_cmd(
     thread_id: ThreadArg,
     history: Annotated[int, typer.Option(help="How many recent checkpoints to list.")] = 10,
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -81,7 +91,7 @@ def show_cmd(
 
     from langgraph_durable.ops import poison
 
-    with saver_or_exit(dsn, schema, json_out, readonly=True) as saver:
+    with saver_or_exit(dsn, schema, json_out, readonly=True, reads=Reads(read_dsn, read_max_lag, read_fallback)) as saver:
         report = poison.show(saver, thread_id, history=history)
     if json_out:
         print_json(report.to_dict())

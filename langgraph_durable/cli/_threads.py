@@ -17,6 +17,10 @@ import typer
 from langgraph_durable.cli._common import (
     DsnOption,
     JsonOption,
+    ReadDsnOption,
+    ReadFallbackOption,
+    ReadMaxLagOption,
+    Reads,
     SchemaOption,
     console,
     err_console,
@@ -54,14 +58,16 @@ STATE_STYLE = {
 
 
 @contextmanager
-def _saver(dsn: str | None, schema: str | None, json_out: bool = False) -> Iterator[Any]:
+def _saver(
+    dsn: str | None, schema: str | None, json_out: bool = False, reads: Reads | None = None
+) -> Iterator[Any]:
     """A saver for reading; typed errors (a missing thread, a checkpoint that does not
     decode) become a message and exit code 1, never a traceback. With ``--json`` the
     error is a JSON document on stdout, as the other commands print it: a script that
     reads stdout must not get an empty document."""
     from rich.text import Text
     try:
-        with open_saver(dsn, schema, readonly=True) as saver:
+        with open_saver(dsn, schema, readonly=True, reads=reads) as saver:
             yield saver
     except DurableError as exc:
         if json_out:
@@ -160,6 +166,9 @@ def threads_root(
         bool, typer.Option("--status", help="Same as `threads status`: counts per state.")
     ] = False,
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
     untracked: UntrackedOption = False,
@@ -168,7 +177,7 @@ def threads_root(
     if ctx.invoked_subcommand is not None:
         return
     if status_view:
-        _print_status(dsn, schema, json_out, untracked)
+        _print_status(dsn, schema, json_out, untracked, Reads(read_dsn, read_max_lag, read_fallback))
         return
     console.print(ctx.get_help())
 
@@ -195,6 +204,9 @@ def threads_list(
         ),
     ] = None,
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -203,7 +215,7 @@ def threads_list(
     from rich.table import Table
 
     from langgraph_durable.ops import inspection as lgi
-    with _saver(dsn, schema, json_out) as saver:
+    with _saver(dsn, schema, json_out, Reads(read_dsn, read_max_lag, read_fallback)) as saver:
         rows = lgi.list_threads(saver, status=status, prefix=prefix, limit=limit, after=after)
     if json_out:
         print_json(rows)
@@ -258,12 +270,15 @@ def threads_show(
         bool, typer.Option("--all", help="Also list LangGraph's internal trigger channels.")
     ] = False,
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Latest state of a thread: channels and sizes, next nodes, lease, quarantine."""
     from langgraph_durable.ops import inspection as lgi
-    with _saver(dsn, schema, json_out) as saver:
+    with _saver(dsn, schema, json_out, Reads(read_dsn, read_max_lag, read_fallback)) as saver:
         info = lgi.show_thread(saver, thread_id)
     if json_out:
         print_json(info)
@@ -380,6 +395,9 @@ def threads_history(
     thread_id: Annotated[str, typer.Argument(help="The thread id.")],
     limit: Annotated[int, typer.Option(help="At most this many checkpoints (newest first).")] = 50,
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -387,7 +405,7 @@ def threads_history(
     from rich.table import Table
 
     from langgraph_durable.ops import inspection as lgi
-    with _saver(dsn, schema, json_out) as saver:
+    with _saver(dsn, schema, json_out, Reads(read_dsn, read_max_lag, read_fallback)) as saver:
         rows = lgi.thread_history(saver, thread_id, limit=limit)
     if json_out:
         print_json(rows)
@@ -446,6 +464,9 @@ def threads_diff(
         bool, typer.Option("--all", help="Also list unchanged and internal channels.")
     ] = False,
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -454,7 +475,7 @@ def threads_diff(
     from rich.text import Text
 
     from langgraph_durable.ops import inspection as lgi
-    with _saver(dsn, schema, json_out) as saver:
+    with _saver(dsn, schema, json_out, Reads(read_dsn, read_max_lag, read_fallback)) as saver:
         diff = lgi.diff_checkpoints(saver, thread_id, cp1, cp2)
     if json_out:
         print_json(diff)
@@ -499,12 +520,15 @@ def threads_diff(
         console.print("no channel changed")
 
 
-def _print_status(dsn: str | None, schema: str | None, json_out: bool, untracked: bool = False) -> None:
+def _print_status(
+    dsn: str | None, schema: str | None, json_out: bool, untracked: bool = False,
+    reads: Reads | None = None,
+) -> None:
     from rich.table import Table
     from rich.text import Text
 
     from langgraph_durable.ops import inspection as lgi
-    with _saver(dsn, schema, json_out) as saver:
+    with _saver(dsn, schema, json_out, reads) as saver:
         counts: dict[str, int | None] = dict(lgi.thread_status_counts(saver, untracked=untracked))
         pending = [] if json_out else lgi.takeover_pending(saver)
     if not untracked:
@@ -542,18 +566,24 @@ def _print_status(dsn: str | None, schema: str | None, json_out: bool, untracked
 @threads_app.command("status")
 def threads_status(
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
     untracked: UntrackedOption = False,
 ) -> None:
     """Counts of running / recoverable / waiting / quarantined / done / error threads
     (untracked ones too with --untracked)."""
-    _print_status(dsn, schema, json_out, untracked)
+    _print_status(dsn, schema, json_out, untracked, Reads(read_dsn, read_max_lag, read_fallback))
 
 
 # ------------------------------------------------------------------ stats
 def stats(
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -562,7 +592,7 @@ def stats(
     from rich.text import Text
 
     from langgraph_durable.ops import inspection as lgi
-    with _saver(dsn, schema, json_out) as saver:
+    with _saver(dsn, schema, json_out, Reads(read_dsn, read_max_lag, read_fallback)) as saver:
         data = lgi.storage_stats(saver)
     if json_out:
         print_json(data)

@@ -7,13 +7,23 @@ from typing import Annotated
 
 import typer
 
-from langgraph_durable.cli._common import DsnOption, SchemaOption, err_console
+from langgraph_durable.cli._common import (
+    DsnOption,
+    ReadDsnOption,
+    ReadFallbackOption,
+    ReadMaxLagOption,
+    SchemaOption,
+    err_console,
+)
 
 ENV_TOKEN = "LGD_CONSOLE_TOKEN"
 
 
 def ui_command(
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     host: Annotated[str, typer.Option(help="Address to bind (keep 127.0.0.1 unless behind a proxy).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
@@ -21,13 +31,20 @@ def ui_command(
         bool,
         typer.Option(
             "--allow-actions",
-            help="Enable release, rewind, resolve and forget (signed in with the token). "
+            help="Enable the decisions (resume, answer, cancel, fork, delete, release, rewind, "
+            "resolve, forget), signed in with the token. "
             "Without it the console only reads.",
         ),
     ] = False,
     graph: Annotated[
         str | None,
-        typer.Option(help="module:builder of the current graph, for the versions page's migrate dry-run."),
+        typer.Option(help="module:builder of the current graph: the versions page's migrate dry-run, "
+                     "and an interrupt's answer run by the console itself (else it is queued for a worker)."),
+    ] = None,
+    archive: Annotated[
+        str | None,
+        typer.Option(help="Archive URL (file:///dir or s3://bucket/prefix): a thread deleted from the "
+                     "console is archived there first."),
     ] = None,
     migrations: Annotated[
         str | None,
@@ -48,7 +65,7 @@ def ui_command(
         # Through fail(): the message is text, so rich does not eat "[console]" as markup.
         hint = f"the console needs the 'console' extra: pip install 'langgraph-durable[console]' ({exc})"
         raise fail(False, "ImportError", hint, {}) from None
-    from langgraph_durable.cli._common import saver_or_exit
+    from langgraph_durable.cli._common import Reads, saver_or_exit
     from langgraph_durable.console._security import new_token
 
     graph_obj = registry = None
@@ -60,10 +77,11 @@ def ui_command(
     token = None
     if allow_actions:
         token = os.environ.get(ENV_TOKEN) or new_token()
-    with saver_or_exit(dsn, schema, False, readonly=not allow_actions) as saver:
+    reads = Reads(read_dsn, read_max_lag, read_fallback)
+    with saver_or_exit(dsn, schema, False, readonly=not allow_actions, reads=reads) as saver:
         app = create_app(
             saver, allow_actions=allow_actions, token=token, sample_interval=sample_interval,
-            graph=graph_obj, registry=registry,
+            graph=graph_obj, registry=registry, archive_url=archive,
             allowed_hosts=None if host in ("0.0.0.0", "::") else [host, "127.0.0.1", "localhost", "::1"],
         )
         url = f"http://{host}:{port}/"

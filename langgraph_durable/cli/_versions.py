@@ -24,6 +24,10 @@ import typer
 from langgraph_durable.cli._common import (
     DsnOption,
     JsonOption,
+    ReadDsnOption,
+    ReadFallbackOption,
+    ReadMaxLagOption,
+    Reads,
     SchemaOption,
     console,
     err_console,
@@ -179,6 +183,9 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 @versions_app.command("list")
 def list_cmd(
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     version: Annotated[
         str | None, typer.Option("--version", help="Only threads at this version (lists threads).")
@@ -208,7 +215,7 @@ def list_cmd(
         raise _fail("--version and --unversioned exclude each other")
     per_thread = threads or version is not None or unversioned or status is not None
     g = _graph(graph)[0] if graph else None
-    with open_saver(dsn, schema, readonly=True) as saver:
+    with open_saver(dsn, schema, readonly=True, reads=Reads(read_dsn, read_max_lag, read_fallback)) as saver:
         if not per_thread:
             groups = _version_groups(saver, g)
         else:
@@ -428,6 +435,9 @@ def log_cmd(
     thread: Annotated[str | None, typer.Option("--thread", help="Only this thread.")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1)] = 50,
     dsn: DsnOption = None,
+    read_dsn: ReadDsnOption = None,
+    read_max_lag: ReadMaxLagOption = 10.0,
+    read_fallback: ReadFallbackOption = False,
     schema: SchemaOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -436,7 +446,7 @@ def log_cmd(
 
     from langgraph_durable.ops import migrations as mig
 
-    with open_saver(dsn, schema, readonly=True) as saver:
+    with open_saver(dsn, schema, readonly=True, reads=Reads(read_dsn, read_max_lag, read_fallback)) as saver:
         rows = mig.migration_log(saver, thread_id=thread, limit=limit)
     if as_json:
         print_json(rows)

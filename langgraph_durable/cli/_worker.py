@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from langgraph_durable.cli._common import DsnOption, SchemaOption, err_console, escape
+from langgraph_durable.cli._common import DsnOption, JsonOption, SchemaOption, err_console, escape
 from langgraph_durable.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -214,9 +214,49 @@ def _load_graphs(specs: list[str]) -> list[tuple[str, Any]]:
         raise typer.Exit(2) from exc
 
 
+def workers(
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    json_out: JsonOption = False,
+    all_rows: Annotated[
+        bool, typer.Option("--all", help="Stopped and dead workers too (until pruned).")
+    ] = False,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many rows.")] = 100,
+) -> None:
+    """The registered recovery workers: host, pid, versions served, concurrency, runs
+    claimed now, last poll and heartbeat (idle workers too; dead ones with --all)."""
+    from rich.table import Table
+
+    from langgraph_durable.cli._common import console, print_json, saver_or_exit
+    from langgraph_durable.ops.control import list_workers
+
+    with saver_or_exit(dsn, schema, json_out, readonly=True) as saver:
+        rows = list_workers(saver, include_dead=all_rows, limit=limit)
+    if json_out:
+        print_json([w.to_dict() for w in rows])
+        return
+    if not rows:
+        console.print("no live workers" + ("" if all_rows else " (--all shows stopped and dead ones)"))
+        return
+    table = Table(title="recovery workers", title_justify="left")
+    for col in ("worker", "state", "host", "pid", "graphs", "versions", "conc.", "claimed", "last poll", "heartbeat"):
+        table.add_column(col)
+    for w in rows:
+        state = "alive" if w.alive else ("stopped" if w.stopped_at is not None else "dead")
+        versions = ", ".join(v[:14] for v in w.versions[:4]) + (" ..." if len(w.versions) > 4 else "")
+        table.add_row(
+            escape(w.name or w.worker_id[:12]), state, escape(w.host), str(w.pid),
+            escape(", ".join(w.graph_names) or "-"), escape(versions or "-"), str(w.concurrency),
+            str(w.claimed), w.last_poll_at.isoformat(timespec="seconds") if w.last_poll_at else "-",
+            w.heartbeat_at.isoformat(timespec="seconds"),
+        )
+    console.print(table)
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the main app."""
     app.command("worker")(worker)
+    app.command("workers")(workers)
 
 
 def _serve_metrics(

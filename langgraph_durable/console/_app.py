@@ -36,23 +36,25 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from langgraph_durable import audit, poison
+from langgraph_durable.console import _decide, _svg
 from langgraph_durable.console import _messages as msg
-from langgraph_durable.console import _svg
 from langgraph_durable.console._security import COOKIE, Session, Sessions, csrf_ok
 from langgraph_durable.errors import DurableError
 from langgraph_durable.idempotency import Ledger
 from langgraph_durable.keyring import decryption_error
 from langgraph_durable.leases.dead import dead_owner_note
+from langgraph_durable.ops import control, retention
 from langgraph_durable.ops import inspection as lgi
 from langgraph_durable.ops import migrations as versioning
-from langgraph_durable.ops import retention
 from langgraph_durable.sql import console as q
 
 logger = logging.getLogger("langgraph_durable.console")
 
 PAGE = 50
+# Seconds a page's reader (and the standby lag it shows) is reused before measuring again.
+READ_REFRESH = 2.0
 STATES = ("running", "recoverable", "waiting", "quarantined", "error", "queued", "done", "untracked")
-ACTIONS = ("release", "rewind", "resolve", "forget")
+ACTIONS = ("release", "rewind", "resolve", "forget", *_decide.DECISIONS)
 
 
 def _fmt_bytes(n: Any) -> str:
@@ -218,16 +220,48 @@ class Console:
         sample_interval: float = 10.0,
         graph: Any = None,
         registry: Any = None,
+        archive_url: str | None = None,
     ) -> None:
         if allow_actions and not token:
             raise ValueError("allow_actions needs a token")
-        self.saver = saver
+        # Given a reader (the read-only CLI's), the saver it was made from: actions, the
+        # sampler's counters and dry-runs read the primary, pages ask it for readers.
+        self.saver = getattr(saver, "_origin", saver)
         self.allow_actions = allow_actions
         self.sessions = Sessions(token or "")
         self.env = _env()
-        self.sampler = Sampler(saver, sample_interval)
+        self.sampler = Sampler(self.saver, sample_interval)
         self.graph = graph
         self.registry = registry
+        self.archive_url = archive_url
+        self._runnable: Any = None
+        self._natural: bool | None = None
+        # Reads off the primary (core/reader.py): pages read with saver.reader(), measured
+        # again at most every READ_REFRESH seconds; actions and the sampler use the saver.
+        self._reader: Any = None
+        self._reader_at = 0.0
+        self._reader_lock = threading.Lock()
+
+    def runnable_graph(self) -> Any:
+        """The graph compiled on this console's saver (for an answer run here), or None."""
+        if self.graph is None:
+            return None
+        if self._runnable is None:
+            g = self.graph
+            if hasattr(g, "compile"):  # a builder: compiled on this console's saver
+                g = g.compile(checkpointer=self.saver)
+            elif not hasattr(g, "invoke") and callable(g):  # factory(saver), as the worker takes
+                g = g(self.saver)
+            self._runnable = g
+        return self._runnable
+
+    def read(self) -> Any:
+        """The reader of this page: the standby (with ``read_dsn``) or the primary."""
+        with self._reader_lock:
+            now = time.monotonic()
+            if self._reader is None or now - self._reader_at >= READ_REFRESH:
+                self._reader, self._reader_at = self.saver.reader(), now
+            return self._reader
 
     # ---------------------------------------------------------------- rendering
     def session(self, request: Request) -> Session | None:
@@ -248,6 +282,7 @@ class Console:
             flash=flash,
             path=request.url.path,
             query=str(request.url.query),
+            reading=getattr(self._reader, "read_lag", None),
             **ctx,
         )
         return HTMLResponse(html, status_code=status)
@@ -269,15 +304,18 @@ class Console:
         # Untracked threads are not counted here: finding them reads every thread id in
         # checkpoints (seconds at a million threads, issue 14), on every page load. The
         # card says so and links to the list, which finds them page by page.
-        counts: dict[str, Any] = dict(lgi.thread_status_counts(self.saver, untracked=False))
+        counts: dict[str, Any] = dict(lgi.thread_status_counts(self.read(), untracked=False))
         counts["untracked"] = "not counted"
-        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+        with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.WORKERS_SQL)
             workers = [{**w, "note": dead_owner_note(w["owner"])} for w in cur.fetchall()]
             cur.execute(q.LEASES_SQL, (20,))
             # A lease whose owner is a dead process of this machine: noted (see
             # inspection.mark_dead_owner), as the counts above already count it.
             leases = [{**r, "note": dead_owner_note(r["owner"])} for r in cur.fetchall()]
+        registered = self.workers()
+        for w in [*workers, *leases]:
+            w["note"] = w["note"] or registry_note(w["owner"], registered)
         self.sampler.sample(min_age=2.0)
         bars = [
             (s, float(counts[s]), f"/threads?state={s}") for s in STATES if isinstance(counts.get(s), int)
@@ -293,15 +331,29 @@ class Console:
                 self.sampler.bytes_points(), title="storage", fmt=_fmt_bytes, x_label=clock
             ),
         }
-        quarantined = poison.list_quarantined(self.saver, limit=5)
-        unknown = [e for e in Ledger(self.saver).entries(status="started", limit=200) if e.outcome_unknown]
+        quarantined = poison.list_quarantined(self.read(), limit=5)
+        unknown = [e for e in Ledger(self.read()).entries(status="started", limit=200) if e.outcome_unknown]
         refresh = request.query_params.get("refresh", "")
         return self.render(
             request, "overview.html", refresh=int(refresh) if refresh.isdigit() else 0,
-            counts=counts, states=STATES, workers=workers,
+            counts=counts, states=STATES, workers=workers, registered=registered,
             leases=leases, charts=charts, quarantined=quarantined, unknown=unknown[:5],
             unknown_count=len(unknown),
         )
+
+    def natural_sort(self) -> bool:
+        """Whether the natural-order collation and its index exist (checked once)."""
+        if self._natural is None:
+            with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+                cur.execute(q.NATURAL_AVAILABLE_SQL)
+                row = cur.fetchone()
+            self._natural = bool(row and row["ok"])
+        return self._natural
+
+    def workers(self) -> list[Any]:
+        """The registered workers, live and dead (one bounded statement). Read on the
+        primary, never a standby: a lagging heartbeat would show a live worker dead."""
+        return list(control.list_workers(self.saver, include_dead=True, limit=100))
 
     def threads(self, request: Request) -> HTMLResponse:
         p = request.query_params
@@ -312,20 +364,39 @@ class Console:
         older = _hours(p.get("older_than_h"))
         newer = _hours(p.get("newer_than_h"))
         limit = min(max(int(p.get("limit") or PAGE), 1), 500)
-        if version is None and older is None and newer is None:
+        natural = p.get("sort") != "id" and state != "untracked" and self.natural_sort()
+        if natural:
+            params = {
+                "after": after, "prefix": prefix, "version": version, "older": older,
+                "newer": newer, "status": state, "limit": limit + 1,
+            }
+            with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+                cur.execute(q.THREADS_NATURAL_SQL, params)
+                rows = [lgi.mark_dead_owner(dict(r)) for r in cur.fetchall()]
+            if state == "running":
+                rows = [r for r in rows if r["state"] == "running"]
+        elif version is None and older is None and newer is None:
             rows = lgi.list_threads(
-                self.saver, status=state, prefix=prefix, limit=limit + 1, after=after
+                self.read(), status=state, prefix=prefix, limit=limit + 1, after=after
             )
         else:
             params = {
                 "after": after, "prefix": prefix, "version": version, "older": older,
                 "newer": newer, "status": state, "limit": limit + 1,
             }
-            with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+            with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
                 cur.execute(q.THREADS_SQL, params)
                 rows = [lgi.mark_dead_owner(dict(r)) for r in cur.fetchall()]
         more = len(rows) > limit
         rows = rows[:limit]
+        if any(r.get("state") == "running" for r in rows):
+            registered = self.workers()
+            for r in rows:
+                note = registry_note(r.get("lease_owner"), registered) if r.get("state") == "running" else None
+                if note:
+                    r["state"], r["note"] = "recoverable", note
+            if state == "running":  # a dead owner's lease is not what was asked for
+                rows = [r for r in rows if r["state"] == "running"]
         next_url = None
         if more and rows:
             args = {k: v for k, v in p.items() if k != "after" and v}
@@ -333,6 +404,7 @@ class Console:
             next_url = "/threads?" + urlencode(args)
         return self.render(
             request, "threads.html", rows=rows, next_url=next_url, states=STATES,
+            natural=natural, sort=p.get("sort") or "",
             f={"state": state or "", "prefix": prefix or "", "version": version or "",
                "older_than_h": p.get("older_than_h") or "", "newer_than_h": p.get("newer_than_h") or ""},
             first_url=(
@@ -346,23 +418,29 @@ class Console:
         tid = p.get("id")
         if not tid:
             return self.error(request, 400, "missing thread", "give ?id=THREAD")
-        info = lgi.show_thread(self.saver, tid, values=True)
-        history = lgi.thread_history(self.saver, tid, limit=min(int(p.get("history") or 50), 500))
+        info = lgi.show_thread(self.read(), tid, values=True)
+        lease = info.get("lease")
+        if lease and lease.get("live") and not lease.get("note"):
+            # A live lease of a registered worker that stopped heartbeating (any host).
+            lease["note"] = registry_note(lease.get("owner"), self.workers())
+            if lease["note"] and info.get("state") == "running":
+                info["state"] = "recoverable"
+        history = lgi.thread_history(self.read(), tid, limit=min(int(p.get("history") or 50), 500))
         # The ledger table shows 100 rows; tool calls are linked among up to 500.
-        ledger = Ledger(self.saver).entries(thread_id=tid, limit=500)
-        trail = audit.list_audit(self.saver, thread_id=tid, limit=50)
+        ledger = Ledger(self.read()).entries(thread_id=tid, limit=500)
+        trail = audit.list_audit(self.read(), thread_id=tid, limit=50)
         at = None
         if p.get("cp"):
-            at = _state_at(self.saver, tid, lgi.resolve_checkpoint(self.saver, tid, p["cp"]))
+            at = _state_at(self.read(), tid, lgi.resolve_checkpoint(self.read(), tid, p["cp"]))
         diff = None
         if p.get("a") and p.get("b"):
-            diff = lgi.diff_checkpoints(self.saver, tid, p["a"], p["b"], values=True)
+            diff = lgi.diff_checkpoints(self.read(), tid, p["a"], p["b"], values=True)
         found = _conversations(info, at, diff)
         nodes = {w["task_id"]: w["node"] for h in history for w in h["writes"]}
         self._link_ledger(tid, found, ledger, nodes)
         _durations(history)
         return self.render(
-            request, "thread.html", t=info, history=history, ledger=ledger[:100], trail=trail,
+            request, "thread.html", t=info, history=history, has_graph=self.graph is not None, ledger=ledger[:100], trail=trail,
             at=at, diff=diff, a=p.get("a") or "", b=p.get("b") or "",
             failure=_failure(info),
         )
@@ -386,13 +464,13 @@ class Console:
         an undecodable one says so."""
         if not keys:
             return {}
-        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+        with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.LEDGER_RESULTS_SQL, (keys,))
             rows = cur.fetchall()
         out = {}
         for row in rows:
             try:
-                value = self.saver.serde.loads_typed((row["result_type"], bytes(row["result"] or b"")))
+                value = self.read().serde.loads_typed((row["result_type"], bytes(row["result"] or b"")))
             except Exception as exc:  # a hostile or foreign row: shown, never fatal
                 if decryption_error(exc, thread_id=None, where="") is not None:  # issue 27: no key
                     out[row["key"]] = msg.folded("(encrypted: start the console with --key-file)")
@@ -403,16 +481,25 @@ class Console:
         return out
 
     def quarantine(self, request: Request) -> HTMLResponse:
-        entries = poison.list_quarantined(self.saver, limit=500)
-        histories = {e.thread_id: poison.show(self.saver, e.thread_id, history=8).history for e in entries[:50]}
-        return self.render(request, "quarantine.html", entries=entries, histories=histories)
+        entries = poison.list_quarantined(self.read(), limit=500)
+        histories = {e.thread_id: poison.show(self.read(), e.thread_id, history=8).history for e in entries[:50]}
+        # The rewind choice starts on the newest checkpoint before the quarantined one
+        # (the head itself is a no-op, the quarantined one fails again).
+        defaults = {}
+        for e in entries[:50]:
+            skip = {e.checkpoint_id, e.head_checkpoint_id}
+            older = [h.checkpoint_id for h in histories[e.thread_id] if h.checkpoint_id not in skip]
+            defaults[e.thread_id] = older[0] if older else None
+        return self.render(
+            request, "quarantine.html", entries=entries, histories=histories, defaults=defaults
+        )
 
     def ledger(self, request: Request) -> HTMLResponse:
         show = request.query_params.get("show") or "unknown"
         status = {"unknown": "started", "started": "started"}.get(show, show if show != "all" else None)
         if status not in (None, "started", "completed", "failed"):
             status, show = "started", "unknown"
-        entries = Ledger(self.saver).entries(status=status, limit=500)
+        entries = Ledger(self.read()).entries(status=status, limit=500)
         if show == "unknown":
             entries = [e for e in entries if e.outcome_unknown]
         return self.render(request, "ledger.html", entries=entries, show=show)
@@ -420,7 +507,7 @@ class Console:
     def versions(self, request: Request) -> HTMLResponse:
         exact = request.query_params.get("exact") == "1"
         fast = self._version_summary()
-        summary = versioning.version_summary(self.saver) if exact else fast
+        summary = versioning.version_summary(self.read()) if exact else fast
         names = self._version_names([g["graph_version"] for g in [*fast, *summary]])
         # The current version of each graph: ?current= for its graph, else the one its
         # newest thread started on (new threads start on the deployed code; old
@@ -436,8 +523,12 @@ class Console:
             g["current"] = currents.get(g["graph_name"]) == g["graph_version"]
             g["current_version"] = currents.get(g["graph_name"])
         summary = sorted(summary, key=lambda g: (g["graph_name"] or "", not g["current"]))
+        # Which live workers serve each version (one bounded statement per version
+        # shown); a version with unfinished threads and none is warned about.
+        for g in summary:
+            g["served_by"] = list(control.workers_serving(self.saver, g["graph_version"]))
         drain = [g for g in summary if not g["current"] and g["unfinished"]]
-        log = versioning.migration_log(self.saver, limit=30)
+        log = versioning.migration_log(self.read(), limit=30)
         dry = None
         p = request.query_params
         if self.graph is not None and p.get("from"):
@@ -457,28 +548,31 @@ class Console:
         wanted = sorted({v for v in versions if v})
         if not wanted:
             return {}
-        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+        with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.VERSION_NAMES_SQL, (wanted,))
             return {r["version"]: r["graph_name"] for r in cur.fetchall()}
 
     def _version_summary(self) -> list[dict[str, Any]]:
         """``versioning.version_summary``'s shape from durable_threads alone (fast)."""
-        with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+        with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.VERSIONS_SQL)
             rows = cur.fetchall()
         return versioning.group_version_rows(rows)
 
     def storage(self, request: Request) -> HTMLResponse:
         p = request.query_params
+        # pg_stat_user_tables' counters are each server's own (a standby's are empty):
+        # the table list reads the primary; the heavy scans go to the reader.
         with self.saver.connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
             cur.execute(q.TABLE_SIZES_SQL)
             tables = cur.fetchall()
             _estimate_rows(cur, tables)
-            largest = None
-            if p.get("largest") == "1":
+        largest = None
+        if p.get("largest") == "1":
+            with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
                 cur.execute(q.LARGEST_SQL, (15,))
                 largest = cur.fetchall()
-        stats = lgi.storage_stats(self.saver) if p.get("dedup", "1") != "0" else None
+        stats = lgi.storage_stats(self.read()) if p.get("dedup", "1") != "0" else None
         report = None
         form = {
             "older_than_days": p.get("older_than_days") or "30",
@@ -505,7 +599,7 @@ class Console:
         p = request.query_params
         before = int(p["before"]) if p.get("before", "").isdigit() else None
         rows = audit.list_audit(
-            self.saver, thread_id=p.get("thread") or None, action=p.get("action") or None,
+            self.read(), thread_id=p.get("thread") or None, action=p.get("action") or None,
             before=before, limit=PAGE + 1,
         )
         more = len(rows) > PAGE
@@ -523,6 +617,10 @@ class Console:
     # ---------------------------------------------------------------- actions
     def plan(self, action: str, form: Any) -> dict[str, Any]:
         """What ``action`` will change, for the confirmation page (read-only)."""
+        if action in _decide.DECISIONS:
+            return _decide.plan(
+                self.saver, action, form, has_graph=self.graph is not None, archive_url=self.archive_url
+            )
         if action in ("release", "rewind"):
             tid = str(form.get("thread") or "")
             report = poison.show(self.saver, tid, history=1)
@@ -533,6 +631,11 @@ class Console:
             }
             if action == "rewind":
                 to = lgi.resolve_checkpoint(self.saver, tid, str(form.get("to") or ""))
+                if to == head:
+                    raise _Refused(
+                        f"{to} is the head of thread {tid!r}: a rewind to it changes nothing "
+                        "(choose an earlier checkpoint, or release the thread)"
+                    )
                 plan["to"] = to
                 plan["diff"] = lgi.diff_checkpoints(self.saver, tid, head, to) if head else None
             elif report.quarantine is None:
@@ -545,6 +648,9 @@ class Console:
         plan = {"key": key, "entry": entry}
         if action == "resolve":
             text = str(form.get("result") or "")
+            if not text.strip():
+                raise _Refused("the result box is empty: type the verified result as JSON "
+                               "(a placeholder is never submitted)")
             try:
                 plan["value"] = json.loads(text)
             except ValueError as exc:
@@ -555,6 +661,8 @@ class Console:
     def execute(self, action: str, form: Any, session: Session) -> tuple[str, str]:
         """Run ``action`` as ``session``'s operator; (message, where to go next)."""
         with audit.acting_as(session.actor, via="console"):
+            if action in _decide.DECISIONS:
+                return _decide.run(self.saver, action, form, self.runnable_graph(), self.archive_url)
             if action == "release":
                 tid = str(form["thread"])
                 entry = poison.release(self.saver, tid)
@@ -577,8 +685,29 @@ class Console:
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-class _Refused(Exception):
-    pass
+_Refused = _decide.Refused
+
+
+def registry_note(owner: str | None, workers: list[Any]) -> str | None:
+    """A note for a live lease whose owner is a registered worker that is not alive
+    (its heartbeat is older than its ttl, it stopped, or its pid is gone): the lease is a
+    dead owner's, the thread is not running. None when the owner is alive or unregistered.
+    A worker's runs hold leases named ``NAME:<run id>`` (recovery._owner)."""
+    if not owner:
+        return None
+    mine = [w for w in workers if owner == w.worker_id or owner.startswith((w.name or w.worker_id) + ":")]
+    if not mine or any(w.alive for w in mine):
+        return None
+    w = mine[0]
+    return (f"owner worker {w.name or w.worker_id} on {w.host} is dead (last heartbeat "
+            f"{_abs_time(w.heartbeat_at)}); takeover when the lease expires")
+    for w in workers:
+        if owner == w.worker_id or owner.startswith(w.worker_id + ":"):
+            if w.alive:
+                return None
+            return (f"owner worker {w.worker_id} on {w.host} is dead (last heartbeat "
+                    f"{_abs_time(w.heartbeat_at)}); takeover when the lease expires")
+    return None
 
 
 def _dict_row() -> Any:
@@ -811,6 +940,7 @@ def create_app(
     graph: Any = None,
     registry: Any = None,
     allowed_hosts: list[str] | None = None,
+    archive_url: str | None = None,
 ) -> Starlette:
     """The console as an ASGI app on a set-up sync ``DurablePostgresSaver``.
 
@@ -821,7 +951,7 @@ def create_app(
     cannot reach the console through DNS rebinding); the CLI passes the loopback names."""
     c = Console(
         saver, allow_actions=allow_actions, token=token, sample_interval=sample_interval,
-        graph=graph, registry=registry,
+        graph=graph, registry=registry, archive_url=archive_url,
     )
 
     @contextlib.asynccontextmanager

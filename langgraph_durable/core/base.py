@@ -22,6 +22,7 @@ from psycopg import Connection
 
 from langgraph_durable import _sealing
 from langgraph_durable import telemetry as _telemetry
+from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
     Flow,
     Op,
@@ -36,6 +37,7 @@ from langgraph_durable.core.load import LoadOps, _canceled_as_typed, _threads_co
 from langgraph_durable.core.rewrite import VersionGate
 from langgraph_durable.core.setup import SetupOps
 from langgraph_durable.core.write import WriteOps
+from langgraph_durable.errors import RunCancelledError
 from langgraph_durable.granularity import CheckpointPolicy, Deferrals
 from langgraph_durable.leases.fence import FenceOps
 from langgraph_durable.leases.model import _HANDOFF, _RUN_LEASE, Lease, _LeaseRegistry, _RenewerSlot
@@ -54,6 +56,9 @@ from langgraph_durable.versioning import (
     VersionPolicy,
     graph_fingerprint,
 )
+
+# LangGraph's configurable key for the run's durability (langgraph._internal._constants).
+_DURABILITY_KEY = "__pregel_durability"
 
 
 class _DurableBase(
@@ -185,7 +190,29 @@ class _DurableBase(
         lease = _RUN_LEASE.get()
         if lease is not None and not lease.released:
             self._confirm_lease(lease)
+            if lease.cancel:
+                # An operator's cancel (issue 25, ops.control.request_cancel), learnt
+                # from a put or a renewal: stop at this step boundary, before the
+                # next step's tasks start; the exit releases the thread as 'stopped'.
+                raise RunCancelledError(lease.thread_id, lease.token, lease.acked.get("") or lease.checkpoint_id)
         return super().get_next_version(current, channel)
+
+    def _raise_if_cancelled(self, config: RunnableConfig, written: RunnableConfig) -> None:
+        """A root put (stored, committed) whose RETURNING said an operator cancelled the
+        run (issue 25): raise now. Under durability="sync" LangGraph waits for this put
+        before the next step, so the run stops at this boundary with this checkpoint
+        stored; otherwise get_next_version stops it at the next boundary at the latest."""
+        configurable = config["configurable"]
+        if configurable.get("checkpoint_ns") or configurable.get(_DURABILITY_KEY) != "sync":
+            # Under "async" LangGraph reads this put's outcome only at the next put or at
+            # the run's exit: raising would only fail a run that has just finished.
+            return
+        thread_id = str(configurable["thread_id"])
+        lease = _RUN_LEASE.get()
+        if lease is None or lease.thread_id != thread_id:
+            lease = self._leases.for_runtime(configurable.get(_RUNTIME_KEY), thread_id)
+        if lease is not None and lease.cancel and not lease.released:
+            raise RunCancelledError(thread_id, lease.token, written["configurable"].get("checkpoint_id"))
 
     # ------------------------------------------------------------------ public API (sync)
 
@@ -238,6 +265,7 @@ class _DurableBase(
             str(config["configurable"]["thread_id"]),
             lambda: self._op_put(config, checkpoint, metadata, new_versions),
         )
+        self._raise_if_cancelled(config, written)
         return written
 
     @_telemetry.instrument("put_writes")
@@ -331,6 +359,7 @@ class _DurableBase(
             str(config["configurable"]["thread_id"]),
             lambda: self._op_put(config, checkpoint, metadata, new_versions),
         )
+        self._raise_if_cancelled(config, written)
         return written
 
     @_telemetry.instrument("put_writes")

@@ -12,12 +12,13 @@ import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg import conninfo as ci
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from langgraph_durable._pool import AsyncDurableConnectionPool, DurableConnectionPool
 from langgraph_durable.errors import (
     ConfigurationError,
     DatabaseUnreachableError,
+    ReadDsnUnreachableError,
     UnsupportedConnectionError,
 )
 from langgraph_durable.pooler import (
@@ -25,6 +26,12 @@ from langgraph_durable.pooler import (
     Pooler,
     pooler_chosen,
     prepare_threshold,
+    resolve_pooler,
+)
+from langgraph_durable.sql.replication import (
+    PRIMARY_WAL_LSN_SQL,
+    READ_ONLY_SESSION_SQL,
+    STANDBY_LAG_SQL,
 )
 from langgraph_durable.sql.schema import set_search_path
 
@@ -287,3 +294,154 @@ async def apreflight(dsn: str, pooler: str | None) -> Pooler | None:
     except psycopg.OperationalError as exc:
         raise _unreachable(dsn, exc) from exc
     return _detected(first, second)
+
+
+# --------------------------------------------------------------------------- read_dsn
+# --- standby26 ---
+# The pool behind read_dsn (core/reader.py) is small: operator reads, a console's
+# few concurrent pages; never a run's statement.
+READ_POOL_SIZE = 4
+# Seconds to wait for the read pool's first connection once the preflight has connected.
+READ_POOL_WAIT = 2 * CONNECT_TIMEOUT
+# A read waits this long for a connection of the read pool (the pool's own default is
+# 30 s); the lag probe before each reader() this long at most, so a standby that went
+# away mid-session is a typed error in seconds (not the driver's retries, each waiting).
+READ_POOL_TIMEOUT = 2 * CONNECT_TIMEOUT
+PROBE_TIMEOUT = 3.0
+
+
+def _configure_read(schema: str | None, pooled: Pooler) -> Callable[[Connection[Any]], None]:
+    def configure(conn: Connection[Any]) -> None:
+        if pooled:  # session settings would leak to the pooler's other clients
+            return
+        if schema:
+            conn.execute(set_search_path(schema))
+        conn.execute(READ_ONLY_SESSION_SQL)
+
+    return configure
+
+
+def _aconfigure_read(schema: str | None, pooled: Pooler) -> Callable[[AsyncConnection[Any]], Any]:
+    async def configure(conn: AsyncConnection[Any]) -> None:
+        if pooled:
+            return
+        if schema:
+            await conn.execute(set_search_path(schema))
+        await conn.execute(READ_ONLY_SESSION_SQL)
+
+    return configure
+
+
+def _read_failed(exc: ConfigurationError) -> ConfigurationError:
+    if isinstance(exc, DatabaseUnreachableError):
+        return ReadDsnUnreachableError(exc.fields["dsn"], exc.fields["reason"], exc.fields["kind"])
+    return ConfigurationError(f"read_dsn: {exc.message}", **exc.fields, setting="read_dsn")
+
+
+def preflight_read(dsn: str) -> Pooler:
+    """``preflight`` for ``read_dsn``: one connection within seconds, or
+    ``ReadDsnUnreachableError``; the pooler probe unless ``LANGGRAPH_DURABLE_POOLER``
+    chose. Returns the read pool's pooler mode."""
+    try:
+        found = preflight(dsn, None)
+    except ConfigurationError as exc:
+        raise _read_failed(exc) from exc.__cause__
+    return "transaction" if found else resolve_pooler(None)
+
+
+async def apreflight_read(dsn: str) -> Pooler:
+    try:
+        found = await apreflight(dsn, None)
+    except ConfigurationError as exc:
+        raise _read_failed(exc) from exc.__cause__
+    return "transaction" if found else resolve_pooler(None)
+
+
+def open_read_pool(dsn: str, pooled: Pooler, schema: str | None) -> DurableConnectionPool:
+    """The read_dsn pool: sessions read-only (``default_transaction_read_only``), the
+    saver's schema, opened now."""
+    pool = DurableConnectionPool(
+        dsn, min_size=1, max_size=READ_POOL_SIZE, kwargs=_conn_kwargs(pooled),
+        configure=_configure_read(schema, pooled), open=True, name="langgraph-durable-read",
+        timeout=READ_POOL_TIMEOUT,
+    )
+    pool._durable_own = True  # type: ignore[attr-defined]
+    return pool
+
+
+def aopen_read_pool(dsn: str, pooled: Pooler, schema: str | None) -> AsyncDurableConnectionPool:
+    """``open_read_pool`` for the async saver (the caller awaits ``open()``)."""
+    pool = AsyncDurableConnectionPool(
+        dsn, min_size=1, max_size=READ_POOL_SIZE, kwargs=_conn_kwargs(pooled),
+        configure=_aconfigure_read(schema, pooled), open=False, name="langgraph-durable-read",
+        timeout=READ_POOL_TIMEOUT,
+    )
+    pool._durable_own = True  # type: ignore[attr-defined]
+    return pool
+
+
+def read_unreachable(dsn: str, exc: BaseException) -> ReadDsnUnreachableError:
+    """The standby stopped answering after a good start (a restart, a network cut): the
+    same typed error as at the start, with what the driver or the pool said."""
+    if isinstance(exc, psycopg.Error):
+        err = _unreachable(dsn, exc)
+        return ReadDsnUnreachableError(err.fields["dsn"], err.fields["reason"], err.fields["kind"])
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    kind = "timeout" if "timeout" in type(exc).__name__.lower() else "other"
+    return ReadDsnUnreachableError(redact_dsn(dsn), reason, kind)
+
+
+def probe_standby(pool: ConnectionPool[Any], primary_lsn: str | None) -> dict[str, Any]:
+    """The lag statement (``STANDBY_LAG_SQL``) on the read pool, within
+    ``PROBE_TIMEOUT`` seconds and one retry after a broken connection, else
+    ``ReadDsnUnreachableError``."""
+    for attempt in range(2):
+        try:
+            with pool.connection(timeout=PROBE_TIMEOUT) as conn:
+                row = conn.execute(STANDBY_LAG_SQL, {"primary_lsn": primary_lsn}).fetchone()
+                return dict(row) if row else {}
+        except psycopg.OperationalError as exc:
+            if attempt:
+                raise read_unreachable(str(pool.conninfo), exc) from exc
+            pool.check()
+        except PoolTimeout as exc:
+            raise read_unreachable(str(pool.conninfo), exc) from exc
+    raise AssertionError("unreachable")
+
+
+async def aprobe_standby(pool: AsyncConnectionPool[Any], primary_lsn: str | None) -> dict[str, Any]:
+    """``probe_standby`` for the async saver's read pool."""
+    for attempt in range(2):
+        try:
+            async with pool.connection(timeout=PROBE_TIMEOUT) as conn:
+                cur = await conn.execute(STANDBY_LAG_SQL, {"primary_lsn": primary_lsn})
+                return dict(await cur.fetchone() or {})
+        except psycopg.OperationalError as exc:
+            if attempt:
+                raise read_unreachable(str(pool.conninfo), exc) from exc
+            await pool.check()
+        except PoolTimeout as exc:
+            raise read_unreachable(str(pool.conninfo), exc) from exc
+    raise AssertionError("unreachable")
+
+
+def probe_primary(pool: ConnectionPool[Any]) -> str | None:
+    """The primary's ``pg_current_wal_lsn()`` for the lag, within ``PROBE_TIMEOUT``
+    seconds (a primary that does not answer must not hold an operator's read for the
+    driver's retries); None when it did not answer."""
+    try:
+        with pool.connection(timeout=PROBE_TIMEOUT) as conn:
+            row = conn.execute(PRIMARY_WAL_LSN_SQL).fetchone()
+    except (psycopg.Error, PoolTimeout):
+        return None
+    return None if row is None else str(row["lsn"] if isinstance(row, dict) else row[0])
+
+
+async def aprobe_primary(pool: AsyncConnectionPool[Any]) -> str | None:
+    """``probe_primary`` for the async saver's pool."""
+    try:
+        async with pool.connection(timeout=PROBE_TIMEOUT) as conn:
+            row = await (await conn.execute(PRIMARY_WAL_LSN_SQL)).fetchone()
+    except (psycopg.Error, PoolTimeout):
+        return None
+    return None if row is None else str(row["lsn"] if isinstance(row, dict) else row[0])

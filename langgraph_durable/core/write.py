@@ -408,10 +408,11 @@ class WriteOps(WriteView):
         else:
             texts = GUARDED_UPSERT_CHILD_CHECKPOINT_SQL if child else GUARDED_UPSERT_CHECKPOINT_SQL
         sql = texts[mode]
-        stmts.append(Stmt(sql, (*row, *guard)))
+        # Lease mode: the put's RETURNING says whether an operator cancelled this run.
+        stmts.append(Stmt(sql, (*row, *guard), fetch=lease is not None))
         try:
             # The only batch: one pipeline, no BEGIN/COMMIT (_io._implicit).
-            yield Batch(stmts, final=True)
+            out = yield Batch(stmts, final=True)
         except psycopg.Error as exc:
             err = self._fence_error(thread_id, lease, exc) or self._gone_error(
                 thread_id, checkpoint_ns, checkpoint["id"], parent_id, lease, exc
@@ -426,6 +427,9 @@ class WriteOps(WriteView):
             raise err from exc
         if lease is not None:
             lease.acked[checkpoint_ns] = checkpoint["id"]
+            got = out[-1] if out else None
+            if got and got[0].get("cancel"):
+                lease.cancel = True
         OUTAGE.writable()  # "writable again" after an outage (_pool: two attribute reads)
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))

@@ -114,9 +114,12 @@ class _Renewer(threading.Thread):
         ).fetchall()
         OUTAGE.writable()  # the renewal is an UPDATE: the server takes writes
         renewed = {r[0] for r in rows}
+        cancelled = {r[0] for r in rows if r[1]}
         for lease in leases:
             if lease.thread_id in renewed:
                 lease.renewed_at = max(lease.renewed_at, started)
+                if lease.thread_id in cancelled:
+                    lease.cancel = True  # an operator's cancel (issue 25)
             elif not lease.released:
                 lease.lost = True
                 logger.error(

@@ -96,7 +96,8 @@ def guard_params(
     parent: str | None = None,
 ) -> tuple[object, ...]:
     """The guard's parameters, in _guard's order; ``cid`` None: no order check (writes);
-    ``parent``: the parent check (GUARDED_UPSERT_CHILD_CHECKPOINT_SQL, lease mode)."""
+    ``parent``: the parent check (GUARDED_UPSERT_CHILD_CHECKPOINT_SQL, lease mode). A
+    run's put (lease mode, ``cid``) ends with its cancel probe's (_CANCEL_RETURNING)."""
     out: tuple[object, ...] = ()
     if mode == "lease":
         out = (token, owner, thread, thread, token)
@@ -106,6 +107,8 @@ def guard_params(
         out = (*out, thread, ns, parent, thread, ns, parent)
     if cid is not None:
         out = (*out, thread, ns, cid, cid, thread, ns, cid)
+        if mode == "lease":
+            out = (*out, token, thread)  # a run's put: _CANCEL_RETURNING's
     return out
 
 
@@ -150,17 +153,30 @@ WHERE {guard}
 ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
 """
 _MODES: tuple[GuardMode, ...] = ("lease", "foreign", "none")
-GUARDED_UPSERT_CHECKPOINT_SQL = {m: _UPSERT_CHECKPOINT.format(guard=_guard(m, True)) for m in _MODES}
-GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL = {
-    m: _UPSERT_CHECKPOINT_INHERIT.format(guard=_guard(m, True)) for m in _MODES
-}
+# A run's put (lease mode) also answers whether an operator asked this run to stop
+# (issue 25, ops.control.request_cancel): the thread row the guard locked, probed again
+# by primary key in RETURNING (the guard's InitPlan cannot be returned), no round trip
+# added. Its parameters end guard_params': the run's token, the thread. The run stops at its
+# next step boundary (core.base.get_next_version).
+_CANCEL_RETURNING = """RETURNING (SELECT d.cancel_token = %s::bigint FROM durable_threads d
+                        WHERE d.thread_id = %s) AS cancel
+"""
+
+
+def _put_sql(template: str, mode: GuardMode, parent: bool = False) -> str:
+    text = template.format(guard=_guard(mode, True, parent=parent))
+    return text + _CANCEL_RETURNING if mode == "lease" else text
+
+
+GUARDED_UPSERT_CHECKPOINT_SQL = {m: _put_sql(_UPSERT_CHECKPOINT, m) for m in _MODES}
+GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL = {m: _put_sql(_UPSERT_CHECKPOINT_INHERIT, m) for m in _MODES}
 # A run's put with a parent: the same with the parent check (_GUARD_PARENT). Its own
 # statement text, never the check switched off by a NULL parameter (see above).
 GUARDED_UPSERT_CHILD_CHECKPOINT_SQL: dict[GuardMode, str] = {
-    "lease": _UPSERT_CHECKPOINT.format(guard=_guard("lease", True, parent=True))
+    "lease": _put_sql(_UPSERT_CHECKPOINT, "lease", parent=True)
 }
 GUARDED_UPSERT_CHILD_CHECKPOINT_INHERIT_SQL: dict[GuardMode, str] = {
-    "lease": _UPSERT_CHECKPOINT_INHERIT.format(guard=_guard("lease", True, parent=True))
+    "lease": _put_sql(_UPSERT_CHECKPOINT_INHERIT, "lease", parent=True)
 }
 # put_writes is guarded only with a lease check or a foreign-lease check (leases=False:
 # the stock statements).

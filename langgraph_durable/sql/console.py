@@ -123,3 +123,63 @@ WHERE key = ANY(%s) AND status = 'completed'
 VERSION_NAMES_SQL = """
 SELECT version, graph_name FROM durable_graph_versions WHERE version = ANY(%s)
 """
+
+# --- ui25: the threads list in natural order (issue 25) ---------------------------------
+# "order-2" before "order-10": an ICU collation with numeric ordering (und-u-kn-true),
+# created with an expression index on durable_threads by the ui25 migration (where the
+# server has ICU; without it the list stays in byte order and says so). A page is a walk
+# of that index after a keyset cursor (the last id of the previous page, compared in the
+# same collation) that stops after one page of matches, then the same per-thread
+# aggregates as inspect.list_threads for that page only. With a prefix the rows are the
+# prefix's range of the primary key (contiguous in byte order, not in natural order),
+# sorted naturally: that costs the prefix's matches, not the table's.
+NATURAL_AVAILABLE_SQL = """
+SELECT EXISTS (SELECT 1 FROM pg_collation WHERE collname = 'durable_natural'
+               AND collnamespace = current_schema()::regnamespace)
+   AND to_regclass('durable_threads_natural_idx') IS NOT NULL AS ok
+"""
+
+THREADS_NATURAL_SQL = sql.SQL("""
+WITH page AS (
+    SELECT t.thread_id FROM durable_threads t
+    WHERE (%(after)s::text IS NULL OR (t.thread_id COLLATE durable_natural) > %(after)s)
+      AND (%(prefix)s::text IS NULL OR (t.thread_id >= %(prefix)s AND starts_with(t.thread_id, %(prefix)s)))
+      AND (%(version)s::text IS NULL OR t.graph_version = %(version)s)
+      AND (%(older)s::float8 IS NULL OR t.updated_at < now() - make_interval(secs => %(older)s))
+      AND (%(newer)s::float8 IS NULL OR t.updated_at >= now() - make_interval(secs => %(newer)s))
+      AND (%(status)s::text IS NULL OR t.status = %(status)s OR {state} = %(status)s)
+    ORDER BY (t.thread_id COLLATE durable_natural)
+    LIMIT %(limit)s
+)
+SELECT t.thread_id, t.status, {state} AS state, t.graph_version, t.attempts,
+       CASE WHEN jsonb_typeof(latest.metadata -> 'step') = 'number'
+            THEN (latest.metadata ->> 'step')::numeric::int END AS step,
+       COALESCE(cp.checkpoints, 0) AS checkpoints,
+       COALESCE(cp.cp_bytes, 0) + COALESCE(bl.bytes, 0) + COALESCE(wr.bytes, 0)
+           + COALESCE(art.bytes, 0) AS bytes,
+       t.lease_owner, EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8 AS lease_expires_in,
+       t.last_error, t.updated_at AS last_activity
+FROM page JOIN durable_threads t ON t.thread_id = page.thread_id
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE c.checkpoint_ns = '') AS checkpoints,
+           sum(pg_column_size(c.checkpoint) + pg_column_size(c.metadata))::bigint AS cp_bytes,
+           max(c.checkpoint_id) FILTER (WHERE c.checkpoint_ns = '') AS latest_id
+    FROM checkpoints c WHERE c.thread_id = page.thread_id
+) cp ON true
+LEFT JOIN LATERAL (
+    SELECT sum(octet_length(b.blob))::bigint AS bytes FROM checkpoint_blobs b
+    WHERE b.thread_id = page.thread_id
+) bl ON true
+LEFT JOIN LATERAL (
+    SELECT sum(octet_length(w.blob))::bigint AS bytes FROM checkpoint_writes w
+    WHERE w.thread_id = page.thread_id
+) wr ON true
+LEFT JOIN LATERAL (
+    SELECT sum(octet_length(a.data))::bigint AS bytes
+    FROM durable_artifact_refs r JOIN durable_artifacts a ON a.digest = r.digest
+    WHERE r.thread_id = page.thread_id
+) art ON true
+LEFT JOIN checkpoints latest ON latest.thread_id = page.thread_id
+    AND latest.checkpoint_ns = '' AND latest.checkpoint_id = cp.latest_id
+ORDER BY (t.thread_id COLLATE durable_natural)
+""").format(state=sql.SQL(_STATE_SQL))

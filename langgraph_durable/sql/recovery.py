@@ -40,7 +40,7 @@ WITH cand AS (
 # prices out, and the planner then turned the whole join around).
 _CLAIM_STATUS = """
         (SELECT r.thread_id, r.updated_at FROM durable_threads r
-        WHERE r.status = '{st}' AND r.lease_owner IS NULL
+        WHERE r.status = '{st}' AND r.lease_owner IS NULL{held}
           AND NOT (r.thread_id = ANY(%(skip)s))
         ORDER BY r.updated_at)
 """
@@ -72,6 +72,7 @@ _CLAIM_TAIL = """        ) u
         FROM durable_threads l
         WHERE l.thread_id = t.thread_id
           AND l.status IN ('running', 'stopped', 'queued', 'error')
+          AND NOT (l.status = 'stopped' AND l.cancelled_at IS NOT NULL)
           -- ... or a thread this very claim took already (see above).
           AND (l.lease_owner IS NULL OR l.lease_expires_at < now() OR l.lease_owner = %(owner)s{dead_lock})
           AND (l.status = ANY(%(statuses)s)
@@ -99,6 +100,7 @@ SET lease_owner = %(owner)s,
 FROM cand
 WHERE t.thread_id = cand.thread_id
 RETURNING t.thread_id, t.lease_token, cand.prev_status, cand.checkpoint_id, cand.graph_version,
+          t.answer_type, t.answer_blob, t.answer_checkpoint_id,
           CASE WHEN cand.attempts_checkpoint_id IS NOT DISTINCT FROM cand.checkpoint_id
                THEN cand.attempts + 1 ELSE 1 END AS attempt
 """
@@ -128,7 +130,9 @@ def claim_sql(statuses: Sequence[str], retry_errors: bool, dead: bool = False) -
     key = (tuple(st for st in READY_STATUSES if st in statuses), bool(retry_errors), bool(dead))
     sql = _claim_cache.get(key)
     if sql is None:
-        parts = [_CLAIM_STATUS.lstrip("\n").format(st=st) for st in key[0]]
+        # A thread an operator cancelled stays 'stopped' until resumed (cancelled_at).
+        held = {"stopped": " AND r.cancelled_at IS NULL"}
+        parts = [_CLAIM_STATUS.lstrip("\n").format(st=st, held=held.get(st, "")) for st in key[0]]
         if retry_errors and "error" not in key[0]:
             parts.append(_CLAIM_ERRORS.lstrip("\n"))
         queue = "        UNION ALL\n".join(parts) if parts else _CLAIM_NONE
@@ -194,6 +198,8 @@ ON CONFLICT (thread_id) DO UPDATE SET
     attempts = 0,
     attempts_checkpoint_id = NULL,
     last_error = NULL,
+    cancel_token = NULL,
+    cancelled_at = NULL,
     updated_at = now()
 WHERE t.status <> 'quarantined'
   AND (t.lease_owner IS NULL OR t.lease_expires_at < now())

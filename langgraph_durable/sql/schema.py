@@ -626,6 +626,58 @@ MIGRATIONS: list[str] = [
     # "current" and "must drain" are per graph. The run's config metadata graph_id (as
     # LangGraph Platform sets it), else the compiled graph's own name unless the default.
     "ALTER TABLE durable_graph_versions ADD COLUMN IF NOT EXISTS graph_name TEXT",
+    # --- ctl25 branch ---
+    # The worker registry (issue 25): one row per running `langgraph-durable worker` /
+    # RecoveryWorker.run, registered at start, one UPDATE per heartbeat interval,
+    # stopped_at set on a clean exit; a SIGKILLed worker's row goes stale (dead after
+    # ttl_s, at once on its own host when its pid is gone). Pruned at registration.
+    """CREATE TABLE IF NOT EXISTS durable_workers (
+        worker_id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        identity TEXT NOT NULL,
+        started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        last_poll_at TIMESTAMPTZ,
+        stopped_at TIMESTAMPTZ,
+        ttl_s DOUBLE PRECISION NOT NULL,
+        versions TEXT[] NOT NULL DEFAULT '{}',
+        graph_names TEXT[] NOT NULL DEFAULT '{}',
+        concurrency INTEGER NOT NULL,
+        claimed INTEGER NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX IF NOT EXISTS durable_workers_heartbeat_idx ON durable_workers (heartbeat_at DESC)",
+    # Operator decisions on a thread (issue 25): cancel_token, a cancel request for the
+    # run holding that lease token (seen by its puts and renewals, never by a later
+    # run); cancelled_at, set by the release of a cancelled run (workers leave such a
+    # 'stopped' thread alone until it is resumed or queued); answer_*, a queued
+    # Command(resume=...) value (the saver's serde: type tag and bytes, never plain
+    # JSON) for the waiting checkpoint answer_checkpoint_id.
+    """ALTER TABLE durable_threads
+        ADD COLUMN IF NOT EXISTS cancel_token BIGINT,
+        ADD COLUMN IF NOT EXISTS cancelled_at TIMESTAMPTZ,
+        ADD COLUMN IF NOT EXISTS answer_type TEXT,
+        ADD COLUMN IF NOT EXISTS answer_blob BYTEA,
+        ADD COLUMN IF NOT EXISTS answer_checkpoint_id TEXT""",
+
+
+    # --- ui25 branch ---
+    # A natural sort of thread ids for the console's threads list (issue 25: "order-2"
+    # before "order-10"), bounded at any size: an ICU collation with numeric ordering
+    # and an expression index in it, walked page by page (sql.console.THREADS_NATURAL_SQL).
+    # A server built without ICU (the embedded PostgreSQL's, for one) skips both: the
+    # list stays in byte order and says so. The index build locks durable_threads against
+    # writes for its duration (about 0.3 s per 100k threads here).
+    """DO $$
+    BEGIN
+        EXECUTE 'CREATE COLLATION IF NOT EXISTS durable_natural '
+                '(provider = icu, locale = ''und-u-kn-true'')';
+        EXECUTE 'CREATE INDEX IF NOT EXISTS durable_threads_natural_idx '
+                'ON durable_threads ((thread_id COLLATE durable_natural))';
+    EXCEPTION WHEN feature_not_supported OR invalid_parameter_value OR undefined_object THEN
+        RAISE NOTICE 'no ICU collation here (%): the threads list stays in byte order', SQLERRM;
+    END $$""",
 ]
 
 # THE list of this package's tables keyed by thread (beside the stock checkpoints,

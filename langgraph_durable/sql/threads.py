@@ -56,6 +56,12 @@ ON CONFLICT (thread_id) DO UPDATE SET
                              ELSE t.status END,
     lease_prev_version = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.lease_prev_version
                               ELSE t.graph_version END,
+    cancelled_at = NULL,
+    -- A cancel requested for a recovery worker's claim follows it into the run it hands
+    -- the claim to (issue 25); any other request belongs to its own run's token only.
+    cancel_token = CASE WHEN t.cancel_token = t.lease_token AND t.lease_owner = %(claim_owner)s
+                             AND t.lease_token = %(claim_token)s
+                        THEN t.lease_token + 1 ELSE t.cancel_token END,
     updated_at = now()
 WHERE t.status <> 'quarantined'
   AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR t.lease_owner = EXCLUDED.lease_owner
@@ -118,7 +124,7 @@ UPDATE durable_threads AS t
 SET lease_expires_at = now() + make_interval(secs => %s)
 FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS l(thread_id, token, owner)
 WHERE t.thread_id = l.thread_id AND t.lease_token = l.token AND t.lease_owner = l.owner
-RETURNING t.thread_id
+RETURNING t.thread_id, t.cancel_token IS NOT DISTINCT FROM t.lease_token AS cancel
 """
 
 # has_root (recovery.status_counts' cache, see the migration): whether a root checkpoint
@@ -290,4 +296,81 @@ LEASE_RELEASE_CHECKED_SQL = LEASE_RELEASE_SQL.replace(
 RECORD_FAILURE_SQL = """
 UPDATE durable_threads SET last_failure = %(failure)s
 WHERE thread_id = %(thread_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
+"""
+
+
+# --- operator decisions (issue 25, ops/control.py) -----------------------------------
+# The thread as a decision sees it, locked (a run start or claim waits for the decision):
+# status, the live lease, the head root checkpoint and a pending interrupt at the head.
+CONTROL_THREAD_SQL = """
+SELECT t.thread_id, t.status, t.graph_version, t.lease_owner, t.lease_token,
+       (t.lease_owner IS NOT NULL AND t.lease_expires_at > now()) AS leased,
+       EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8 AS expires_in,
+       t.answer_checkpoint_id, t.cancelled_at
+FROM durable_threads t WHERE t.thread_id = %s FOR UPDATE
+"""
+CONTROL_HEAD_SQL = """
+SELECT c.checkpoint_id, c.metadata ->> 'graph_version' AS graph_version,
+       EXISTS (SELECT 1 FROM checkpoint_writes w
+               WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = ''
+                 AND w.checkpoint_id = c.checkpoint_id AND w.channel = '__interrupt__') AS interrupted
+FROM checkpoints c
+WHERE c.thread_id = %s AND c.checkpoint_ns = ''
+ORDER BY c.checkpoint_id DESC LIMIT 1
+"""
+
+# A cancel request for the run holding the live lease now: tied to its fencing token, so
+# a run that ends before its next step boundary leaves nothing for the next run (which
+# holds another token); its puts (GUARDED_UPSERT_*_SQL's RETURNING) and renewals see it.
+REQUEST_CANCEL_SQL = """
+UPDATE durable_threads SET cancel_token = lease_token
+WHERE thread_id = %s AND lease_owner IS NOT NULL AND lease_expires_at > now()
+RETURNING lease_token, lease_owner
+"""
+# Sent before LEASE_RELEASE_SQL by the release of a run that stopped on a cancel request:
+# workers leave the stopped thread alone (the claim skips cancelled_at) until an operator
+# resumes or queues it, or a run starts on it (LEASE_ACQUIRE_SQL clears it).
+MARK_CANCELLED_SQL = """
+UPDATE durable_threads SET cancelled_at = now(), cancel_token = NULL
+WHERE thread_id = %s AND lease_token = %s AND lease_owner = %s
+"""
+
+# Queue an answer to a waiting thread: Command(resume=value) for the worker that claims
+# it, the value as the saver's serde encodes it; only from 'waiting' with no live lease.
+QUEUE_ANSWER_SQL = """
+UPDATE durable_threads AS t SET
+    status = 'queued',
+    answer_type = %(type)s, answer_blob = %(blob)s, answer_checkpoint_id = %(checkpoint_id)s,
+    cancel_token = NULL, cancelled_at = NULL,
+    attempts = 0, attempts_checkpoint_id = NULL, last_error = NULL,
+    updated_at = now()
+WHERE t.thread_id = %(thread_id)s AND t.status = 'waiting'
+  AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
+RETURNING thread_id
+"""
+# After a worker's run of a thread with a queued answer: cleared once consumed, i.e.
+# the run ended on its own (done, or waiting on a next interrupt), LangGraph stored a
+# resume write at the answered checkpoint, or the head moved past that checkpoint (the
+# answered node's step was checkpointed). A worker SIGKILLed (or a node that failed)
+# before that leaves the answer for the next claim, which runs the same command again
+# at the same checkpoint: the answered step's work is not kept twice.
+CLEAR_ANSWER_SQL = """
+UPDATE durable_threads t SET answer_type = NULL, answer_blob = NULL, answer_checkpoint_id = NULL
+WHERE t.thread_id = %(thread_id)s AND t.answer_checkpoint_id = %(checkpoint_id)s
+  AND (t.status IN ('done', 'waiting')
+       OR EXISTS (SELECT 1 FROM checkpoint_writes w
+               WHERE w.thread_id = t.thread_id AND w.checkpoint_ns = ''
+                 AND w.checkpoint_id = t.answer_checkpoint_id AND w.channel = '__resume__')
+       OR (SELECT c.checkpoint_id FROM checkpoints c
+           WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = ''
+           ORDER BY c.checkpoint_id DESC LIMIT 1) IS DISTINCT FROM t.answer_checkpoint_id)
+"""
+
+THREAD_HAS_CHECKPOINTS_SQL = "SELECT 1 AS one FROM checkpoints WHERE thread_id = %s LIMIT 1"
+# A fork's row: 'stopped' and held (cancelled_at) so no worker runs it before an
+# operator resumes it (has_root left NULL: unknown, status_counts probes it).
+FORK_THREAD_INSERT_SQL = """
+INSERT INTO durable_threads (thread_id, status, graph_version, cancelled_at, updated_at)
+VALUES (%s, 'stopped', %s, now(), now())
+ON CONFLICT (thread_id) DO NOTHING
 """

@@ -1,0 +1,87 @@
+"""What the cancel probe (issue 25) costs a run's put: the lease-mode checkpoint upsert
+with and without its ``RETURNING`` cancel probe (``sql.checkpoints._CANCEL_RETURNING``),
+side by side in ONE run on the same connection, taking turns call by call, with the
+stock ``UPSERT_CHECKPOINTS_SQL`` as the floor. Each call is one statement, one round
+trip, its rows fetched as the saver fetches them.
+
+Run: ``python bench/bench_cancel_probe.py [--dsn postgresql://...] [--calls 2000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from langgraph.checkpoint.postgres.base import BasePostgresSaver
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from langgraph_durable import DurablePostgresSaver
+from langgraph_durable.sql.checkpoints import (
+    _CANCEL_RETURNING,
+    GUARDED_UPSERT_CHECKPOINT_SQL,
+    guard_params,
+)
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dsn", default=os.environ.get("BENCH_DSN", DEFAULT_DSN))
+    ap.add_argument("--calls", type=int, default=2000)
+    args = ap.parse_args()
+    with DurablePostgresSaver.from_conn_string(args.dsn) as saver:
+        saver.setup()
+    with_probe = GUARDED_UPSERT_CHECKPOINT_SQL["lease"]
+    without = with_probe.replace(_CANCEL_RETURNING, "")
+    floor = BasePostgresSaver.UPSERT_CHECKPOINTS_SQL
+    thread = f"bench-probe-{uuid.uuid4().hex[:8]}"
+    times: dict[str, list[float]] = {"floor (stock upsert)": [], "lease put (main)": [], "lease put + probe": []}
+    with psycopg.connect(args.dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
+        conn.execute(
+            "INSERT INTO durable_threads (thread_id, status, lease_owner, lease_token, lease_expires_at) "
+            "VALUES (%s, 'running', 'me', 1, now() + interval '1 hour')", (thread,),
+        )
+        load = os.getloadavg()
+        for i in range(args.calls):
+            for name in times:
+                cid = _uuid6()
+                row: tuple[Any, ...] = (thread, "", cid, None, Jsonb({"v": 4, "id": cid}), Jsonb({"step": i}))
+                if name.startswith("floor"):
+                    sql, params, fetch = floor, row, False
+                else:
+                    sql = with_probe if name.endswith("probe") else without
+                    params = (*row, *guard_params("lease", thread, 1, "me", "", cid))
+                    if sql is without:
+                        params = params[:-2]
+                    fetch = sql is with_probe
+                started = time.perf_counter()
+                cur = conn.execute(sql, params)
+                if fetch:
+                    cur.fetchall()
+                times[name].append((time.perf_counter() - started) * 1000)
+        conn.execute("DELETE FROM checkpoints WHERE thread_id = %s", (thread,))
+        conn.execute("DELETE FROM durable_threads WHERE thread_id = %s", (thread,))
+    print(f"load average before: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} ({os.cpu_count()} cpus)")
+    print(f"{args.calls} calls each, taking turns; median and p90 ms per put")
+    base = statistics.median(times["floor (stock upsert)"])
+    for name, samples in times.items():
+        med = statistics.median(samples)
+        p90 = statistics.quantiles(samples, n=10)[-1]
+        print(f"{name:22} {med:7.3f}  p90 {p90:7.3f}  x floor {med / base:5.2f}")
+
+
+def _uuid6() -> str:
+    from langgraph.checkpoint.base.id import uuid6
+
+    return str(uuid6())
+
+
+if __name__ == "__main__":
+    main()
