@@ -445,7 +445,10 @@ def describe_export(result: Any, saver: SaverView, thread_id: str, dry_run: bool
         return None
     return AuditRecord(
         thread_id=result.thread_id,
-        detail={"blobs": result.blobs, "writes": result.writes, "channels": result.channels},
+        detail={
+            "blobs": result.blobs, "writes": result.writes, "channels": result.channels,
+            "versions": result.versions,
+        },
     )
 
 

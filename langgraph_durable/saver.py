@@ -156,6 +156,7 @@ class DurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
         read_dsn: str | None = None,
         read_max_lag: float = DEFAULT_MAX_LAG,
         read_fallback: bool = False,
@@ -170,6 +171,7 @@ class DurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
             pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+            compact_versions=compact_versions,
             read_dsn=read_dsn, read_max_lag=read_max_lag, read_fallback=read_fallback,
         )
         super().__init__(serde=serde, options=options)
@@ -211,6 +213,7 @@ class DurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
         read_dsn: str | None = None,
         read_max_lag: float = DEFAULT_MAX_LAG,
         read_fallback: bool = False,
@@ -257,6 +260,7 @@ class DurablePostgresSaver(_DurableBase):
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
                 on_unrecognised_run=on_unrecognised_run,
                 pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+                compact_versions=compact_versions,
                 read_dsn=read, read_max_lag=read_max_lag, read_fallback=read_fallback,
             )
             try:
@@ -427,6 +431,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
         read_dsn: str | None = None,
         read_max_lag: float = DEFAULT_MAX_LAG,
         read_fallback: bool = False,
@@ -441,6 +446,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
             leases=leases, takeover_dead_owners=takeover_dead_owners,
             on_unrecognised_run=on_unrecognised_run,
             pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+            compact_versions=compact_versions,
             read_dsn=read_dsn, read_max_lag=read_max_lag, read_fallback=read_fallback,
         )
         super().__init__(serde=serde, options=options)
@@ -483,6 +489,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
         read_dsn: str | None = None,
         read_max_lag: float = DEFAULT_MAX_LAG,
         read_fallback: bool = False,
@@ -509,6 +516,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
                 leases=leases, takeover_dead_owners=takeover_dead_owners,
                 on_unrecognised_run=on_unrecognised_run,
                 pooler=pooler, run_migrations=run_migrations, checkpoint_policy=checkpoint_policy,
+                compact_versions=compact_versions,
                 read_dsn=read, read_max_lag=read_max_lag, read_fallback=read_fallback,
             )
             try:

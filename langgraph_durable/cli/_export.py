@@ -122,6 +122,7 @@ def _print_report(
         "writes",
         "envelopes",
         "stock rows",
+        "versions",
         "channels",
     ):
         table.add_column(col)
@@ -134,6 +135,7 @@ def _print_report(
                 str(t.writes),
                 fmt_bytes(t.envelope_bytes),
                 fmt_bytes(t.stock_bytes),
+                str(t.versions),
                 ", ".join(t.channels),
             )
     if totals["threads_changed"]:
@@ -142,8 +144,8 @@ def _print_report(
         f"{totals['threads']} thread(s), {totals['checkpoints']} checkpoint(s): {verb} "
         f"{totals['blobs']} blob(s) and {totals['writes']} write(s) in "
         f"{totals['threads_changed']} thread(s) ({fmt_bytes(totals['envelope_bytes'])} of "
-        f"envelopes -> {fmt_bytes(totals['stock_bytes'])} of stock rows); "
-        f"busy {len(report.busy)}, failed {len(report.failed)}"
+        f"envelopes -> {fmt_bytes(totals['stock_bytes'])} of stock rows), "
+        f"{totals['versions']} row(s) of compact versions put in the stock form; busy {len(report.busy)}, failed {len(report.failed)}"
     )
     if verify and not dry_run:
         n = sum(map(len, mismatches.values()))
