@@ -31,8 +31,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, cast
 
-from langgraph_durable import _sealing
-from langgraph_durable import _chanver
+from langgraph_durable import _chanver, _sealing
 from langgraph_durable import audit as _audit
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable._view import SaverView
@@ -48,9 +47,9 @@ from langgraph_durable.sql.export import (
     THREAD_CHECKPOINT_COUNT_SQL,
     THREAD_VERSIONS_SQL,
     UPDATE_BLOB_SQL,
-    UPDATE_METADATA_SQL,
     UPDATE_BLOB_VERSION_SQL,
     UPDATE_CHECKPOINT_VERSIONS_SQL,
+    UPDATE_METADATA_SQL,
     UPDATE_WRITE_SQL,
 )
 from langgraph_durable.sql.threads import LOCK_THREAD_LEASE_SQL
