@@ -20,8 +20,7 @@ from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import Connection
 
-from langgraph_durable import _sealing
-from langgraph_durable import _chanver
+from langgraph_durable import _chanver, _sealing
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
