@@ -349,6 +349,8 @@ def test_console_shows_its_own_action_not_the_lagging_standby(skewed: _cluster.P
             _pause(pair)
             try:
                 page = client.get("/confirm/forget", params={"key": key}).text
+                # The plan is read on the primary; main put the standby's line above it.
+                assert key in page and "reading from standby" not in page, page[-1500:]
                 marker = 'name="csrf" value="'
                 csrf = page[page.index(marker) + len(marker):].split('"', 1)[0]
                 r = client.post("/act/forget", data={"key": key, "confirmed": "yes", "csrf": csrf},

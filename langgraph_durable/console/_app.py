@@ -296,7 +296,9 @@ class Console:
             flash=flash,
             path=request.url.path,
             query=str(request.url.query),
-            reading=getattr(self._reader, "read_lag", None),
+            # A page that read the primary (the confirmation) passes reading=None: no
+            # standby line above what was read on the primary.
+            reading=ctx.pop("reading") if "reading" in ctx else getattr(self._reader, "read_lag", None),
             **ctx,
         )
         return HTMLResponse(html, status_code=status)
@@ -909,7 +911,8 @@ def _confirm(c: Console, request: Request) -> Response:
     except DurableError as exc:
         return c.error(request, 404 if isinstance(exc, LookupError) else 400,
                        type(exc).__name__, exc.message)
-    return c.render(request, "confirm.html", action=action, plan=plan)
+    # The plan was read on the primary (Console.plan): no standby lag line above it.
+    return c.render(request, "confirm.html", action=action, plan=plan, reading=None)
 
 async def _act(c: Console, request: Request) -> Response:
     action = request.path_params["action"]
