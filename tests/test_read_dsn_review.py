@@ -393,3 +393,26 @@ def test_async_reader_behind_a_pooler_cannot_write(dsn: str) -> None:
     with pgbouncer(dsn) as through:
         asyncio.run(main(through))
     assert _one(dsn, "SELECT to_regclass('rv_probe_async')::text") is None
+
+
+# ------------------------------------------------------------------ restarted mid-session
+@cluster
+@faketime
+def test_standby_restarted_mid_session_reads_again(skewed: _cluster.Pair) -> None:
+    """The standby restarts (a minor-version upgrade, a config change) while a saver
+    holds its read pool: the next ``reader()`` and its reads work on fresh connections,
+    and a reader made before the restart reads again too (the driver's retry)."""
+    pair = skewed
+    primary, standby = _db(pair.primary.dsn), _db(pair.standby.dsn)
+    tid = f"restart-{uuid.uuid4().hex[:6]}"
+    with DurablePostgresSaver.from_conn_string(primary, read_dsn=standby) as saver:
+        _run(saver, tid)
+        _wait_caught_up(pair)
+        before = saver.reader()
+        assert tid in _ids(before)
+        _restart_skewed(pair.standby, SKEW)
+        pair.wait_streaming()
+        _wait_caught_up(pair)
+        after = saver.reader()
+        assert after.read_lag.source == "standby" and after.read_lag.seconds == 0.0, after.read_lag
+        assert tid in _ids(after) and tid in _ids(before)
