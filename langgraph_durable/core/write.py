@@ -66,6 +66,7 @@ from langgraph_durable.sql.checkpoints import (
     GUARDED_UPSERT_CHILD_CHECKPOINT_SQL,
     GUARDED_UPSERT_WRITE_SQL,
 )
+from langgraph_durable.sql.threads import SYNC_THREAD_VERSION_SQL
 from langgraph_durable.versioning import VERSION_KEY
 
 logger = logging.getLogger("langgraph_durable")
@@ -410,6 +411,10 @@ class WriteOps(WriteView):
         sql = texts[mode]
         # Lease mode: the put's RETURNING says whether an operator cancelled this run.
         stmts.append(Stmt(sql, (*row, *guard), fetch=lease is not None))
+        if mode == "foreign" and not checkpoint_ns and md.get(VERSION_KEY):
+            # Outside a run: the row's version follows the head (SYNC_THREAD_VERSION_SQL).
+            version = md[VERSION_KEY]
+            stmts.append(Stmt(SYNC_THREAD_VERSION_SQL, (version, thread_id, version)))
         try:
             # The only batch: one pipeline, no BEGIN/COMMIT (_io._implicit).
             out = yield Batch(stmts, final=True)
