@@ -7,13 +7,16 @@ Side by side in ONE run on the SAME PostgreSQL database:
   (``UPSERT_CHECKPOINT_WRITES_SQL`` for writes) with the stock saver's parameters;
 * ``stock``   -- ``langgraph.checkpoint.postgres.PostgresSaver`` (``AsyncPostgresSaver``);
 * ``durable`` -- ``DurablePostgresSaver`` with a lease held (every write fenced);
+* ``outside``  -- ``DurablePostgresSaver`` with no lease held (a write outside a run:
+  every write carries the foreign-lease check), writes only;
 * ``leases off`` -- ``DurablePostgresSaver(leases=False)``.
 
 Sections:
 
 * ``put`` / ``put_writes``: median ms per call, the contenders taking turns in rounds
   (so load from elsewhere on a shared machine hits them alike), ratio to the floor;
-* ``invoke``: a 10-step loop graph on a new thread per invoke: median ms per invoke,
+* ``invoke``: a 10-step loop graph on a new thread per invoke, ``durability="sync"`` and
+  ``"async"`` (LangGraph's default), the savers taking turns: median ms per invoke,
   and the wire per invoke counted by libpq's protocol trace on the saver's connection
   (round trips = ReadyForQuery messages, statements = Execute + simple Query);
 * ``concurrent``: async savers on a pool of 10 connections, N runs at once: runs/s.
@@ -176,11 +179,12 @@ def take_lease(w: Writer) -> None:
 
 
 def bench_writes(dsn: str, rounds: int, per_round: int) -> dict[str, dict[str, float]]:
-    conns = {n: connect(dsn) for n in ("floor", "stock", "durable", "leases off")}
+    conns = {n: connect(dsn) for n in ("floor", "stock", "durable", "outside", "leases off")}
     savers: dict[str, Any] = {
         "floor": None,
         "stock": PostgresSaver(conns["stock"]),
         "durable": DurablePostgresSaver(conns["durable"]),
+        "outside": DurablePostgresSaver(conns["outside"]),
         "leases off": DurablePostgresSaver(conns["leases off"], leases=False),
     }
     writers = {n: Writer(n, conns[n], savers[n]) for n in conns}
@@ -224,7 +228,7 @@ def bench_writes(dsn: str, rounds: int, per_round: int) -> dict[str, dict[str, f
 
 
 # --------------------------------------------------------------------------- invoke
-def bench_invoke(dsn: str, samples: int) -> dict[str, dict[str, float]]:
+def bench_invoke(dsn: str, samples: int, durability: str = "async") -> dict[str, dict[str, float]]:
     conns = {n: connect(dsn) for n in ("stock", "durable", "leases off")}
     savers: dict[str, Any] = {
         "stock": PostgresSaver(conns["stock"]),
@@ -238,15 +242,19 @@ def bench_invoke(dsn: str, samples: int) -> dict[str, dict[str, float]]:
     tag = uuid.uuid4().hex[:6]
     for name, g in graphs.items():  # warm up, then count one invoke
         for i in range(5):
-            g.invoke({"n": 0, "note": ""}, {"configurable": {"thread_id": f"w-{tag}-{name}-{i}"}})
+            g.invoke({"n": 0, "note": ""}, {"configurable": {"thread_id": f"w-{tag}-{name}-{i}"}},
+                     durability=durability)
         with wire(conns[name]) as c:
-            g.invoke({"n": 0, "note": ""}, {"configurable": {"thread_id": f"c-{tag}-{name}"}})
+            g.invoke({"n": 0, "note": ""}, {"configurable": {"thread_id": f"c-{tag}-{name}"}},
+                     durability=durability)
         wires[name] = c
+    order = list(graphs.items())
     for i in range(samples):
-        for name, g in graphs.items():
+        # Taking turns, rotating who goes first (load from elsewhere hits all alike).
+        for name, g in order[i % len(order):] + order[: i % len(order)]:
             cfg = {"configurable": {"thread_id": f"i-{tag}-{name}-{i}"}}
             c0, t0 = time.process_time(), time.perf_counter()
-            g.invoke({"n": 0, "note": ""}, cfg)
+            g.invoke({"n": 0, "note": ""}, cfg, durability=durability)
             times[name].append((time.perf_counter() - t0) * 1000)
             cpus[name].append((time.process_time() - c0) * 1000)
     for c in conns.values():
@@ -321,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dsn", default=os.environ.get("BENCH_DSN", DEFAULT_DSN))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-concurrent", action="store_true")
+    ap.add_argument("--skip-invoke", action="store_true")
     args = ap.parse_args(argv)
     dsn = make_db(args.dsn)
     try:
@@ -343,15 +352,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"   {r['put_writes']:10.3f} {r['put_writes'] / f['put_writes']:8.2f} {r['pw_cpu']:6.3f}"
                 f" {r['pw_rt']:3.0f} {r['pw_stmts']:5.0f}"
             )
-        inv = bench_invoke(dsn, 30 if args.quick else 100)
-        print(f"\ninvoke: {STEPS}-step loop graph, new thread each (median wall ms and process CPU ms;"
-              " wire per invoke)")
-        for n, r in inv.items():
-            print(
-                f"{n:12} {r['ms']:8.2f} ms  {r['ms'] - inv['stock']['ms']:+6.2f} ms vs stock"
-                f"  cpu {r['cpu']:6.2f} ms ({r['cpu'] - inv['stock']['cpu']:+5.2f})"
-                f"  {r['round_trips']:3} round trips  {r['statements']:3} statements"
-            )
+        for durability in () if args.skip_invoke else ("sync", "async"):
+            inv = bench_invoke(dsn, 30 if args.quick else 100, durability)
+            print(f"\ninvoke, durability={durability!r}: {STEPS}-step loop graph, new thread each"
+                  " (median wall ms and process CPU ms; wire per invoke)")
+            for n, r in inv.items():
+                print(
+                    f"{n:12} {r['ms']:8.2f} ms  {r['ms'] - inv['stock']['ms']:+6.2f} ms vs stock"
+                    f"  cpu {r['cpu']:6.2f} ms ({r['cpu'] - inv['stock']['cpu']:+5.2f})"
+                    f"  {r['round_trips']:3} round trips  {r['statements']:3} statements"
+                )
         if not args.skip_concurrent:
             conc = bench_concurrent(dsn, [10, 200], 1 if args.quick else 3)
             print("\nconcurrent runs (async, pool of 10): runs/s")
