@@ -165,15 +165,18 @@ class Writer:
         return time.perf_counter() - t0, time.thread_time() - c0
 
 
-def take_lease(w: Writer) -> None:
-    """Hold a real lease for ``w``'s thread in this context (what a run start does)."""
+def take_lease(w: Writer, version: str | None = "bench-v1") -> None:
+    """Hold a real lease for ``w``'s thread in this context (what a run start does). A
+    run's lease carries its graph version (the configured one or the graph's
+    fingerprint, lifecycle._current_version), so its puts stamp it and need no
+    inheritance from the parent; ``version=None`` measures the unversioned lease."""
     s = w.saver
     owner = saver_mod._owner_id()
-    res = s.run_op(lambda: s._op_acquire(w.thread, owner, None, None))
+    res = s.run_op(lambda: s._op_acquire(w.thread, owner, version, None))
     assert res["ok"], res
     w.lease = saver_mod.Lease(
         thread_id=w.thread, owner=owner, token=int(res["lease_token"]), attempts=1,
-        checkpoint_id=None, version=None,
+        checkpoint_id=None, version=version,
     )
     saver_mod._RUN_LEASE.set(w.lease)
 
