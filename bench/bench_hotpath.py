@@ -85,6 +85,18 @@ def connect(dsn: str) -> psycopg.Connection[Any]:
     return psycopg.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
 
 
+def backend_cpu(conn: psycopg.Connection[Any]) -> float | None:
+    """CPU seconds the connection's server process has run (``/proc/<pid>/schedstat``,
+    ns resolution), or None when the server is not on this machine. On a shared machine
+    the wall clock carries everyone's load and fsync queue; CPU per call is what a
+    write itself costs, client and server."""
+    try:
+        with open(f"/proc/{conn.info.backend_pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 # --------------------------------------------------------------------------- graph
 class State(TypedDict):
     n: int
@@ -209,6 +221,7 @@ def bench_writes(dsn: str, rounds: int, per_round: int) -> dict[str, dict[str, f
             "pw_rt": c2["round_trips"], "pw_stmts": c2["statements"],
         }
     order = list(writers.items())
+    server0 = {n: backend_cpu(c) for n, c in conns.items()}
     for r in range(rounds * per_round):
         # Call by call, the contenders taking turns (rotating who goes first), so load
         # from elsewhere on a shared machine hits them alike.
@@ -216,10 +229,16 @@ def bench_writes(dsn: str, rounds: int, per_round: int) -> dict[str, dict[str, f
             for key, (wall, cpu) in (("put", w.put()), ("pw", w.put_writes())):
                 results[name]["put_writes" if key == "pw" else "put"].append(wall)
                 results[name][f"{key}_cpu"].append(cpu)
+    calls = 2 * rounds * per_round  # put + put_writes, per contender
+    server = {}
+    for n, c in conns.items():
+        s1, s0 = backend_cpu(c), server0[n]
+        server[n] = (s1 - s0) / calls * 1000 if s1 is not None and s0 is not None else float("nan")
     for c in conns.values():
         c.close()
     return {
         n: {
+            "server": server[n],
             "put": statistics.median(r["put"]) * 1000,
             "put_writes": statistics.median(r["put_writes"]) * 1000,
             "put_cpu": statistics.median(r["put_cpu"]) * 1000,
@@ -252,6 +271,7 @@ def bench_invoke(dsn: str, samples: int, durability: str = "async") -> dict[str,
                      durability=durability)
         wires[name] = c
     order = list(graphs.items())
+    server0 = {n: backend_cpu(c) for n, c in conns.items()}
     for i in range(samples):
         # Taking turns, rotating who goes first (load from elsewhere hits all alike).
         for name, g in order[i % len(order):] + order[: i % len(order)]:
@@ -260,10 +280,14 @@ def bench_invoke(dsn: str, samples: int, durability: str = "async") -> dict[str,
             g.invoke({"n": 0, "note": ""}, cfg, durability=durability)
             times[name].append((time.perf_counter() - t0) * 1000)
             cpus[name].append((time.process_time() - c0) * 1000)
+    server = {}
+    for n, c in conns.items():
+        s1, s0 = backend_cpu(c), server0[n]
+        server[n] = (s1 - s0) / samples * 1000 if s1 is not None and s0 is not None else float("nan")
     for c in conns.values():
         c.close()
     return {
-        n: {"ms": statistics.median(t), "cpu": statistics.median(cpus[n]),
+        n: {"ms": statistics.median(t), "cpu": statistics.median(cpus[n]), "server": server[n],
             "round_trips": wires[n]["round_trips"],
             "statements": wires[n]["statements"]}
         for n, t in times.items()
@@ -344,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         rounds, per = (4, 50) if args.quick else (10, 100)
         w = bench_writes(dsn, rounds, per)
         print(f"\nwrites: median ms per call, {rounds * per} calls each, contenders taking turns call by call;"
-              " cpu = client CPU ms per call")
+              " cpu = client CPU ms per call; server = the backend's CPU ms per call, put and put_writes"
+              " averaged")
         print(f"{'':12} {'put':>8} {'x floor':>8} {'cpu':>6} {'rt':>3} {'stmts':>5}"
               f"   {'put_writes':>10} {'x floor':>8} {'cpu':>6} {'rt':>3} {'stmts':>5}")
         f = w["floor"]
@@ -353,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{n:12} {r['put']:8.3f} {r['put'] / f['put']:8.2f} {r['put_cpu']:6.3f}"
                 f" {r['put_rt']:3.0f} {r['put_stmts']:5.0f}"
                 f"   {r['put_writes']:10.3f} {r['put_writes'] / f['put_writes']:8.2f} {r['pw_cpu']:6.3f}"
-                f" {r['pw_rt']:3.0f} {r['pw_stmts']:5.0f}"
+                f" {r['pw_rt']:3.0f} {r['pw_stmts']:5.0f}   server {r['server']:6.3f}"
+                f" (x floor {r['server'] / f['server']:4.2f})"
+                f"  client+server x floor {(r['put_cpu'] + r['pw_cpu'] + 2 * r['server']) / (f['put_cpu'] + f['pw_cpu'] + 2 * f['server']):4.2f}"
             )
         for durability in () if args.skip_invoke else ("sync", "async"):
             inv = bench_invoke(dsn, 30 if args.quick else 100, durability)
@@ -364,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{n:12} {r['ms']:8.2f} ms  {r['ms'] - inv['stock']['ms']:+6.2f} ms vs stock"
                     f"  cpu {r['cpu']:6.2f} ms ({r['cpu'] - inv['stock']['cpu']:+5.2f})"
                     f"  {r['round_trips']:3} round trips  {r['statements']:3} statements"
+                    f"  server cpu {r['server']:5.2f} ms ({r['server'] - inv['stock']['server']:+5.2f})"
                 )
         if not args.skip_concurrent:
             conc = bench_concurrent(dsn, [10, 200], 1 if args.quick else 3)
