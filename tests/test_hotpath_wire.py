@@ -112,8 +112,10 @@ def test_leases_off_invoke_costs_exactly_stock(dsn: str, stock: dict[str, int]) 
     off = _invoke_wire(dsn, lambda c: DurablePostgresSaver(c, leases=False))
     # No fence, no foreign-lease probe, no separate version-inheritance or order
     # statement (the order check is folded into the checkpoint upsert). Before: 80
-    # statements vs stock's 46.
-    assert off == stock
+    # statements vs stock's 46. A put_writes of several writes: one statement (issue 26).
+    assert off["round_trips"] == stock["round_trips"], (off, stock)
+    assert off["multi_write_calls"] == stock["multi_write_calls"] > 0, (off, stock)
+    assert off["statements"] == stock["statements"] - off["multi_write_calls"], (off, stock)
 
 
 def test_update_state_costs_exactly_stock(dsn: str) -> None:

@@ -48,11 +48,13 @@ def _seed(saver: Any, thread: str) -> dict[str, Any]:
 def savers(dsn: str) -> Any:
     with psycopg.connect(dsn, autocommit=True) as stock_conn, psycopg.connect(dsn, autocommit=True) as conn:
         PostgresSaver(stock_conn).setup()
-        yield PostgresSaver(stock_conn), DurablePostgresSaver(conn), conn
+        yield PostgresSaver(stock_conn), DurablePostgresSaver(conn), conn, DurablePostgresSaver(conn, leases=False)
 
 
-def _same_as_stock(savers: Any, calls: list[list[tuple[str, Any]]], lease: bool) -> None:
-    stock, durable, conn = savers
+def _same_as_stock(savers: Any, calls: list[list[tuple[str, Any]]], lease: bool, off: bool = False) -> None:
+    stock, durable, conn, unleased = savers
+    if off:
+        durable = unleased
     tag = uuid.uuid4().hex[:10]
     s_thread, d_thread = f"ms-{tag}", f"md-{tag}"
     s_cfg, d_cfg = _seed(stock, s_thread), _seed(durable, d_thread)
@@ -76,11 +78,11 @@ def _same_as_stock(savers: Any, calls: list[list[tuple[str, Any]]], lease: bool)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(calls=st.lists(_WRITES, min_size=1, max_size=3), lease=st.booleans())
-def test_put_writes_leaves_what_stock_leaves(savers: Any, calls: list[list[tuple[str, Any]]], lease: bool) -> None:
-    """Outside a run (the foreign-lease guard) and under a lease, any writes: the rows
-    and the pending writes a load returns are the stock saver's."""
-    _same_as_stock(savers, calls, lease)
+@given(calls=st.lists(_WRITES, min_size=1, max_size=3), mode=st.sampled_from(["lease", "foreign", "off"]))
+def test_put_writes_leaves_what_stock_leaves(savers: Any, calls: list[list[tuple[str, Any]]], mode: str) -> None:
+    """Under a lease, outside a run (the foreign-lease guard) and with leases=False, any
+    writes: the rows and the pending writes a load returns are the stock saver's."""
+    _same_as_stock(savers, calls, lease=mode == "lease", off=mode == "off")
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -93,7 +95,7 @@ def test_special_writes_repeated_in_one_call_keep_stocks_last(savers: Any, write
 
 
 def test_lost_lease_refuses_the_whole_call(savers: Any) -> None:
-    _, durable, conn = savers
+    _, durable, conn, _ = savers
     tid = f"lost-{uuid.uuid4().hex[:10]}"
     cfg = _seed(durable, tid)
     got = durable.run_op(lambda: durable._op_acquire(tid, "owner-a", "v1", None))
@@ -111,7 +113,7 @@ def test_lost_lease_refuses_the_whole_call(savers: Any) -> None:
 
 
 def test_busy_thread_refuses_the_whole_call(savers: Any) -> None:
-    _, durable, conn = savers
+    _, durable, conn, _ = savers
     tid = f"busy-{uuid.uuid4().hex[:10]}"
     cfg = _seed(durable, tid)
     durable.run_op(lambda: durable._op_acquire(tid, "owner-live", "v1", None))

@@ -470,20 +470,21 @@ class WriteOps(WriteView):
         new_refs: list[bytes] = []
         if artifacts:
             stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
+        upsert = query is UPSERT_CHECKPOINT_WRITES_SQL
+        if 1 < len(rows) <= GUARDED_WRITES_MAX:
+            # A step's few writes: one statement, the guard once (issue 26,
+            # GUARDED_UPSERT_WRITES_SQL; leases=False: the stock columns and actions,
+            # no guard), where stock sends one per write.
+            if upsert:
+                rows = _last_per_key(rows)
+            texts = GUARDED_UPSERT_WRITES_SQL[mode] if upsert else GUARDED_INSERT_WRITES_SQL[mode]
+            if len(rows) > 1:
+                stmts.append(Stmt(texts[len(rows)], (*[v for r in rows for v in r], *guard)))
+                rows = []
         if mode != "none":
             # The rows carry the guard (issue 14, see GUARDED_UPSERT_WRITE_SQL): it
-            # runs before the first write row is inserted or locked. A step's few writes
-            # are one statement with the guard once (issue 26, GUARDED_UPSERT_WRITES_SQL);
-            # a large fan-out: its first row guarded, the rest the stock statement.
-            # leases=False: no guard, the stock saver's statements exactly.
-            upsert = query is UPSERT_CHECKPOINT_WRITES_SQL
-            if 1 < len(rows) <= GUARDED_WRITES_MAX:
-                if upsert:
-                    rows = _last_per_key(rows)
-                texts = GUARDED_UPSERT_WRITES_SQL[mode] if upsert else GUARDED_INSERT_WRITES_SQL[mode]
-                if len(rows) > 1:
-                    stmts.append(Stmt(texts[len(rows)], (*[v for r in rows for v in r], *guard)))
-                    rows = []
+            # runs before the first write row is inserted or locked. One write, or a
+            # large fan-out: its first row guarded, the rest the stock statement.
             if rows:
                 guarded = GUARDED_UPSERT_WRITE_SQL[mode] if upsert else GUARDED_INSERT_WRITE_SQL[mode]
                 stmts.append(Stmt(guarded, [(*rows[0], *guard)], many=True))

@@ -192,17 +192,19 @@ _UPSERT_ACTION = """DO UPDATE SET
 
 
 def _writes_rows(mode: GuardMode, n: int, action: str) -> str:
-    return _WRITES_ROWS.format(rows=",\n    ".join([_WRITE_ROW] * n), guard=_guard(mode, False), action=action)
+    guard = "true" if mode == "none" else _guard(mode, False)
+    return _WRITES_ROWS.format(rows=",\n    ".join([_WRITE_ROW] * n), guard=guard, action=action)
 
 
-# By mode, then row count (index n: n rows; 0 and 1 unused, the per-row texts serve one row).
+# By mode, then row count (index n: n rows; 0 and 1 unused, the per-row texts serve one
+# row). "none" (leases=False): no guard, the stock columns and actions, one statement.
 GUARDED_UPSERT_WRITES_SQL: dict[GuardMode, tuple[str, ...]] = {
     m: ("", "", *(_writes_rows(m, n, _UPSERT_ACTION) for n in range(2, GUARDED_WRITES_MAX + 1)))
-    for m in _MODES[:2]
+    for m in _MODES
 }
 GUARDED_INSERT_WRITES_SQL: dict[GuardMode, tuple[str, ...]] = {
     m: ("", "", *(_writes_rows(m, n, "DO NOTHING") for n in range(2, GUARDED_WRITES_MAX + 1)))
-    for m in _MODES[:2]
+    for m in _MODES
 }
 
 
