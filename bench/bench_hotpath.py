@@ -357,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-concurrent", action="store_true")
     ap.add_argument("--skip-invoke", action="store_true")
+    ap.add_argument("--skip-writes", action="store_true")
     args = ap.parse_args(argv)
     dsn = make_db(args.dsn)
     try:
@@ -366,13 +367,13 @@ def main(argv: list[str] | None = None) -> int:
             s.setup()
         print(f"load average before: {_load()}")
         rounds, per = (4, 50) if args.quick else (10, 100)
-        w = bench_writes(dsn, rounds, per)
+        w = {} if args.skip_writes else bench_writes(dsn, rounds, per)
         print(f"\nwrites: median ms per call, {rounds * per} calls each, contenders taking turns call by call;"
               " cpu = client CPU ms per call; server = the backend's CPU ms per call, put and put_writes"
               " averaged")
         print(f"{'':12} {'put':>8} {'x floor':>8} {'cpu':>6} {'rt':>3} {'stmts':>5}"
               f"   {'put_writes':>10} {'x floor':>8} {'cpu':>6} {'rt':>3} {'stmts':>5}")
-        f = w["floor"]
+        f = w.get("floor", {})
         for n, r in w.items():
             print(
                 f"{n:12} {r['put']:8.3f} {r['put'] / f['put']:8.2f} {r['put_cpu']:6.3f}"
