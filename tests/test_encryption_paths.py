@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send, interrupt
 from test_encryption_at_rest import CANARY, KEY, Run, _cfg, _q, _scan
@@ -240,3 +241,84 @@ def test_rekey_beside_a_copy_thread_leaves_nothing_under_the_old_key(dsn: str, t
         for thread in (source, "ab-other", target):
             got = fresh.get_tuple(_cfg(thread))
             assert got is not None, thread
+
+
+def test_a_wrong_key_retried_never_quarantines(dsn: str, tmp_path: Any) -> None:
+    """A worker or a caller configured with the wrong key (a half-rolled-out rotation)
+    retries a thread again and again: each run start fails with DecryptionError naming
+    the thread, and the thread is never quarantined nor its attempts spent (the key is
+    a configuration problem, not the checkpoint's)."""
+    from test_encryption_at_rest import OTHER_KEY
+
+    run = Run(dsn, "encp_retry_" + uuid.uuid4().hex[:8], tmp_path, KEY, "langgraph")
+    thread = "retried"
+    with run.saver() as saver:
+        saver.setup()
+        _text(saver).invoke({"text": f"kept {CANARY}"}, _cfg(thread))
+    with run.saver(OTHER_KEY) as wrong:
+        for _ in range(4):  # max_resume_attempts=1
+            with pytest.raises(DecryptionError) as got:
+                _text(wrong).invoke(None, _cfg(thread))
+            assert got.value.thread_id == thread
+    rows = _q(run, "SELECT status, attempts FROM durable_threads WHERE thread_id = %s", thread)
+    assert rows and rows[0][0] != "quarantined", (rows, outcomes, _q(run, "SELECT reason, last_error FROM durable_quarantine"))
+    assert not _q(run, "SELECT 1 FROM durable_quarantine WHERE thread_id = %s", thread)
+    with run.saver() as saver:
+        assert _text(saver).invoke(None, _cfg(thread)) is not None
+
+
+def test_a_worker_with_the_wrong_key_never_quarantines(dsn: str, tmp_path: Any) -> None:
+    """A RecoveryWorker deployed with the wrong key claims a thread left to recover
+    (here one in 'error', its node failed once) again and again: never quarantined,
+    and the right key's worker then runs it."""
+    from test_encryption_at_rest import OTHER_KEY
+
+    from langgraph_durable import RecoveryWorker
+
+    run = Run(dsn, "encp_worker_" + uuid.uuid4().hex[:8], tmp_path, KEY, "langgraph")
+    thread = "to-recover"
+    flaky = tmp_path / "flaky"
+
+    def build(saver: Any) -> Any:
+        def step(state: Text) -> dict[str, Any]:
+            if not flaky.exists():
+                flaky.write_text("failed once")
+                raise RuntimeError(f"transient {CANARY}")
+            return {"text": state["text"] + " done"}
+
+        g = StateGraph(Text)
+        g.add_node("step", step)
+        g.add_edge(START, "step")
+        g.add_edge("step", END)
+        return g.compile(checkpointer=saver)
+
+    from langgraph_durable import DurablePostgresSaver
+
+    def saver_with(key: bytes) -> Any:
+        return DurablePostgresSaver.from_conn_string(
+            dsn, schema=run.schema, serde=EncryptedSerializer.from_pycryptodome_aes(key=key), max_resume_attempts=3
+        )
+
+    with saver_with(KEY) as saver:
+        saver.setup()
+        with pytest.raises(RuntimeError):
+            build(saver).invoke({"text": "x"}, _cfg(thread))
+    outcomes: list[Any] = []
+    with saver_with(OTHER_KEY) as wrong:
+        worker = RecoveryWorker(build(wrong), error_backoff=0.0, max_error_backoff=0.0, register=False)
+        for _ in range(5):
+            _q(run, "UPDATE durable_threads SET updated_at = now() - interval '1 hour' WHERE thread_id = %s", thread)
+            result = worker.recover_one()
+            if result is None:
+                break
+            assert result.outcome != "quarantined", result
+            outcomes.append(result)
+    assert len(outcomes) >= 4, outcomes  # it was claimed each time (and refused)
+    rows = _q(run, "SELECT status, attempts FROM durable_threads WHERE thread_id = %s", thread)
+    assert rows and rows[0][0] != "quarantined", (rows, outcomes, _q(run, "SELECT reason, last_error FROM durable_quarantine"))
+    assert not _q(run, "SELECT 1 FROM durable_quarantine WHERE thread_id = %s", thread)
+    with saver_with(KEY) as saver:
+        worker = RecoveryWorker(build(saver), error_backoff=0.0, max_error_backoff=0.0, register=False)
+        _q(run, "UPDATE durable_threads SET updated_at = now() - interval '1 hour' WHERE thread_id = %s", thread)
+        result = worker.recover_one()
+        assert result is not None and result.status == "done", result
