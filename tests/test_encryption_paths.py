@@ -322,3 +322,72 @@ def test_a_worker_with_the_wrong_key_never_quarantines(dsn: str, tmp_path: Any) 
         _q(run, "UPDATE durable_threads SET updated_at = now() - interval '1 hour' WHERE thread_id = %s", thread)
         result = worker.recover_one()
         assert result is not None and result.status == "done", result
+
+
+def test_a_wrong_key_is_typed_on_the_other_read_paths(sealed: tuple[Run, dict[str, str]]) -> None:
+    """The read paths the first canary test does not try: history, a DeltaChannel's
+    ancestors, a subgraph's namespace, a fork. (inspection.thread_history reads only
+    what is in the clear: no key needed.)"""
+    from test_encryption_at_rest import OTHER_KEY
+
+    run, t = sealed
+    with run.saver(OTHER_KEY) as wrong:
+        attempts: dict[str, Any] = {
+            "history": lambda: list(_chat(wrong).get_state_history(_cfg(t["chat"]))),
+            "delta state": lambda: _chat(wrong).get_state(_cfg(t["chat"])),
+            "subgraph state": lambda: _fan(wrong).get_state(_cfg(t["fan"]), subgraphs=True),
+            "fork": lambda: control.fork(wrong, t["upd"], wrong_head(wrong)),
+        }
+
+        def wrong_head(saver: Any) -> str:
+            rows = _q(run, "SELECT max(checkpoint_id) FROM checkpoints WHERE thread_id = %s", t["upd"])
+            return str(rows[0][0])
+
+        failures = {}
+        for name, attempt in attempts.items():
+            try:
+                attempt()
+                failures[name] = "no error"
+            except DecryptionError as exc:
+                if exc.thread_id not in t.values():
+                    failures[name] = f"DecryptionError naming {exc.thread_id!r}"
+            except Exception as exc:  # noqa: BLE001 - the point: which paths are not typed
+                failures[name] = f"{type(exc).__name__}: {exc}"[:300]
+        assert not failures, failures
+
+
+def test_a_queued_answer_met_by_a_wrong_key_worker_is_typed(dsn: str, tmp_path: Any) -> None:
+    """A queued answer (issue 25) run by a worker with the wrong key: a DecryptionError
+    naming the thread, the answer kept for the right key's worker, never quarantined."""
+    from test_encryption_at_rest import OTHER_KEY
+
+    from langgraph_durable import DurablePostgresSaver, RecoveryWorker
+
+    def saver_with(key: bytes) -> Any:
+        return DurablePostgresSaver.from_conn_string(
+            dsn, schema=schema, serde=EncryptedSerializer.from_pycryptodome_aes(key=key), max_resume_attempts=2
+        )
+
+    schema = "encp_answer_" + uuid.uuid4().hex[:8]
+    thread = "asks"
+    with saver_with(KEY) as saver:
+        saver.setup()
+        fan = _fan(saver)
+        fan.invoke({"items": ["a"], "done": []}, _cfg(thread))
+        control.queue_answer(saver, thread, f"answer {CANARY}")
+    outcomes = []
+    with saver_with(OTHER_KEY) as wrong:
+        worker = RecoveryWorker(_fan(wrong), register=False)
+        for _ in range(4):
+            result = worker.recover_one()
+            if result is None:
+                break
+            outcomes.append(result)
+    assert outcomes, "the wrong key's worker never claimed it"
+    for result in outcomes:
+        assert result.status != "quarantined", result
+        assert (result.error or "").startswith("DecryptionError") and thread in (result.error or ""), result
+    with saver_with(KEY) as saver:
+        result = RecoveryWorker(_fan(saver), register=False).recover_one()
+        assert result is not None and result.status == "done", result
+        assert _fan(saver).get_state(_cfg(thread)).values["answer"] == f"answer {CANARY}"
