@@ -391,3 +391,37 @@ def test_a_queued_answer_met_by_a_wrong_key_worker_is_typed(dsn: str, tmp_path: 
         result = RecoveryWorker(_fan(saver), register=False).recover_one()
         assert result is not None and result.status == "done", result
         assert _fan(saver).get_state(_cfg(thread)).values["answer"] == f"answer {CANARY}"
+
+
+def test_an_operator_without_the_key_cannot_store_plaintext(dsn: str, tmp_path: Any,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ledger resolve` (the CLI, and the console's form: both Ledger.resolve) run
+    without the key on an encrypted database: the operator's value would be stored by
+    a serializer without a key, in the clear, in a row whose arguments are sealed. It
+    must be refused (DecryptionError: the key is needed), nothing written."""
+    from test_encryption_at_rest import _interrupted
+    from typer.testing import CliRunner
+
+    from langgraph_durable import Ledger
+    from langgraph_durable.cli import app
+
+    monkeypatch.delenv("LANGGRAPH_DURABLE_KEY_FILE", raising=False)
+    run = Run(dsn, "encp_resolve_" + uuid.uuid4().hex[:8], tmp_path, KEY, "langgraph")
+    key = "refund-by-operator"
+    with run.saver() as saver:
+        saver.setup()
+        _interrupted(saver, key)
+    result = CliRunner().invoke(app, ["ledger", "resolve", key, "--result-json",
+                                      f'{{"refunded": "{CANARY}"}}', "--dsn", dsn, "--schema", run.schema])
+    assert CANARY not in result.output
+    assert _scan(run, needles=(CANARY.encode(),)) == {}, "the operator's value is stored in the clear"
+    assert result.exit_code != 0 and "key" in result.output, result.output
+    from langgraph_durable import DurablePostgresSaver
+
+    with DurablePostgresSaver.from_conn_string(dsn, schema=run.schema) as keyless:
+        with pytest.raises(DecryptionError):
+            Ledger(keyless).resolve(key, {"refunded": CANARY})
+    with run.saver() as saver:  # with the key it resolves, sealed
+        Ledger(saver).resolve(key, {"refunded": CANARY})
+        assert Ledger(saver).result(key) == {"refunded": CANARY}
+    assert _scan(run, needles=(CANARY.encode(),)) == {}
