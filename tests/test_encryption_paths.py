@@ -456,3 +456,59 @@ def test_an_archive_of_the_old_key_restored_after_rekey_reads_with_the_new_key_a
     ) as new_only:
         got = new_only.get_tuple(_cfg(thread))
         assert got is not None and got.metadata["customer"] == CANARY
+
+
+def test_a_killed_rekey_rerun_with_another_key_set(dsn: str, tmp_path: Any) -> None:
+    """rekey OLD->NEW SIGKILLed mid-walk; the operator reruns it with NEW2 first and
+    OLD forgotten: a typed refusal naming a thread and the column (exit 1), nothing
+    garbled; rerun with all three keys it finishes, and NEW2 alone reads every thread."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from test_rekey import NEW, OLD, _key_file
+    from typer.testing import CliRunner
+
+    from langgraph_durable import DurablePostgresSaver
+    from langgraph_durable.cli import app
+
+    new2 = b"newer-key-0123456789abcdef012345"
+    threads = [f"kill-{i:02d}" for i in range(12)]
+    with DurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(OLD)) as saver:
+        for tid in threads:
+            _text(saver).invoke({"text": f"{tid} {CANARY}"}, _cfg(tid, customer=tid))
+    marker = tmp_path / "marker"
+    marker.write_text("")
+    here = Path(__file__).parent
+    child = subprocess.Popen(
+        [sys.executable, str(here / "_child_rekey.py"), dsn, _key_file(tmp_path, NEW, OLD), str(marker)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(here)},
+    )
+    deadline = time.monotonic() + 120
+    while len(marker.read_text().splitlines()) < 20:
+        assert child.poll() is None, child.communicate()
+        assert time.monotonic() < deadline, "the rekey child made no progress"
+        time.sleep(0.01)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    runner = CliRunner()
+    partial_keys = _key_file(tmp_path, new2, NEW)
+    result = runner.invoke(app, ["rekey", "--dsn", dsn, "--key-file", partial_keys, "--json"])
+    assert result.exit_code == 1, result.output
+    err = json.loads(result.output)
+    assert err["error"] in ("DecryptionError", "RekeyError"), err
+    assert err.get("thread_id") in threads or err.get("where"), err
+    every = DurableEncryptedSerializer(new2, old=[NEW, OLD])
+    with DurablePostgresSaver.from_conn_string(dsn, serde=every) as saver:
+        for tid in threads:
+            assert _text(saver).get_state(_cfg(tid)).values["text"] == f"{tid} {CANARY} echoed"
+    result = runner.invoke(app, ["rekey", "--dsn", dsn, "--key-file", _key_file(tmp_path, new2, NEW, OLD), "--json"])
+    assert result.exit_code == 0, result.output
+    with DurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(new2)) as saver:
+        for tid in threads:
+            state = _text(saver).get_state(_cfg(tid))
+            assert state.values["text"] == f"{tid} {CANARY} echoed" and state.metadata["customer"] == tid
