@@ -194,7 +194,7 @@ def _sealed_text_row(run: Run, thread: str) -> str:
 
 @pytest.mark.xfail(strict=True, reason="rev27: the package's sealed columns are not bound to their row "
                    "(AES-EAX without associated data): a sealed value moved to another thread's row "
-                   "opens there as that thread's value (docs/encryption.md says nothing of it)")
+                   "opens there as that thread's value (docs/encryption.md now says so; associated data is the proposed fix)")
 def test_a_sealed_value_swapped_between_threads_is_refused(sealed: tuple[Run, dict[str, str]]) -> None:
     """Someone with write access to the tables (not the key) copies thread B's sealed
     metadata into thread A's checkpoint: A must not read B's value as its own."""
@@ -512,3 +512,31 @@ def test_a_killed_rekey_rerun_with_another_key_set(dsn: str, tmp_path: Any) -> N
         for tid in threads:
             state = _text(saver).get_state(_cfg(tid))
             assert state.values["text"] == f"{tid} {CANARY} echoed" and state.metadata["customer"] == tid
+
+
+@pytest.mark.parametrize("with_key", [False, True], ids=["no-key", "key"])
+def test_every_console_page_on_the_sealed_paths(sealed: tuple[Run, dict[str, str]], with_key: bool) -> None:
+    """Each console page over the second workload's threads (a DeltaChannel chat, a
+    subgraph and a queued answer, a fork, a migration): 200, no traceback; without the
+    key no canary and the "encrypted" notice, with it the values opened."""
+    from starlette.testclient import TestClient
+
+    from langgraph_durable import DurablePostgresSaver
+    from langgraph_durable.console import create_app
+
+    run, t = sealed
+    serde = DurableEncryptedSerializer(KEY, old=[b"0" * 32]) if with_key else None
+    paths = ["/", "/threads", "/quarantine", "/ledger?show=all", "/versions", "/storage", "/audit",
+             *(f"/thread?id={tid}" for tid in t.values())]
+    with DurablePostgresSaver.from_conn_string(run.dsn, schema=run.schema, serde=serde) as saver:
+        with TestClient(create_app(saver, sample_interval=0)) as client:
+            pages = {p: client.get(p) for p in paths}
+    for path, r in pages.items():
+        assert r.status_code == 200, (path, r.text[:300])
+        assert "Traceback" not in r.text, path
+        if not with_key:
+            assert CANARY not in r.text, path
+    if with_key:
+        page = pages[f"/thread?id={t['chat']}"].text
+        assert 'id="encrypted"' not in page and "DecryptionError" not in page, page[-3000:]
+        assert "HumanMessage" in page  # the preview, opened (cut before the canary)
