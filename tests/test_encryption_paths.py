@@ -194,7 +194,8 @@ def _sealed_text_row(run: Run, thread: str) -> str:
 
 @pytest.mark.xfail(strict=True, reason="rev27: the package's sealed columns are not bound to their row "
                    "(AES-EAX without associated data): a sealed value moved to another thread's row "
-                   "opens there as that thread's value (docs/encryption.md now says so; associated data is the proposed fix)")
+                   "opens there as that thread's value (docs/encryption.md now says so; associated "
+                   "data is the proposed fix)")
 def test_a_sealed_value_swapped_between_threads_is_refused(sealed: tuple[Run, dict[str, str]]) -> None:
     """Someone with write access to the tables (not the key) copies thread B's sealed
     metadata into thread A's checkpoint: A must not read B's value as its own."""
@@ -540,3 +541,66 @@ def test_every_console_page_on_the_sealed_paths(sealed: tuple[Run, dict[str, str
         page = pages[f"/thread?id={t['chat']}"].text
         assert 'id="encrypted"' not in page and "DecryptionError" not in page, page[-3000:]
         assert "HumanMessage" in page  # the preview, opened (cut before the canary)
+
+
+class Count(TypedDict, total=False):
+    n: int
+    log: Annotated[list[str], operator.add]
+
+
+def test_rekey_beside_a_live_run_loses_nothing(dsn: str, tmp_path: Any) -> None:
+    """A run keeps writing (a new key first, the old one listed) while rekey walks one
+    row per transaction: every step's write lands once, nothing is left under the old
+    key, and the new key alone reads the whole history."""
+    import threading
+
+    from langgraph_durable import DurablePostgresSaver
+    from langgraph_durable.ops.rekey import rekey
+
+    schema = "encp_live_" + uuid.uuid4().hex[:8]
+    old_serde = EncryptedSerializer.from_pycryptodome_aes(key=KEY)
+    rotating = DurableEncryptedSerializer(current=NEW_KEY, old=[KEY])
+
+    def counter(saver: Any) -> Any:
+        def bump(state: Count) -> dict[str, Any]:
+            return {"n": state.get("n", 0) + 1, "log": [f"step {state.get('n', 0)} {CANARY}"]}
+
+        g = StateGraph(Count)
+        g.add_node("bump", bump)
+        g.add_edge(START, "bump")
+        g.add_edge("bump", END)
+        return g.compile(checkpointer=saver)
+
+    with DurablePostgresSaver.from_conn_string(dsn, schema=schema, serde=old_serde) as saver:
+        saver.setup()
+        for i in range(6):
+            counter(saver).invoke({"n": 0, "log": []}, _cfg(f"old-{i}"))
+        counter(saver).invoke({"n": 0, "log": []}, _cfg("live"))
+    turns = 25
+    errors: list[BaseException] = []
+
+    def live() -> None:
+        try:
+            with DurablePostgresSaver.from_conn_string(dsn, schema=schema, serde=rotating) as saver:
+                graph = counter(saver)
+                for _ in range(turns):
+                    graph.invoke({}, _cfg("live"))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    runner = threading.Thread(target=live)
+    with DurablePostgresSaver.from_conn_string(dsn, schema=schema, serde=rotating) as saver:
+        runner.start()
+        report = rekey(saver, batch_size=1)
+        runner.join(timeout=120)
+    assert not errors, errors
+    assert report.rekeyed > 0
+    with DurablePostgresSaver.from_conn_string(
+        dsn, schema=schema, serde=DurableEncryptedSerializer(current=NEW_KEY)
+    ) as fresh:
+        graph = counter(fresh)
+        state = graph.get_state(_cfg("live"))
+        assert state.values["n"] == turns + 1 and len(state.values["log"]) == turns + 1
+        assert len(list(graph.get_state_history(_cfg("live")))) >= 3 * (turns + 1)
+        for i in range(6):
+            assert graph.get_state(_cfg(f"old-{i}")).values["n"] == 1
