@@ -375,7 +375,14 @@ def test_a_queued_answer_met_by_a_wrong_key_worker_is_typed(dsn: str, tmp_path: 
         saver.setup()
         fan = _fan(saver)
         fan.invoke({"items": ["a"], "done": []}, _cfg(thread))
+    # A console without the key cannot queue (its serializer would store it in the clear).
+    with DurablePostgresSaver.from_conn_string(dsn, schema=schema) as keyless:
+        with pytest.raises(DecryptionError):
+            control.queue_answer(keyless, thread, f"keyless {CANARY}")
+    with saver_with(KEY) as saver:
         control.queue_answer(saver, thread, f"answer {CANARY}")
+    assert _q(Run(dsn, schema, tmp_path, None), "SELECT answer_type FROM durable_threads WHERE thread_id = %s",
+              thread)[0][0].endswith("+aes")
     outcomes = []
     with saver_with(OTHER_KEY) as wrong:
         worker = RecoveryWorker(_fan(wrong), register=False)
