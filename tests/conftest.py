@@ -191,6 +191,8 @@ SLOW_FIRST += ("test_control.py",)  # 78 serial (worker processes SIGKILLed, can
 SLOW_FIRST += ("test_console_walk.py",)  # ~50 (a worker process, Chromium, a 12 s run cancelled and resumed)
 # --- revread ---
 SLOW_FIRST += ("test_read_dsn_review.py",)  # 14-25 (two primary + standby pairs, pgbouncer)
+# --- rev27 ---
+SLOW_FIRST += ("test_encryption_paths.py",)  # 42 serial (two canary workloads, a rekey child SIGKILLed, rekeys beside runs)
 
 
 def pytest_configure(config: pytest.Config) -> None:

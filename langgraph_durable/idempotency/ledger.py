@@ -163,6 +163,8 @@ class Ledger:
     @_audit.audited("ledger.resolve", _audit.describe_ledger_change, prefetch=_audit.ledger_row)
     def _op_change(self, sql: str, key: str, params: tuple[Any, ...]) -> Generator[Any, Any, None]:
         memo = op_memo()
+        if _sealing.keyring_of(self.saver.serde) is None:
+            yield from self._op_refuse_keyless(key)
         changed, current = yield from _op_answer(sql, key, params)
         if changed:
             memo["changed"] = True
@@ -176,6 +178,24 @@ class Ledger:
         raise IdempotencyError(
             f"idempotency key {key!r} is already {current['status']}", key=key
         )
+
+    @staticmethod
+    def _op_refuse_keyless(key: str) -> Generator[Any, Any, None]:
+        """A saver without a key resolving an encrypted row (its arguments sealed, or
+        a result in the cipher's form): its serializer would store the operator's value
+        in the clear beside them (issue 27; the CLI without --key-file, a console
+        without the key). Refused, nothing written."""
+        rows = yield from _op_one(LEDGER_READ_SQL, (key,))
+        row = rows[0] if rows else None
+        if row is not None and (
+            _sealing.is_sealed(row.get("args_preview")) or _sealing.is_sealed(row.get("error"))
+            or "+" in str(row.get("result_type") or "")
+        ):
+            raise _sealing.DecryptionError(
+                thread_id=row.get("thread_id"), where="durable_ledger.result",
+                reason="the ledger row is encrypted and this saver has no key: the result would "
+                "be stored in the clear; give the key (--key-file, the saver's encrypting serde)",
+            )
 
     @_audit.audited("ledger.forget", _audit.describe_ledger_forget, prefetch=_audit.ledger_row)
     def _op_forget(self, key: str) -> Generator[Any, Any, bool]:
