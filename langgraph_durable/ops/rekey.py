@@ -45,6 +45,9 @@ class RekeyReport:
 
     key_id: str = ""
     columns: dict[str, dict[str, int]] = field(default_factory=dict)
+    # The key the digest secret (artifact digests, call fingerprints, journal keys) is
+    # derived from: keep it as digest_from when it leaves the keys (docs/encryption.md).
+    digest_key_id: str = ""
 
     @property
     def scanned(self) -> int:
@@ -167,7 +170,7 @@ def _op_page(
 def _flow_rekey(
     ring: Keyring, columns: Sequence[SealedColumn], batch_size: int, progress: Progress | None
 ) -> Flow[RekeyReport]:
-    report = RekeyReport(key_id=ring.current_id)
+    report = RekeyReport(key_id=ring.current_id, digest_key_id=ring.digest_source_id)
     total: int = yield Tx(partial(_op_count, columns))
     done = 0
     for col in columns:
