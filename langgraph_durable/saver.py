@@ -76,6 +76,7 @@ from langgraph_durable.core.reader import (
     make_reader,
     needs_second_look,
     note_not_standby,
+    op_check_read_schema,
     op_primary_lsn,
     op_standby_lag,
     primary_lag,
@@ -393,6 +394,7 @@ class DurablePostgresSaver(_DurableBase):
                         driver.run_op(lambda: op_standby_lag(None), transaction=False),
                         slot.settings, primary_reachable=False,
                     ))
+                    driver.run_op(lambda: op_check_read_schema(self.schema, pooled, dsn))
                 except BaseException:
                     pool.close()
                     raise
@@ -661,6 +663,7 @@ class AsyncDurablePostgresSaver(_DurableBase):
                             await driver.run_op(lambda: op_check_read_search_path(self), transaction=False)
                         row = await driver.run_op(lambda: op_standby_lag(None), transaction=False)
                         note_not_standby(slot.settings, lag_of(row, slot.settings, primary_reachable=False))
+                        await driver.run_op(lambda: op_check_read_schema(self.schema, pooled, dsn))
                     except BaseException:
                         await pool.close()
                         raise

@@ -421,6 +421,8 @@ def test_standby_gone_mid_session_is_typed_or_falls_back(
     monkeypatch.setattr(connections, "PROBE_TIMEOUT", 1.0)
 
     gone = make_database(admin_dsn, "read_gone")
+    with DurablePostgresSaver.from_conn_string(gone) as tables:  # a read server needs them
+        tables.setup()
     try:
         with DurablePostgresSaver.from_conn_string(dsn, read_dsn=gone) as saver, \
                 DurablePostgresSaver.from_conn_string(dsn, read_dsn=gone, read_fallback=True) as falls:

@@ -404,7 +404,7 @@ class Console:
                 cur.execute(q.THREADS_SQL, params)
                 rows = [lgi.mark_dead_owner(dict(r)) for r in cur.fetchall()]
         more = len(rows) > limit
-        rows = rows[:limit]
+        rows = lgi.open_last_errors(self.saver, rows[:limit])
         if any(r.get("state") == "running" for r in rows):
             registered = self.workers()
             for r in rows:

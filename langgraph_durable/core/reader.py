@@ -250,6 +250,29 @@ def needs_second_look(lag: ReadLag) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class _ReadSchemaView:
+    schema: str | None
+    pooler: Any
+
+
+def op_check_read_schema(schema: str | None, pooled: Any, dsn: str) -> Op[None]:
+    """On the read server, once when its pool opens: the package's tables are there at
+    this release's version (what ``setup(run_migrations=False)`` checks on the primary),
+    else ``ReadDsnSchemaError`` naming the server, before any listing meets a raw
+    ``UndefinedTable`` (a read_dsn that names another database or cluster)."""
+    from langgraph.checkpoint.postgres.base import MIGRATIONS as STOCK_MIGRATIONS
+
+    from langgraph_durable.errors import ReadDsnSchemaError, SchemaNotReadyError
+    from langgraph_durable.pooler import op_check_schema
+
+    try:
+        yield from op_check_schema(_ReadSchemaView(schema, pooled), list(STOCK_MIGRATIONS))
+    except SchemaNotReadyError as exc:
+        f = exc.fields
+        raise ReadDsnSchemaError(server_of(dsn), schema, f["component"], f["found"], f["expected"]) from exc
+
+
 _NOT_STANDBY_LOGGED: set[str] = set()
 _MISMATCH_LOGGED: set[tuple[str, str]] = set()
 

@@ -64,15 +64,20 @@ class LedgerEntry:
     expires_at: dt.datetime | None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any], ring: Keyring | None = None) -> LedgerEntry:
+    def from_row(
+        cls, row: Mapping[str, Any], ring: Keyring | None = None, *, lenient: bool = False
+    ) -> LedgerEntry:
         """``ring``: the saver's keyring, opening what is sealed (issue 27); without
-        one a sealed text reads ``"<encrypted>"``."""
+        one a sealed text reads ``"<encrypted>"``, as does one under a key ``ring``
+        lacks when ``lenient`` (a listing), else that is ``DecryptionError``."""
         started = row["status"] == "started"
         thread = row["thread_id"] or row["origin_thread_id"]
 
         def opened(column: str) -> str | None:
             where = f"{column} of idempotency key {row['key']!r}"
-            return _sealing.open_text(ring, row[column], thread_id=thread, where=where, strict=False)
+            return _sealing.open_text(
+                ring, row[column], thread_id=thread, where=where, strict=False, lenient=lenient
+            )
 
         # A claim whose owner is a dead process of this machine is dead now, whatever
         # its claim lease says (the check a run start makes on its lease).
@@ -126,7 +131,7 @@ class Ledger:
             LEDGER_LIST_SQL, {"thread_id": thread_id, "status": status, "limit": int(limit)}
         )
         ring = _sealing.keyring_of(self.saver.serde)
-        return [LedgerEntry.from_row(r, ring) for r in rows]
+        return [LedgerEntry.from_row(r, ring, lenient=True) for r in rows]
 
     def _op_result(self, key: str) -> Generator[Any, Any, Any]:
         rows = yield from _op_one(LEDGER_READ_SQL, (key,))
