@@ -11,6 +11,9 @@ Timed (median of ``--repeat``), with EXPLAIN (ANALYZE, BUFFERS) of each:
 
 * ``claim (backlog)``: a worker's claim poll with claimable threads (rolled back);
 * ``claim (idle)``: the same poll when nothing is claimable for it;
+* ``claim (other version)``: the poll of a worker of another version (``versions=['v2']``,
+  unstamped threads adopted) during a rolling deploy: every claimable thread is of the
+  build's version, none of its own (issue 26: it walked the whole backlog);
 * ``status counts``: recovery.status_counts (CLI ``status`` / ``worker``), after the
   plan settings it sends (``STATUS_PLAN_SQL``, where it exists);
 * ``threads counts``: inspect.thread_status_counts (CLI ``threads status``);
@@ -155,18 +158,25 @@ def churn(dsn: str) -> float:
     return time.perf_counter() - start
 
 
-def _claim_params(statuses: list[str], retry_errors: bool) -> dict[str, Any]:
-    return {
+def _claim_params(statuses: list[str], retry_errors: bool, versions: list[str] | None = None) -> dict[str, Any]:
+    params = {
         "statuses": statuses, "retry_errors": retry_errors, "backoff": 1.0, "max_backoff": 60.0,
-        "any_version": True, "versions": [], "adopt": True, "skip": [], "limit": 1,
+        "any_version": versions is None, "versions": versions or [], "adopt": True, "skip": [], "limit": 1,
         "owner": "bench:claim", "ttl": 30.0,
     }
+    version_params = getattr(recovery_sql, "claim_version_params", None)  # issue 26
+    return {**params, **version_params(versions)} if version_params and versions is not None else params
 
 
-def _claim_sql(statuses: list[str], retry_errors: bool) -> str:
-    """The claim as _op_claim sends it for these statuses (one constant before issue 14)."""
+def _claim_sql(statuses: list[str], retry_errors: bool, versions: list[str] | None = None) -> str:
+    """The claim as _op_claim sends it for these statuses (one constant before issue 14;
+    keyed by the worker's versions since issue 26)."""
     build = getattr(recovery_sql, "claim_sql", None)
-    return build(statuses, retry_errors) if build else recovery_sql.RECOVERY_CLAIM_SQL
+    if build is None:
+        return recovery_sql.RECOVERY_CLAIM_SQL
+    if versions is not None and hasattr(recovery_sql, "claim_version_params"):
+        return str(build(statuses, retry_errors, versions=len(versions)))
+    return str(build(statuses, retry_errors))
 
 
 def queries() -> dict[str, tuple[Any, Any, bool]]:
@@ -176,6 +186,9 @@ def queries() -> dict[str, tuple[Any, Any, bool]]:
     return {
         "claim (backlog)": (_claim_sql(list(recovery.RECOVERABLE), True), _claim_params(list(recovery.RECOVERABLE), True), True),
         "claim (idle)": (_claim_sql(["queued"], False), _claim_params(["queued"], False), True),
+        "claim (other version)": (
+            _claim_sql(list(recovery.RECOVERABLE), True, ["v2"]),
+            _claim_params(list(recovery.RECOVERABLE), True, ["v2"]), True),
         # As status_counts sends it: after its plan settings (STATUS_PLAN_SQL), if any.
         "status counts": (recovery_sql.STATUS_COUNTS_SQL, None, hasattr(recovery_sql, "STATUS_PLAN_SQL")),
         "threads counts": (qi.THREAD_STATE_COUNTS_SQL, None, False),
@@ -255,12 +268,12 @@ def main(argv: list[str] | None = None) -> None:
             if plan:
                 print(f"\n## EXPLAIN {name} @ {label}\n{plan}")
     names = list(queries())
-    header = f"{'query':<20}" + "".join(f"{label + ' (ms)':>14}" for label in labels)
+    header = f"{'query':<24}" + "".join(f"{label + ' (ms)':>14}" for label in labels)
     if len(labels) > 1:
         header += "".join(f"{labels[i + 1] + '/' + labels[i]:>14}" for i in range(len(labels) - 1))
     print("\n" + header)
     for name in names:
-        line = f"{name:<20}" + "".join(f"{results[label][name][0] * 1000:>14.2f}" for label in labels)
+        line = f"{name:<24}" + "".join(f"{results[label][name][0] * 1000:>14.2f}" for label in labels)
         for i in range(len(labels) - 1):
             a, b = results[labels[i]][name][0], results[labels[i + 1]][name][0]
             line += f"{b / a:>13.1f}x"

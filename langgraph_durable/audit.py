@@ -234,7 +234,7 @@ def _op_list(
     ring = _sealing.RING.get()
     return [
         {**r, "detail": _redacted(_sealing.open_json(
-            ring, r.get("detail"), thread_id=r.get("thread_id"), where="audit detail", strict=False
+            ring, r.get("detail"), thread_id=r.get("thread_id"), where="audit detail", strict=False, lenient=True
         ))}
         for r in rows[0]
     ]
@@ -445,7 +445,10 @@ def describe_export(result: Any, saver: SaverView, thread_id: str, dry_run: bool
         return None
     return AuditRecord(
         thread_id=result.thread_id,
-        detail={"blobs": result.blobs, "writes": result.writes, "channels": result.channels},
+        detail={
+            "blobs": result.blobs, "writes": result.writes, "channels": result.channels,
+            "versions": result.versions,
+        },
     )
 
 

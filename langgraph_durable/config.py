@@ -135,6 +135,8 @@ class SaverOptions:
     poison: PoisonOptions = field(default_factory=PoisonOptions)
     leases: LeaseOptions = field(default_factory=LeaseOptions)
     artifacts: ArtifactConfig = field(default_factory=ArtifactConfig)
+    # Channel versions in the compact form (issue 26, _chanver); False: the stock form.
+    compact_versions: bool = True
     reads: ReadOptions = field(default_factory=ReadOptions)
 
     def __post_init__(self) -> None:
@@ -163,6 +165,7 @@ class SaverOptions:
         pooler: str | None = None,
         run_migrations: bool = True,
         checkpoint_policy: CheckpointPolicy | None = None,
+        compact_versions: bool = True,
         read_dsn: str | None = None,
         read_max_lag: float = DEFAULT_MAX_LAG,
         read_fallback: bool = False,
@@ -188,6 +191,7 @@ class SaverOptions:
                 compression_level=compression_level,
                 cache_bytes=artifact_cache_bytes,
             ),
+            compact_versions=compact_versions,
             reads=ReadOptions(read_dsn, read_max_lag, read_fallback),
         )
 

@@ -10,7 +10,10 @@ value (a ``DeltaChannel`` snapshot included). Everything else is already stock:
 checkpoint JSON (the durable saver inlines a subset of what the stock saver inlines,
 and the stock reader merges blobs over inline values), metadata (the ``graph_version``,
 ``migrated_from`` and ``migration_id`` keys stay: the stock saver keeps any metadata),
-pending writes below the threshold, blobs of other types.
+pending writes below the threshold, blobs of other types. And one more rewrite (issue
+26): channel versions in this package's compact form (``_chanver``) are put in the stock
+form, same counters, in the checkpoints' ``channel_versions`` and ``versions_seen`` and in
+the blob rows' keys (the stock ``get_next_version`` cannot continue from a compact one).
 
 One transaction per thread, under the thread's row lock: a thread a live run holds is
 reported busy and left alone; a thread whose artifacts are missing or damaged is
@@ -28,19 +31,24 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, cast
 
-from langgraph_durable import _sealing
+from langgraph_durable import _chanver, _sealing
 from langgraph_durable import audit as _audit
 from langgraph_durable._io import Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable._view import SaverView
 from langgraph_durable.artifacts import REF_TYPE
+from langgraph_durable.core.jsonb import jsonb
 from langgraph_durable.errors import DurableError, ThreadBusyError
 from langgraph_durable.sql.export import (
+    COMPACT_BLOB_VERSIONS_SQL,
     EXPORT_THREADS_SQL,
     REF_BLOBS_SQL,
     REF_WRITES_SQL,
     SEALED_METADATA_SQL,
     THREAD_CHECKPOINT_COUNT_SQL,
+    THREAD_VERSIONS_SQL,
     UPDATE_BLOB_SQL,
+    UPDATE_BLOB_VERSION_SQL,
+    UPDATE_CHECKPOINT_VERSIONS_SQL,
     UPDATE_METADATA_SQL,
     UPDATE_WRITE_SQL,
 )
@@ -59,10 +67,11 @@ class ThreadExport:
     stock_bytes: int = 0  # size of the stock rows written instead
     channels: list[str] = field(default_factory=list)  # channels whose blobs changed
     metadata: int = 0  # checkpoints whose sealed run metadata was opened (issue 27)
+    versions: int = 0  # checkpoint and blob rows whose compact versions became stock ones
 
     @property
     def changed(self) -> bool:
-        return bool(self.blobs or self.writes or self.metadata)
+        return bool(self.blobs or self.writes or self.metadata or self.versions)
 
 
 @dataclass
@@ -88,6 +97,7 @@ class ExportReport:
             "metadata": sum(t.metadata for t in self.threads),
             "envelope_bytes": sum(t.envelope_bytes for t in self.threads),
             "stock_bytes": sum(t.stock_bytes for t in self.threads),
+            "versions": sum(t.versions for t in self.threads),
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -111,6 +121,8 @@ def op_export_thread(saver: SaverView, thread_id: str, dry_run: bool) -> Op[Thre
             Stmt(REF_BLOBS_SQL, (tid, REF_TYPE), fetch=True, prepare=False),
             Stmt(REF_WRITES_SQL, (tid, REF_TYPE), fetch=True, prepare=False),
             Stmt(SEALED_METADATA_SQL, (tid, _sealing.SEALED_METADATA_KEY), fetch=True, prepare=False),
+            Stmt(THREAD_VERSIONS_SQL, (tid,), fetch=True, prepare=False),
+            Stmt(COMPACT_BLOB_VERSIONS_SQL, (tid,), fetch=True, prepare=False),
         ]
     )
     lease = rows[0][0] if rows[0] else None
@@ -128,7 +140,14 @@ def op_export_thread(saver: SaverView, thread_id: str, dry_run: bool) -> Op[Thre
         for r in rows[4]
     ]
     out.metadata = len(metadata_params)
-    if not blobs and not writes and not metadata_params:
+    version_stmts = _stock_version_stmts(tid, rows[5], rows[6])
+    out.versions = sum(len(s.params) for s in version_stmts)
+    if metadata_params:
+        # After the envelopes' updates too (below); the two touch different columns.
+        version_stmts.insert(0, Stmt(UPDATE_METADATA_SQL, metadata_params, many=True))
+    if not blobs and not writes:
+        if version_stmts and not dry_run:
+            yield Batch(version_stmts)
         return out
     where = {"thread_id": tid, "checkpoint_ns": "", "checkpoint_id": None}
     pairs = [(REF_TYPE, bytes(r["blob"])) for r in (*blobs, *writes)]
@@ -172,10 +191,35 @@ def op_export_thread(saver: SaverView, thread_id: str, dry_run: bool) -> Op[Thre
         stmts.append(Stmt(UPDATE_BLOB_SQL, blob_params, many=True))
     if write_params:
         stmts.append(Stmt(UPDATE_WRITE_SQL, write_params, many=True))
-    if metadata_params:
-        stmts.append(Stmt(UPDATE_METADATA_SQL, metadata_params, many=True))
+    # After the envelopes' updates, which find the blob rows by their current version.
+    stmts += version_stmts
     yield Batch(stmts)
     return out
+
+
+def _stock_version_stmts(tid: str, checkpoints: list[Any], blobs: list[Any]) -> list[Stmt]:
+    """The updates putting a thread's compact channel versions in the stock form: the
+    checkpoints that hold one (``channel_versions``, ``versions_seen``) and the blob
+    rows keyed by one. Same counters, so the order LangGraph compares is kept."""
+    cp_params = []
+    for r in checkpoints:
+        body = {"channel_versions": r["versions"], "versions_seen": r["seen"]}
+        if not _chanver.has_compact(body):
+            continue
+        versions = r["versions"] if not isinstance(r["versions"], dict) else _chanver.stock_versions(r["versions"])
+        seen = r["seen"] if not isinstance(r["seen"], dict) else _chanver.stock_seen(r["seen"])
+        cp_params.append((jsonb(versions), jsonb(seen), tid, r["checkpoint_ns"], r["checkpoint_id"]))
+    blob_params = [
+        (_chanver.to_stock(r["version"]), tid, r["checkpoint_ns"], r["channel"], r["version"])
+        for r in blobs
+        if _chanver.is_compact(r["version"])
+    ]
+    stmts = []
+    if cp_params:
+        stmts.append(Stmt(UPDATE_CHECKPOINT_VERSIONS_SQL, cp_params, many=True))
+    if blob_params:
+        stmts.append(Stmt(UPDATE_BLOB_VERSION_SQL, blob_params, many=True))
+    return stmts
 
 
 def op_thread_ids(thread_ids: Sequence[str] | None) -> Op[list[str]]:
@@ -258,6 +302,15 @@ def snapshot_thread(saver: SaverView, thread_id: str) -> list[dict[str, Any]]:
     return out
 
 
+def _stock_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    out = dict(checkpoint)
+    if isinstance(out.get("channel_versions"), dict):
+        out["channel_versions"] = _chanver.stock_versions(out["channel_versions"])
+    if isinstance(out.get("versions_seen"), dict):
+        out["versions_seen"] = _chanver.stock_seen(out["versions_seen"])
+    return out
+
+
 def compare_snapshots(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
     """Where two snapshots of a thread differ (empty: identical)."""
     problems: list[str] = []
@@ -268,7 +321,8 @@ def compare_snapshots(before: list[dict[str, Any]], after: list[dict[str, Any]])
         for key in ("config", "metadata", "parent_config", "pending_writes"):
             if a[key] != b[key]:
                 problems.append(f"checkpoint {cid}: {key} differs")
-        ca, cb = a["checkpoint"], b["checkpoint"]
+        # Compact channel versions compare as their stock form (what export writes).
+        ca, cb = _stock_checkpoint(a["checkpoint"]), _stock_checkpoint(b["checkpoint"])
         for key in sorted(set(ca) | set(cb)):
             if key == "channel_values":
                 va, vb = ca.get(key) or {}, cb.get(key) or {}

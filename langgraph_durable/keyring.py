@@ -263,6 +263,11 @@ class Keyring:
             return None
         return hmac.new(self._digest_from, _DIGEST_LABEL, hashlib.sha256).digest()
 
+    @property
+    def digest_source_id(self) -> str:
+        """Key id of the key the digest secret is derived from ("" when there is none)."""
+        return key_id(self._digest_from).hex() if self._digest_from is not None else ""
+
     def digest_keys(self) -> tuple[bytes, ...]:
         """Every secret a stored artifact's digest may be keyed with (``digest_key()``
         first, then each configured key's): what verification accepts, so artifacts

@@ -80,6 +80,7 @@ from langgraph_durable.sql.recovery import (
     STATUS_PLAN_SQL,
     STATUS_ROWS_SQL,
     claim_sql,
+    claim_version_params,
 )
 from langgraph_durable.sql.threads import CLEAR_ANSWER_SQL
 from langgraph_durable.sql.workers import (
@@ -231,13 +232,15 @@ def _op_claim(
     skip: Iterable[str],
 ) -> Op[Claim | None]:
     versions = sorted({v for t in targets for v in t.versions})
+    any_version = any(t.any_version for t in targets)
     params = {
         "statuses": list(statuses),
         "retry_errors": retry_errors,
         "backoff": float(backoff),
         "max_backoff": float(max_backoff),
-        "any_version": any(t.any_version for t in targets),
+        "any_version": any_version,
         "versions": versions,
+        **({} if any_version else claim_version_params(versions)),
         # Unstamped threads belong to no graph in particular: only a worker with one
         # graph may take them (which graph would it pick otherwise?).
         "adopt": len(targets) == 1 and targets[0].adopt,
@@ -246,14 +249,23 @@ def _op_claim(
         "owner": owner,
         "ttl": float(ttl),
     }
-    # The plan settings first (CLAIM_PLAN_SQL: jit off, the ordered ready-index walk
-    # whatever the statistics say; issue 14), in the same transaction as the claim.
-    rows = yield Batch(
-        [Stmt(CLAIM_PLAN_SQL), Stmt(claim_sql(statuses, retry_errors), params, fetch=True, prepare=False, name="claim")]
-    )
-    found = rows["claim"]
+    # A worker of some versions walks only theirs (issue 26): claim_sql keyed by how many.
+    count = None if any_version else len(versions)
+    sql = claim_sql(statuses, retry_errors, versions=count)
+    found: list[dict[str, Any]] = []
+    for _ in range(CLAIM_REPAIRS_PER_POLL):
+        # The plan settings first (CLAIM_PLAN_SQL: jit off, the ordered ready-index walk
+        # whatever the statistics say; issue 14), in the same transaction as the claim.
+        rows = yield Batch(
+            [Stmt(CLAIM_PLAN_SQL), Stmt(sql, params, fetch=True, prepare=False, name="claim")]
+        )
+        found = rows["claim"]
+        if not found or found[0]["claimed"]:
+            break
+        _log_repaired(found[0])
+        found = []  # the row named the wrong version: corrected, poll again
     if not found and any(t.saver.takeover_dead_owners for t in targets):
-        found = yield from _op_claim_dead(params, statuses, retry_errors)
+        found = yield from _op_claim_dead(params, statuses, retry_errors, count)
     if not found:
         return None
     r = found[0]
@@ -271,8 +283,20 @@ def _op_claim(
     )
 
 
+# How many rows naming the wrong version one poll corrects before it gives up for now
+# (each is one claim statement; the next poll goes on).
+CLAIM_REPAIRS_PER_POLL = 16
+
+
+def _log_repaired(row: Mapping[str, Any]) -> None:
+    logger.info(
+        "thread %s: its row named another graph version than its latest checkpoint (%s); corrected",
+        row["thread_id"], row["graph_version"],
+    )
+
+
 def _op_claim_dead(
-    params: dict[str, Any], statuses: Sequence[str], retry_errors: bool
+    params: dict[str, Any], statuses: Sequence[str], retry_errors: bool, versions: int | None = None
 ) -> Op[list[dict[str, Any]]]:
     """Nothing else to claim: the live leases of this machine whose owner is a dead
     process, judged as a run start judges them (``leases.dead``, ``owner_is_dead``),
@@ -285,16 +309,21 @@ def _op_claim_dead(
         return []
     owners = sorted({r["lease_owner"] for r in dead})
     rows = yield Batch(
-        [Stmt(claim_sql(statuses, retry_errors, dead=True), {**params, "dead": owners}, fetch=True, prepare=False)]
+        [Stmt(claim_sql(statuses, retry_errors, dead=True, versions=versions), {**params, "dead": owners},
+              fetch=True, prepare=False)]
     )
+    claimed = [r for r in rows[0] if r["claimed"]]
     for r in rows[0]:
+        if not r["claimed"]:
+            _log_repaired(r)
+    for r in claimed:
         holder = next((d["lease_owner"] for d in dead if d["thread_id"] == r["thread_id"]), None)
         logger.warning(
             "thread %s: lease holder %s is a dead process of this machine and pid namespace; "
             "claiming it now", r["thread_id"], holder,
         )
         _telemetry.count("leases_taken_over", reason="dead_owner")
-    return cast("list[dict[str, Any]]", rows[0])
+    return claimed
 
 
 def _op_finish(claim: Claim, clear_answer: bool = False) -> Op[dict[str, Any] | None]:
@@ -779,14 +808,26 @@ class RecoveryWorker:
             return None
         from langgraph.types import Command
 
+        serde = target.saver.serde
         try:
-            value = target.saver.serde.loads_typed(claim.answer)
+            value = serde.loads_typed(claim.answer)
         except Exception as exc:
-            # Before the run: never an attempt, so without a skip every poll claimed it
-            # again (rev25). Left for an operator (the right key, or a new answer).
-            raise AnswerDecodeError(
-                claim.thread_id, claim.answer_checkpoint_id, f"{type(exc).__name__}: {exc}"
-            ) from exc
+            # Before the run: never an attempt, so without a skip every poll of this
+            # worker claimed it again, forever (rev25). Left for an operator (the right
+            # key, or a new answer); another worker (with the key) may still take it.
+            with self._lock:
+                self._skip[claim.thread_id] = time.monotonic() + max(60.0, self.poll_interval)
+            # A wrong key (or none) for the encrypted answer: the typed refusal naming
+            # the thread (issue 27), not pycryptodome's bare "MAC check failed".
+            typed = _sealing.decrypt_failure(
+                serde, str(claim.answer[0]), exc, thread_id=claim.thread_id,
+                where="durable_threads.answer_blob", checkpoint_id=claim.answer_checkpoint_id,
+            )
+            if typed is None:
+                raise AnswerDecodeError(
+                    claim.thread_id, claim.answer_checkpoint_id, f"{type(exc).__name__}: {exc}"
+                ) from exc
+            raise typed from exc
         logger.info("thread %s: running the queued answer to checkpoint %s", claim.thread_id, claim.checkpoint_id)
         return Command(resume=value)
 

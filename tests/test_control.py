@@ -749,3 +749,20 @@ def test_cli_decisions(db: str, ask_graph: Any, tmp_path: Path) -> None:
     res = run(app, ["threads", "delete", "cli-fork", "--dsn", db, "--yes", "--archive", str(tmp_path), "--json"])
     assert res.exit_code == 0 and json.loads(res.output)["archive"]
     assert not q(db, "SELECT 1 FROM checkpoints WHERE thread_id = 'cli-fork'")
+
+
+def test_cancel_of_a_claim_follows_it_into_the_run(db: str) -> None:
+    """A cancel requested in the instant between a worker's claim and its run start (the
+    live lease is the claim's) is carried over by the run start (LEASE_ACQUIRE_SQL)."""
+    from langgraph_durable.recovery import submit
+
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        graph = cc.make_steps(30).compile(checkpointer=saver)
+        submit(graph, {"log": []}, cfg("cancel-claim"))
+        worker = RecoveryWorker(graph, register=False)
+        claim = saver.run_op(worker._claim_op())
+        assert claim is not None and claim.thread_id == "cancel-claim"
+        control.request_cancel(saver, "cancel-claim")
+        result = worker._sync.flows(worker).run_flow(worker._resume_flow(claim, worker._sync))
+        assert result.outcome == "cancelled" and result.status == "stopped"
+        assert len(effects(db, "cancel-claim", "step")) < 30

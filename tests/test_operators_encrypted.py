@@ -122,3 +122,15 @@ def test_console_decrypts_with_the_key_and_says_encrypted_without(written: dict[
     else:
         assert CANARY not in chat and 'id="encrypted"' in chat
         assert "declined for Ada" not in pages["/thread?id=op-fail"].text
+
+
+def test_key_file_forms(tmp_path: Path) -> None:
+    from langgraph_durable.cli._common import serde_from_keys
+    from langgraph_durable.keyring import Keyring
+
+    path = tmp_path / "keys"
+    path.write_text(f"# rotation\nhex:{KEY.hex()}\n\n{'o' * 32}\ndigest:base64:"
+                    + __import__("base64").b64encode(b"d" * 32).decode() + "\n")
+    ring = Keyring.from_serde(serde_from_keys(str(path)))
+    assert ring is not None and ring.keys == (KEY, b"o" * 32)
+    assert ring.digest_key() == Keyring.from_serde(DurableEncryptedSerializer(b"d" * 32)).digest_key()  # type: ignore[union-attr]

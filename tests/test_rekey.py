@@ -247,3 +247,26 @@ def test_rekey_refuses_a_saver_without_keys(dsn: str) -> None:
     with DurablePostgresSaver.from_conn_string(dsn) as saver, pytest.raises(RekeyError):
         ops_rekey.rekey(saver)
     _ = psycopg
+
+
+async def test_arekey_with_the_async_saver(dsn: str) -> None:
+    from langgraph_durable import AsyncDurablePostgresSaver
+
+    # Keys of its own: a digest secret no earlier test's rows share (a saver writing with
+    # OLD alone would deduplicate against their rows, rekeyed to NEW, which it cannot open).
+    old, new = b"async-old-456789abcdef0123456789", b"async-new-456789abcdef0123456789"
+    cfg_ = {"configurable": {"thread_id": "async-rekey"}, "metadata": {"customer": "Ada"}}
+    async with AsyncDurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(old)) as saver:
+        g = chat_graph().compile(checkpointer=saver)
+        await g.ainvoke({"messages": [HumanMessage("async " + "x" * 3000)]}, cfg_)
+        before = await g.aget_state(cfg_)
+    rotating = DurableEncryptedSerializer(new, old=[old, NEW, OLD])  # the earlier tests: NEW, OLD
+    async with AsyncDurablePostgresSaver.from_conn_string(dsn, serde=rotating) as saver:
+        report = await ops_rekey.arekey(saver, batch_size=7)
+        assert report.rekeyed > 0
+        assert (await ops_rekey.arekey(saver)).rekeyed == 0
+    async with AsyncDurablePostgresSaver.from_conn_string(
+        dsn, serde=DurableEncryptedSerializer(new, digest_from=old)
+    ) as saver:
+        after = await chat_graph().compile(checkpointer=saver).aget_state(cfg_)
+    assert after.values == before.values and after.metadata == before.metadata

@@ -343,14 +343,24 @@ def test_prune_keep_latest_and_delete(saver: DurablePostgresSaver) -> None:
 
 
 def test_get_next_version_matches_stock(saver: DurablePostgresSaver, dsn: str) -> None:
+    """The compact form (issue 26, _chanver) counts as the stock one does; with
+    ``compact_versions=False`` it is the stock form."""
+    from langgraph_durable import _chanver
+
     with PostgresSaver.from_conn_string(dsn) as stock:
         v: str | None = None
         sv: str | None = None
         for _ in range(3):
             v = saver.get_next_version(v, None)
             sv = stock.get_next_version(sv, None)
-            assert v.split(".")[0] == sv.split(".")[0]
-    assert v is not None and int(v.split(".")[0]) == 3
+            assert _chanver.is_compact(v) and _chanver.counter(v) == _chanver.counter(sv)
+        saver.compact_versions = False
+        try:
+            plain = saver.get_next_version(sv, None)
+        finally:
+            saver.compact_versions = True
+        assert plain.split(".")[0] == stock.get_next_version(sv, None).split(".")[0]
+    assert v is not None and _chanver.counter(v) == 3
 
 
 @dataclass

@@ -128,7 +128,8 @@ KeyFileOption = Annotated[
     typer.Option(
         "--key-file",
         help="File of encryption keys, one a line: the current key first, then old ones "
-        "(raw text as LANGGRAPH_AES_KEY, or hex:/base64: prefixed). Default: "
+        "(raw text as LANGGRAPH_AES_KEY, or hex:/base64: prefixed; a digest:KEY line pins "
+        "the digest secret's key). Default: "
         "$LANGGRAPH_DURABLE_KEY_FILE, else $LANGGRAPH_AES_KEY.",
     ),
 ]
@@ -192,25 +193,36 @@ def read_key_file(path: str) -> list[bytes]:
             f"cannot read the key file {path!r}: {exc.strerror}", setting="key_file", path=path
         ) from exc
     keys = [_parse_key(ln.strip(), path, i) for i, ln in enumerate(lines, 1)
-            if ln.strip() and not ln.strip().startswith("#")]
+            if ln.strip() and not ln.strip().startswith(("#", "digest:"))]
     if not keys:
         raise ConfigurationError(f"the key file {path!r} holds no key", setting="key_file", path=path)
     return keys
+
+
+def read_digest_line(path: str) -> bytes | None:
+    """The key file's ``digest:KEY`` line (the digest secret's source, pinned), if any."""
+    with open(path, encoding="utf-8") as f:
+        for i, ln in enumerate(f.read().splitlines(), 1):
+            if ln.strip().startswith("digest:"):
+                return _parse_key(ln.strip()[len("digest:"):], path, i)
+    return None
 
 
 def serde_from_keys(key_file: str | None) -> Any:
     """The encrypting serializer the keys name (``--key-file``, else the environment), or
     None when none is given."""
     path = key_file or KEY_FILE_FLAG[0] or os.environ.get(KEY_FILE_ENV)
+    digest: bytes | None = None
     if path:
         keys = read_key_file(path)
+        digest = read_digest_line(path)
     elif os.environ.get("LANGGRAPH_AES_KEY"):
         keys = [os.environ["LANGGRAPH_AES_KEY"].encode()]
     else:
         return None
     from langgraph_durable.keyring import DurableEncryptedSerializer
 
-    return DurableEncryptedSerializer(keys[0], old=keys[1:])
+    return DurableEncryptedSerializer(keys[0], old=keys[1:], digest_from=digest)
 
 
 @contextmanager

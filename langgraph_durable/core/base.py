@@ -20,7 +20,7 @@ from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import Connection
 
-from langgraph_durable import _sealing
+from langgraph_durable import _chanver, _sealing
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
@@ -126,6 +126,8 @@ class _DurableBase(
         # False: setup() only verifies the schema version (no DDL; SchemaNotReadyError).
         self.run_migrations = bool(opts.run_migrations)
         self.codec = ArtifactCodec(opts.artifacts)
+        # Channel versions in the compact form (_chanver); False: the stock form.
+        self.compact_versions = bool(opts.compact_versions)
         self._known_refs = KnownRefs()
         self._leases = _LeaseRegistry()
         self._unrecognised_logged: set[str] = set()
@@ -183,7 +185,8 @@ class _DurableBase(
         return super().with_allowlist(extra_allowlist)
 
     def get_next_version(self, current: Any, channel: Any) -> Any:
-        """The stock versioning, plus the zombie guard: LangGraph calls this on the
+        """Compact versions (``compact_versions``, see ``_chanver``; else the stock
+        versioning), plus the zombie guard: LangGraph calls this on the
         loop's own thread when it applies a step's writes, before the next step's tasks
         start. A run whose lease was lost stops here with ``LeaseLostError`` instead of
         running further nodes (and their side effects) whose writes would be rejected."""
@@ -195,6 +198,9 @@ class _DurableBase(
                 # from a put or a renewal: stop at this step boundary, before the
                 # next step's tasks start; the exit releases the thread as 'stopped'.
                 raise RunCancelledError(lease.thread_id, lease.token, lease.acked.get("") or lease.checkpoint_id)
+        if self.compact_versions:
+            # The compact form (issue 26, see _chanver): ~14 characters instead of 51.
+            return _chanver.next_compact(current)
         return super().get_next_version(current, channel)
 
     def _raise_if_cancelled(self, config: RunnableConfig, written: RunnableConfig) -> None:

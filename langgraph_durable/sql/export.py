@@ -44,3 +44,29 @@ UPDATE_METADATA_SQL = """
 UPDATE checkpoints SET metadata = %s::jsonb
 WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s
 """
+
+# Compact channel versions (issue 26, _chanver) to the stock form: the checkpoints'
+# version maps (filtered in Python: export is a one-off walk of the thread) and the
+# blob rows keyed by a compact version (they start with 'v', stock ones with a digit).
+THREAD_VERSIONS_SQL = """
+SELECT checkpoint_ns, checkpoint_id, checkpoint -> 'channel_versions' AS versions,
+       checkpoint -> 'versions_seen' AS seen
+FROM checkpoints WHERE thread_id = %s
+"""
+
+COMPACT_BLOB_VERSIONS_SQL = """
+SELECT checkpoint_ns, channel, version FROM checkpoint_blobs
+WHERE thread_id = %s AND version LIKE 'v%%'
+ORDER BY checkpoint_ns, channel, version
+"""
+
+UPDATE_CHECKPOINT_VERSIONS_SQL = """
+UPDATE checkpoints
+SET checkpoint = checkpoint || jsonb_build_object('channel_versions', %s::jsonb, 'versions_seen', %s::jsonb)
+WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s
+"""
+
+UPDATE_BLOB_VERSION_SQL = """
+UPDATE checkpoint_blobs SET version = %s
+WHERE thread_id = %s AND checkpoint_ns = %s AND channel = %s AND version = %s
+"""

@@ -7,19 +7,16 @@ from collections.abc import Sequence
 _CLAIM_HEAD = """
 WITH cand AS (
     SELECT l.thread_id, l.status AS prev_status, l.attempts, l.attempts_checkpoint_id,
-           cp.checkpoint_id, cp.graph_version
+           cp.checkpoint_id, cp.graph_version, k.ok
     FROM (
         -- What a claim may take (issue 14), in the order a plain Append reads it: first
         -- the leased threads it may take, found by lease (few, any order): an expired
-        -- lease (its worker died) by durable_threads_leased_idx, or one this very claim
+        -- lease (its worker died) by durable_threads_leased_idx (by
+        -- durable_threads_expired_version_idx for a worker of some versions only), or one this very claim
         -- took already (its COMMIT's reply was lost and the driver retried it: the
         -- retry takes it again, same token) by durable_threads_owner_idx. The status
         -- filter of these is the join's below.
-        SELECT e.thread_id FROM durable_threads e
-        WHERE e.lease_owner IS NOT NULL AND e.lease_expires_at < now()
-          AND e.status IN ('running', 'stopped', 'queued', 'error')
-          AND NOT (e.thread_id = ANY(%(skip)s))
-        UNION ALL
+{expired}        UNION ALL
         SELECT o.thread_id FROM durable_threads o
         WHERE o.lease_owner = %(owner)s AND (o.lease_expires_at < now()) IS NOT TRUE
           AND o.status IN ('running', 'stopped', 'queued', 'error')
@@ -27,7 +24,9 @@ WITH cand AS (
 {dead_branch}        UNION ALL
         -- Then the ready queue in claim order: one ordered walk of
         -- durable_threads_claim_idx (status, updated_at; unleased threads only) per
-        -- status, merged by updated_at (Merge Append), so a poll reads only the statuses
+        -- status (durable_threads_claim_version_idx per status and version for a worker
+        -- of some versions only, issue 26: never the other versions' backlog),
+        -- merged by updated_at (Merge Append), so a poll reads only the statuses
         -- it may take (claim_sql writes a branch for those only), never a live run's
         -- row, and stops at the first taker. CLAIM_PLAN_SQL rules out sorting
         -- the queue instead. Each branch orders itself and the UNION ALL sits in a FROM
@@ -40,7 +39,7 @@ WITH cand AS (
 # prices out, and the planner then turned the whole join around).
 _CLAIM_STATUS = """
         (SELECT r.thread_id, r.updated_at FROM durable_threads r
-        WHERE r.status = '{st}' AND r.lease_owner IS NULL{held}
+        WHERE {version}r.status = '{st}' AND r.lease_owner IS NULL{held}
           AND NOT (r.thread_id = ANY(%(skip)s))
         ORDER BY r.updated_at)
 """
@@ -48,7 +47,7 @@ _CLAIM_ERRORS = """
         -- ... errors too when retried, once past their backoff (never less than
         -- %(backoff)s: the range of the index walk; the per-thread backoff filters).
         (SELECT r.thread_id, r.updated_at FROM durable_threads r
-        WHERE r.status = 'error' AND r.lease_owner IS NULL
+        WHERE {version}r.status = 'error' AND r.lease_owner IS NULL
           AND r.updated_at < now() - make_interval(secs => %(backoff)s)
           AND r.updated_at < now() - make_interval(secs => LEAST(
               %(backoff)s * power(2, GREATEST(r.attempts - 1, 0)), %(max_backoff)s))
@@ -68,7 +67,7 @@ _CLAIM_TAIL = """        ) u
     -- read it is re-read and re-checked, so a thread another worker took or finished
     -- meanwhile is passed over; one another open claim holds is skipped, not waited for.
     CROSS JOIN LATERAL (
-        SELECT l.thread_id, l.status, l.attempts, l.attempts_checkpoint_id
+        SELECT l.thread_id, l.status, l.attempts, l.attempts_checkpoint_id, l.graph_version AS hint
         FROM durable_threads l
         WHERE l.thread_id = t.thread_id
           AND l.status IN ('running', 'stopped', 'queued', 'error')
@@ -94,21 +93,29 @@ _CLAIM_TAIL = """        ) u
         ORDER BY c.checkpoint_id DESC
         LIMIT 1
     ) cp
-    WHERE (%(any_version)s
-           OR cp.graph_version = ANY(%(versions)s)
-           OR (cp.graph_version IS NULL AND %(adopt)s))
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(%(any_version)s OR cp.graph_version = ANY(%(versions)s)
+                        OR (cp.graph_version IS NULL AND %(adopt)s), false) AS ok
+    ) k
+    WHERE k.ok{repair}
     LIMIT %(limit)s
 )
+-- A thread taken (ok): the lease for this worker. A thread only walked because its row
+-- named a version its latest checkpoint does not (not ok; issue 26, see _CLAIM_REPAIR):
+-- the row's graph_version corrected, nothing else; the caller polls again.
 UPDATE durable_threads AS t
-SET lease_owner = %(owner)s,
-    lease_token = CASE WHEN t.lease_owner = %(owner)s THEN t.lease_token ELSE t.lease_token + 1 END,
-    lease_expires_at = now() + make_interval(secs => %(ttl)s)
+SET lease_owner = CASE WHEN cand.ok THEN %(owner)s ELSE t.lease_owner END,
+    lease_token = CASE WHEN NOT cand.ok OR t.lease_owner = %(owner)s THEN t.lease_token
+                       ELSE t.lease_token + 1 END,
+    lease_expires_at = CASE WHEN cand.ok THEN now() + make_interval(secs => %(ttl)s)
+                            ELSE t.lease_expires_at END,
+    graph_version = cand.graph_version
 FROM cand
 WHERE t.thread_id = cand.thread_id
 RETURNING t.thread_id, t.lease_token, cand.prev_status, cand.checkpoint_id, cand.graph_version,
           t.answer_type, t.answer_blob, t.answer_checkpoint_id,
           CASE WHEN cand.attempts_checkpoint_id IS NOT DISTINCT FROM cand.checkpoint_id
-               THEN cand.attempts + 1 ELSE 1 END AS attempt
+               THEN cand.attempts + 1 ELSE 1 END AS attempt, cand.ok AS claimed
 """
 # The claim's variant for leases whose owner the worker judged dead (leases.dead: a
 # process of this machine that is gone, the check a run start makes before taking over):
@@ -125,26 +132,79 @@ _CLAIM_DEAD_LOCK = " OR l.lease_owner = ANY(%(dead)s)"
 # No status taken at all: an empty queue of the same shape.
 _CLAIM_NONE = "        SELECT NULL::text AS thread_id, NULL::timestamptz AS updated_at WHERE false\n"
 READY_STATUSES = ("running", "stopped", "queued", "error")
-_claim_cache: dict[tuple[tuple[str, ...], bool, bool], str] = {}
+
+# The expired leases, for a worker of any version: every one (durable_threads_leased_idx).
+_CLAIM_EXPIRED_ANY = """        SELECT e.thread_id FROM durable_threads e
+        WHERE e.lease_owner IS NOT NULL AND e.lease_expires_at < now()
+          AND e.status IN ('running', 'stopped', 'queued', 'error')
+          AND NOT (e.thread_id = ANY(%(skip)s))
+"""
+# ... for a worker of some versions only (issue 26): the expired leases of those versions
+# and of none, by durable_threads_expired_version_idx (graph_version, lease_expires_at):
+# one range per version, never the other versions' dead runs. A leased row names its
+# run's version (the acquisition writes it, and the run stamps its checkpoints with it).
+_CLAIM_EXPIRED_VERSIONS = """        SELECT e.thread_id FROM durable_threads e
+        WHERE e.lease_owner IS NOT NULL AND e.lease_expires_at < now()
+          AND e.graph_version = ANY(%(versions)s)
+          AND e.status IN ('running', 'stopped', 'queued', 'error')
+          AND NOT (e.thread_id = ANY(%(skip)s))
+        UNION ALL
+        SELECT n.thread_id FROM durable_threads n
+        WHERE n.lease_owner IS NOT NULL AND n.lease_expires_at < now()
+          AND n.graph_version IS NULL
+          AND n.status IN ('running', 'stopped', 'queued', 'error')
+          AND NOT (n.thread_id = ANY(%(skip)s))
+"""
+# A worker of some versions only walks the rows naming one of them or none
+# (durable_threads.graph_version: the version the thread's last run or submit wrote,
+# which its checkpoints carry). The latest checkpoint's stamp stays the rule (k.ok).
+# A row whose stamp differs from what it names (its head rewritten outside a run by
+# another version, a stock write, a row from before the column was kept) is corrected
+# when a claim walks it: then the worker of the stamp's version finds it by its index
+# branch. Only in these claims: a worker of any version takes whatever it walks.
+_CLAIM_REPAIR = "\n       OR cp.graph_version IS DISTINCT FROM l.hint"
+_claim_cache: dict[tuple[tuple[str, ...], bool, bool, int | None], str] = {}
 
 
-def claim_sql(statuses: Sequence[str], retry_errors: bool, dead: bool = False) -> str:
+def claim_version_params(versions: Sequence[str]) -> dict[str, str]:
+    """The per-version parameters of ``claim_sql(..., versions=len(versions))``."""
+    return {f"cv{i}": v for i, v in enumerate(versions)}
+
+
+def claim_sql(
+    statuses: Sequence[str], retry_errors: bool, dead: bool = False, versions: int | None = None
+) -> str:
     """The claim for a worker taking ``statuses`` (and errors past their backoff when
     ``retry_errors``): the ready-queue walk has one ordered branch per status it takes.
     The statuses are only ever the known ready ones (anything else has no branch).
-    ``dead``: also the leases of the owners in ``%(dead)s`` (see _CLAIM_DEAD_BRANCH)."""
-    key = (tuple(st for st in READY_STATUSES if st in statuses), bool(retry_errors), bool(dead))
+    ``dead``: also the leases of the owners in ``%(dead)s`` (see _CLAIM_DEAD_BRANCH).
+    ``versions``: None for a worker of any version; else how many versions the worker
+    runs (``claim_version_params``): one ordered branch per status and version
+    (durable_threads_claim_version_idx), and one for rows naming no version, so a poll
+    never reads the threads of other versions (issue 26)."""
+    key = (tuple(st for st in READY_STATUSES if st in statuses), bool(retry_errors), bool(dead), versions)
     sql = _claim_cache.get(key)
     if sql is None:
+        if versions is None:
+            keys = [""]
+        else:
+            # COALESCE(graph_version, ''): the index's key, so that rows naming none are
+            # an equality too, walked in updated_at order like the others (IS NULL is
+            # not an equality to the planner: that walk would need a sort).
+            keys = [f"COALESCE(r.graph_version, '') = %(cv{i})s AND " for i in range(versions)]
+            keys.append("COALESCE(r.graph_version, '') = '' AND ")
         # A thread an operator cancelled stays 'stopped' until resumed (cancelled_at).
         held = {"stopped": " AND r.cancelled_at IS NULL"}
-        parts = [_CLAIM_STATUS.lstrip("\n").format(st=st, held=held.get(st, "")) for st in key[0]]
+        parts = [_CLAIM_STATUS.lstrip("\n").format(st=st, version=v, held=held.get(st, ""))
+                 for v in keys for st in key[0]]
         if retry_errors and "error" not in key[0]:
-            parts.append(_CLAIM_ERRORS.lstrip("\n"))
+            parts += [_CLAIM_ERRORS.lstrip("\n").replace("{version}", v) for v in keys]
         queue = "        UNION ALL\n".join(parts) if parts else _CLAIM_NONE
         # Literal replacements, not str.format: the SQL holds %(name)s parameters.
         head = _CLAIM_HEAD.replace("{dead_branch}", _CLAIM_DEAD_BRANCH if dead else "")
+        head = head.replace("{expired}", _CLAIM_EXPIRED_ANY if versions is None else _CLAIM_EXPIRED_VERSIONS)
         tail = _CLAIM_TAIL.replace("{dead_lock}", _CLAIM_DEAD_LOCK if dead else "")
+        tail = tail.replace("{repair}", "" if versions is None else _CLAIM_REPAIR)
         sql = _claim_cache[key] = head + queue + tail
     return sql
 

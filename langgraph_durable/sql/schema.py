@@ -678,6 +678,32 @@ MIGRATIONS: list[str] = [
     EXCEPTION WHEN feature_not_supported OR invalid_parameter_value OR undefined_object THEN
         RAISE NOTICE 'no ICU collation here (%): the threads list stays in byte order', SQLERRM;
     END $$""",
+    # --- claim26 branch ---
+    # The rolling-deploy poll (issue 26): a worker of some versions only walks the ready
+    # queue of those (one ordered walk per version and status, sql.recovery.claim_sql) and
+    # the expired leases of those, never the other versions' backlog (a v2 worker read all
+    # 22k ready v1 threads per poll at 100k threads: 162 ms). Keyed by the row's
+    # graph_version: what the thread's last run or submit wrote, the version its
+    # checkpoints carry; a claim corrects a row whose latest checkpoint says otherwise.
+    # Keyed by COALESCE(graph_version, ''): rows naming no version are one more equality
+    # range, walked in order like the others (sql.recovery.claim_sql).
+    """CREATE INDEX IF NOT EXISTS durable_threads_claim_version_idx
+        ON durable_threads ((COALESCE(graph_version, '')), status, updated_at)
+        WHERE status IN ('running', 'stopped', 'queued', 'error') AND lease_owner IS NULL""",
+    """CREATE INDEX IF NOT EXISTS durable_threads_expired_version_idx
+        ON durable_threads (graph_version, lease_expires_at) WHERE lease_owner IS NOT NULL""",
+    # Rows of the ready queue naming no version whose latest checkpoint has one (rows
+    # written before the run path kept the column): named now, so a worker of some
+    # versions finds them by its own branch. Only the ready rows, once; a claim corrects
+    # any left later (see sql.recovery._CLAIM_REPAIR).
+    """UPDATE durable_threads t SET graph_version = h.v
+    FROM (SELECT r.thread_id,
+                 (SELECT c.metadata ->> 'graph_version' FROM checkpoints c
+                  WHERE c.thread_id = r.thread_id AND c.checkpoint_ns = ''
+                  ORDER BY c.checkpoint_id DESC LIMIT 1) AS v
+          FROM durable_threads r
+          WHERE r.status IN ('running', 'stopped', 'queued', 'error') AND r.graph_version IS NULL) h
+    WHERE t.thread_id = h.thread_id AND h.v IS NOT NULL AND t.graph_version IS NULL""",
 ]
 
 # THE list of this package's tables keyed by thread (beside the stock checkpoints,

@@ -57,6 +57,11 @@ ON CONFLICT (thread_id) DO UPDATE SET
     lease_prev_version = CASE WHEN t.lease_owner = EXCLUDED.lease_owner THEN t.lease_prev_version
                               ELSE t.graph_version END,
     cancelled_at = NULL,
+    -- A cancel requested for a recovery worker's claim follows it into the run it hands
+    -- the claim to (issue 25); any other request belongs to its own run's token only.
+    cancel_token = CASE WHEN t.cancel_token = t.lease_token AND t.lease_owner = %(claim_owner)s
+                             AND t.lease_token = %(claim_token)s
+                        THEN t.lease_token + 1 ELSE t.cancel_token END,
     updated_at = now()
 WHERE t.status <> 'quarantined'
   AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR t.lease_owner = EXCLUDED.lease_owner
@@ -246,6 +251,17 @@ FROM durable_threads WHERE thread_id = %s FOR UPDATE
 
 # A migration (or its undo) moves the thread's recorded version with its checkpoint.
 SET_THREAD_VERSION_SQL = "UPDATE durable_threads SET graph_version = %s WHERE thread_id = %s"
+
+# A root put outside a run (update_state from another graph version, a script) moves the
+# thread row's version with its new head (issue 26): the claim of a worker of some
+# versions finds threads by the row's graph_version (durable_threads_claim_version_idx),
+# so a row left naming the old version hid the thread from the new version's workers
+# until an old-version worker walked past it. No lock unless the version differs (the
+# WHERE is false otherwise); no row, no insert (a thread never run has nothing to claim).
+SYNC_THREAD_VERSION_SQL = """
+UPDATE durable_threads SET graph_version = %s
+WHERE thread_id = %s AND graph_version IS DISTINCT FROM %s
+"""
 
 
 
