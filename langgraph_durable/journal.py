@@ -309,6 +309,7 @@ class _Entry:
     taken: tuple[Any, tuple[int, str], int] | None  # the position, given back on failure
     guard: _Guard | None = None
     owner: str = ""
+    legacy_keys: tuple[str, ...] = ()  # the record's keys under older fingerprint forms
 
     def __post_init__(self) -> None:
         self.owner = new_owner_id()
@@ -388,18 +389,20 @@ def _op_lookup(entry: _Entry) -> Op[tuple[bool, Any]]:
     transaction (``_Guard``); no extra round trip unless there is something to supersede."""
     guard = entry.guard
     read = Stmt(LEDGER_READ_SQL, (entry.key,), fetch=True, name="row")
+    legacy = [Stmt(LEDGER_READ_SQL, (k,), fetch=True, name=f"legacy{i}") for i, k in enumerate(entry.legacy_keys)]
     first = guard.statement() if guard is not None else None
-    rows = yield Batch([read] if first is None else [first, read])
+    rows = yield Batch([read, *legacy] if first is None else [first, read, *legacy])
     if guard is not None and first is not None:
         superseding = first.name == "superseded"
         if not superseding and rows["failed"][0]["failed"]:
-            rows = yield Batch([guard.supersede_stmt(), read])
+            rows = yield Batch([guard.supersede_stmt(), read, *legacy])
             superseding = True
         outcome = rows["superseded"][0] if superseding else None
         yield AfterCommit(lambda: guard.settled(entry.name, outcome))
-    found = rows["row"]
-    if found and found[0]["status"] == "completed" and not found[0]["expired"]:
-        return True, _decode(entry, found[0])
+    for name in ["row", *(f"legacy{i}" for i in range(len(legacy)))]:
+        found = rows[name]
+        if found and found[0]["status"] == "completed" and not found[0]["expired"]:
+            return True, _decode(entry, found[0])
     return False, None
 
 
@@ -537,22 +540,27 @@ class JournaledRunnable(Runnable[Any, Any]):
             "kwargs": {k: _safe_canonical(v, k, serde) for k, v in sorted(kwargs.items())},
             "mode": mode,
         }
-        fingerprint = _sealing.keyed_fingerprint(
-            serde, hashlib.sha256(_dumps({"name": self.journal_name, "args": canon})).hexdigest()
-        )
+        plain = hashlib.sha256(_dumps({"name": self.journal_name, "args": canon})).hexdigest()
+        fingerprint = _sealing.keyed_fingerprint(_sealing.digest_secret(ledger), plain)
+        # The keys this record had under the fingerprint forms before the stored digest
+        # secret (digest27): looked up too, in the same round trip, so a call recorded
+        # before it replays instead of running again.
+        legacy = _sealing.legacy_fingerprints(serde, plain, fingerprint)
         parent = _PARENT.get()
         taken: tuple[Any, tuple[int, str], int] | None = None
         ttl: float | None = None
         if parent is not None:
             # Inside an @idempotent call (or a journaled chain): keyed under it, so a
             # replayed outer call, which does not run, shifts nothing.
-            key = KEY_PREFIX + _digest("journal-nested", parent.key, str(parent.counter()), fingerprint)
+            n = str(parent.counter())
+            key = KEY_PREFIX + _digest("journal-nested", parent.key, n, fingerprint)
+            legacy_keys = tuple(KEY_PREFIX + _digest("journal-nested", parent.key, n, fp) for fp in legacy)
             thread_id, ttl = parent.thread_id, parent.ttl
         else:
             taken = _take_slot(site, fingerprint)
-            key = KEY_PREFIX + _digest(
-                "journal", site.thread_id or "", site.checkpoint_ns, site.task_id, fingerprint, str(taken[2])
-            )
+            parts = ("journal", site.thread_id or "", site.checkpoint_ns, site.task_id)
+            key = KEY_PREFIX + _digest(*parts, fingerprint, str(taken[2]))
+            legacy_keys = tuple(KEY_PREFIX + _digest(*parts, fp, str(taken[2])) for fp in legacy)
             thread_id = site.thread_id
         return _Entry(
             ledger=ledger,
@@ -567,6 +575,7 @@ class JournaledRunnable(Runnable[Any, Any]):
             ttl=ttl,
             taken=taken,
             guard=_guard(site),
+            legacy_keys=legacy_keys,
         )
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:

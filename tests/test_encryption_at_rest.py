@@ -360,7 +360,12 @@ def test_offloaded_values_have_keyed_digests(sealed: Run) -> None:
     assert _digest(content, space) not in stored
     assert hashlib.sha256(content).digest() not in stored
     ring = _sealing.keyring_of(serde)
-    assert ring is not None and _digest(content, space, ring.digest_key()) in stored
+    assert ring is not None and _digest(content, space, ring.digest_key()) not in stored  # not key-derived
+    # Keyed by the database's own secret, stored sealed (digest27).
+    with sealed.saver(KEY) as saver:
+        saver.setup()
+        secret = saver.codec.digest.secret
+    assert secret is not None and _digest(content, space, secret) in stored
 
 
 def test_a_wrong_key_raises_decryption_error_naming_the_thread(sealed: Run) -> None:

@@ -98,6 +98,8 @@ def _under(dsn: str, key: bytes) -> tuple[int, int]:
                 sealed(value[len(TEXT_PREFIX):])
             elif col.kind in ("json", "metadata") and isinstance(value, dict) and JSON_KEY in value:
                 sealed(value[JSON_KEY])
+            elif col.kind == "sealed":  # Keyring.seal's bytes (the digest secret: digest27)
+                sealed(base64.b64encode(bytes(value)).decode())
     return seen["under"], seen["total"]
 
 
@@ -208,7 +210,9 @@ def test_rotation_and_rekey_survive_a_sigkill(dsn: str, tmp_path: Path, capsys: 
 
 
 def test_wrong_key_is_a_typed_refusal_naming_the_thread(dsn: str, tmp_path: Path) -> None:
-    with DurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(OLD)) as saver:
+    # The database's current key is NEW (the test above rekeyed it): a saver writes only
+    # with a key that opens its digest secret (digest27).
+    with DurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(NEW, old=[OLD])) as saver:
         g = chat_graph().compile(checkpointer=saver)
         g.invoke({"messages": [HumanMessage("hello")]}, cfg("wrong-key"))
     for serde in (DurableEncryptedSerializer(WRONG), EncryptedSerializer.from_pycryptodome_aes(key=WRONG)):
@@ -252,11 +256,11 @@ def test_rekey_refuses_a_saver_without_keys(dsn: str) -> None:
 async def test_arekey_with_the_async_saver(dsn: str) -> None:
     from langgraph_durable import AsyncDurablePostgresSaver
 
-    # Keys of its own: a digest secret no earlier test's rows share (a saver writing with
-    # OLD alone would deduplicate against their rows, rekeyed to NEW, which it cannot open).
+    # Keys of its own, the database's current one (NEW, which seals its digest secret)
+    # kept as an old one so the secret opens.
     old, new = b"async-old-456789abcdef0123456789", b"async-new-456789abcdef0123456789"
     cfg_ = {"configurable": {"thread_id": "async-rekey"}, "metadata": {"customer": "Ada"}}
-    async with AsyncDurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(old)) as saver:
+    async with AsyncDurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(old, old=[NEW])) as saver:
         g = chat_graph().compile(checkpointer=saver)
         await g.ainvoke({"messages": [HumanMessage("async " + "x" * 3000)]}, cfg_)
         before = await g.aget_state(cfg_)
@@ -266,7 +270,7 @@ async def test_arekey_with_the_async_saver(dsn: str) -> None:
         assert report.rekeyed > 0
         assert (await ops_rekey.arekey(saver)).rekeyed == 0
     async with AsyncDurablePostgresSaver.from_conn_string(
-        dsn, serde=DurableEncryptedSerializer(new, digest_from=old)
+        dsn, serde=DurableEncryptedSerializer(new)  # every old key dropped after the rekey
     ) as saver:
         after = await chat_graph().compile(checkpointer=saver).aget_state(cfg_)
     assert after.values == before.values and after.metadata == before.metadata

@@ -12,6 +12,9 @@ key is recognised (it authenticates with it) and left alone, so a rerun after a 
 (SIGKILL included) skips what the killed run finished and never encrypts anything twice.
 A value no configured key opens stops the run with ``DecryptionError`` naming the thread
 and the column; the pages before it stay re-encrypted (they read with the current key).
+The database's digest secret (``durable_secrets``) is one of the columns: once a run
+has finished, every old key may leave the configuration, and artifact digests and call
+fingerprints keep matching (they never depended on a key; digest27).
 A completed run is recorded in ``durable_audit`` (``storage.rekey``: key id, rows walked
 and re-encrypted per column).
 """
@@ -45,9 +48,6 @@ class RekeyReport:
 
     key_id: str = ""
     columns: dict[str, dict[str, int]] = field(default_factory=dict)
-    # The key the digest secret (artifact digests, call fingerprints, journal keys) is
-    # derived from: keep it as digest_from when it leaves the keys (docs/encryption.md).
-    digest_key_id: str = ""
 
     @property
     def scanned(self) -> int:
@@ -170,7 +170,7 @@ def _op_page(
 def _flow_rekey(
     ring: Keyring, columns: Sequence[SealedColumn], batch_size: int, progress: Progress | None
 ) -> Flow[RekeyReport]:
-    report = RekeyReport(key_id=ring.current_id, digest_key_id=ring.digest_source_id)
+    report = RekeyReport(key_id=ring.current_id)
     total: int = yield Tx(partial(_op_count, columns))
     done = 0
     for col in columns:
