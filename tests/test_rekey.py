@@ -119,8 +119,34 @@ def _write(dsn: str) -> dict[str, Any]:
         failing = _failing_graph().compile(checkpointer=saver)
         with pytest.raises(RuntimeError):
             failing.invoke({"docs": []}, cfg("exp-fails"))
+        # An operator's queued interrupt answer (issue 25): durable_threads.answer_blob.
+        from langgraph_durable.ops.control import queue_answer
+
+        _asking_graph().compile(checkpointer=saver).invoke({"docs": []}, cfg("exp-asked"))
+        queue_answer(saver, "exp-asked", "approved for Ada 4111")
         views = {tid: state_view(b().compile(checkpointer=saver), tid) for tid, b in builders.items()}
     return {"builders": builders, "views": views}
+
+
+def _asking_graph() -> Any:
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+    from test_export_stock import State
+
+    def ask(state: Any) -> dict[str, Any]:
+        interrupt("approve?")
+        return {}
+
+    b = StateGraph(State)
+    b.add_node("ask", ask)
+    b.add_edge(START, "ask")
+    b.add_edge("ask", END)
+    return b
+
+
+def _answer(dsn: str) -> tuple[str, bytes]:
+    (row,) = q(dsn, "SELECT answer_type, answer_blob FROM durable_threads WHERE thread_id = 'exp-asked'")
+    return str(row["answer_type"]), bytes(row["answer_blob"])
 
 
 def _failing_graph() -> Any:
@@ -202,6 +228,11 @@ def test_rotation_and_rekey_survive_a_sigkill(dsn: str, tmp_path: Path, capsys: 
     with DurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(NEW)) as saver:
         chat = chat_graph().compile(checkpointer=saver)
         chat.invoke({"messages": [HumanMessage("after rekey")]}, cfg("exp-chat"))
+    # The queued answer moved to the new key too (digest27: answer_blob is in SEALED).
+    answer = DurableEncryptedSerializer(NEW).loads_typed(_answer(dsn))  # {interrupt id: value}
+    assert list(answer.values()) == ["approved for Ada 4111"]
+    with pytest.raises(DecryptionError):
+        DurableEncryptedSerializer(OLD).loads_typed(_answer(dsn))
     row = q(dsn, "SELECT result_type, result FROM durable_ledger")[0]
     stored = (row["result_type"], bytes(row["result"]))
     assert DurableEncryptedSerializer(NEW).loads_typed(stored)["receipt"] == "r-4111111111111111"
