@@ -72,6 +72,7 @@ from langgraph_durable.sql.ledger import (
     JOURNAL_RECORD_SQL,
     JOURNAL_SUPERSEDE_SQL,
     JOURNAL_TASK_FAILED_SQL,
+    LEDGER_READ_ANY_SQL,
     LEDGER_READ_SQL,
 )
 
@@ -389,7 +390,7 @@ def _op_lookup(entry: _Entry) -> Op[tuple[bool, Any]]:
     transaction (``_Guard``); no extra round trip unless there is something to supersede."""
     guard = entry.guard
     read = Stmt(LEDGER_READ_SQL, (entry.key,), fetch=True, name="row")
-    legacy = [Stmt(LEDGER_READ_SQL, (k,), fetch=True, name=f"legacy{i}") for i, k in enumerate(entry.legacy_keys)]
+    legacy = [Stmt(LEDGER_READ_ANY_SQL, (list(entry.legacy_keys),), fetch=True, name="legacy")] if entry.legacy_keys else []
     first = guard.statement() if guard is not None else None
     rows = yield Batch([read, *legacy] if first is None else [first, read, *legacy])
     if guard is not None and first is not None:
@@ -399,10 +400,13 @@ def _op_lookup(entry: _Entry) -> Op[tuple[bool, Any]]:
             superseding = True
         outcome = rows["superseded"][0] if superseding else None
         yield AfterCommit(lambda: guard.settled(entry.name, outcome))
-    for name in ["row", *(f"legacy{i}" for i in range(len(legacy)))]:
-        found = rows[name]
-        if found and found[0]["status"] == "completed" and not found[0]["expired"]:
-            return True, _decode(entry, found[0])
+    found = list(rows["row"])
+    if legacy:
+        order = {k: i for i, k in enumerate(entry.legacy_keys)}
+        found += sorted(rows["legacy"], key=lambda r: order.get(r["key"], len(order)))
+    for row in found:
+        if row["status"] == "completed" and not row["expired"]:
+            return True, _decode(entry, row)
     return False, None
 
 

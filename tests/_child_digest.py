@@ -4,7 +4,7 @@
 ``work`` node calls a journaled model, an ``@idempotent`` ``charge`` and an
 ``@idempotent`` ``ship``, each recording its effect in ``digest_effects`` (a table, so
 the count survives the process). KEYS: hex keys, comma-separated, the current first
-(``DurableEncryptedSerializer(current, old=[...])``). MODE:
+(``DurableEncryptedSerializer(current, old=[...])``), ``-`` for none. MODE:
 
 - ``kill``: a new run with a large document in its input (offloaded to an artifact);
   ``ship`` SIGKILLs its own process after its effect, before its result is recorded
@@ -89,14 +89,14 @@ def main() -> None:
     from langgraph_durable import DurablePostgresSaver
     from langgraph_durable.keyring import DurableEncryptedSerializer, Keyring
 
-    keys = [bytes.fromhex(k) for k in keys_hex.split(",")]
-    serde = DurableEncryptedSerializer(keys[0], old=keys[1:])
+    keys = [bytes.fromhex(k) for k in keys_hex.split(",") if k != "-"]
+    serde = DurableEncryptedSerializer(keys[0], old=keys[1:]) if keys else None
     effects(dsn, thread)
     with DurablePostgresSaver.from_conn_string(
         dsn, schema=schema, serde=serde, artifact_threshold=256, lease_ttl=1.0,
         on_busy="wait", busy_timeout=30, max_resume_attempts=10,
     ) as saver:
-        if legacy:
+        if legacy and serde is not None:
             ring = Keyring.from_serde(serde)
             assert ring is not None
             saver.codec.digest.set(ring.digest_key())  # what the release before digest27 keyed with

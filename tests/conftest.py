@@ -189,6 +189,8 @@ SLOW_FIRST += ("test_encryption_at_rest.py",)  # 30 (the canary workload, once p
 SLOW_FIRST += ("test_control.py",)  # 78 serial (worker processes SIGKILLed, cancels across processes)
 # --- ui25 ---
 SLOW_FIRST += ("test_console_walk.py",)  # ~50 (a worker process, Chromium, a 12 s run cancelled and resumed)
+# --- digest27 branch ---
+SLOW_FIRST += ("test_digest_secret.py",)  # 35 (9 graph child processes, 4 SIGKILLed; a rekey)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -69,7 +69,8 @@ def _setup_plain(dsn: str, schema: str) -> None:
 
 def _child(dsn: str, schema: str, thread: str, mode: str, keys: list[bytes], *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(HERE / "_child_digest.py"), dsn, schema, thread, mode, ",".join(k.hex() for k in keys), *extra],
+        [sys.executable, str(HERE / "_child_digest.py"), dsn, schema, thread, mode,
+         ",".join(k.hex() for k in keys) or "-", *extra],
         capture_output=True, text=True, timeout=180, check=False, env={**os.environ, "PYTHONPATH": str(HERE)},
     )
 
@@ -128,6 +129,22 @@ def test_dropping_the_old_key_after_rekey_keeps_fingerprints_and_dedup(dsn: str,
         app.invoke({"doc": BIG, "out": []}, {"configurable": {"thread_id": f"{thread}-again"}})
         assert app.get_state({"configurable": {"thread_id": thread}}).values["doc"] == BIG
     assert _q(dsn, schema, "SELECT count(*) AS n FROM durable_artifacts")[0]["n"] == artifacts
+
+
+def test_turning_encryption_on_mid_thread_replays_the_plain_records(dsn: str) -> None:
+    """A thread written without a key, killed inside `ship`; the resume with a key finds
+    the journal record and the charge under their plain fingerprints (the journal looks
+    the legacy keys up in the same round trip): not called again, no conflict."""
+    schema, thread = _schema("turnon"), "turn-on"
+    _setup_plain(dsn, schema)
+    killed = _child(dsn, schema, thread, "kill", [])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert effects(dsn, thread) == {"model": 1, "charge": 1, "ship": 1}
+    resumed = _child(dsn, schema, thread, "resume", [K1])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    out = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert out.get("error") == "OutcomeUnknownError", out
+    assert effects(dsn, thread) == {"model": 1, "charge": 1, "ship": 1}
 
 
 def test_an_artifact_row_swapped_for_another_is_refused_naming_the_thread(dsn: str) -> None:
