@@ -56,7 +56,13 @@ from langchain_core.runnables import (
 from langgraph_durable import _sealing
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable.core.base import _DurableBase
-from langgraph_durable.errors import ConfigurationError, NoLedgerError, SerializationError
+from langgraph_durable.errors import (
+    ConfigurationError,
+    DurableError,
+    NoLedgerError,
+    SerializationError,
+)
+from langgraph_durable.idempotency.call import aready
 from langgraph_durable.idempotency.keys import (
     _PARENT,
     _canonical,
@@ -594,7 +600,20 @@ class JournaledRunnable(Runnable[Any, Any]):
             _give_back(entry.taken)
             raise
 
+    async def _aready(self) -> None:
+        """The ledger's digest secret read before the fingerprint (digest27): an async
+        saver cannot wait for it on its own loop. Nothing once it is read."""
+        site = _current_site()
+        if site is None or site.durability == "exit":
+            return
+        try:
+            ledger = self._ledger(site)
+        except DurableError:
+            return  # raised again, as before, by _prepare
+        await aready(ledger=ledger)
+
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        await self._aready()
         entry = self._prepare(input, kwargs, "invoke")
         if entry is None:
             return await self.bound.ainvoke(input, config, **kwargs)
@@ -640,6 +659,7 @@ class JournaledRunnable(Runnable[Any, Any]):
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
+        await self._aready()
         entry = self._prepare(input, kwargs, "stream")
         if entry is None:
             async for chunk in self.bound.astream(input, config, **kwargs):

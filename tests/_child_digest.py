@@ -53,6 +53,8 @@ def _effect(dsn: str, thread: str, kind: str) -> None:
 def build(dsn: str, thread: str, kill: bool) -> Any:
     from langgraph_durable import idempotent, journaled
 
+    effects(dsn, thread)  # creates the effects table
+
     def answer(messages: Any) -> str:
         _effect(dsn, thread, "model")
         return "the model says yes"

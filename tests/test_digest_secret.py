@@ -275,3 +275,36 @@ def test_a_wrong_key_cannot_open_the_secret_and_writes_refuse(dsn: str) -> None:
         assert "durable_secrets.digest" in str(err.value)
     assert _q(dsn, schema, "SELECT 1 FROM checkpoints WHERE thread_id = 'wrong'") == []
     _ = Keyring
+
+
+async def test_an_async_saver_reads_the_secret_before_its_first_fingerprint(dsn: str) -> None:
+    """An @idempotent call on an async saver that has run nothing yet (no setup(), no
+    run start): the secret is read (created) before the fingerprint, on the loop."""
+    from langgraph_durable import AsyncDurablePostgresSaver, idempotent
+
+    schema = _schema("async")
+    _setup_plain(dsn, schema)
+    runs: list[str] = []
+    async with AsyncDurablePostgresSaver.from_conn_string(
+        dsn, schema=schema, serde=DurableEncryptedSerializer(K1)
+    ) as saver:
+
+        @idempotent(ledger=saver, key=lambda x: "k-" + x, name="shout")
+        async def shout(x: str) -> str:
+            runs.append(x)
+            return x + "!"
+
+        assert await shout("a") == "a!" and await shout("a") == "a!"
+        secret = saver.codec.digest.secret
+    assert runs == ["a"] and secret is not None
+    (row,) = _q(dsn, schema, "SELECT fingerprint FROM durable_ledger")
+    assert _sealed_kid(dsn, schema) == key_id(K1)
+    assert row["fingerprint"] != _fingerprint_plain("shout", {"x": "a"})
+
+
+def _fingerprint_plain(name: str, args: dict[str, Any]) -> str:
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from langgraph_durable.idempotency.keys import _fingerprint
+
+    return _fingerprint(name, args, JsonPlusSerializer())[0]

@@ -19,6 +19,7 @@ from langgraph_durable import _sealing
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
     ConfigurationError,
+    DurableError,
     InvalidIdempotencyKeyError,
     NoLedgerError,
     UnstableKeyError,
@@ -242,6 +243,20 @@ def _derive_key(
         f"{spec.name!r} was called outside a LangGraph task, so no key can be derived "
         "from where it runs; give it key= or pass idempotency_key=",
     )
+
+
+async def aready(spec: _Spec | None = None, ledger: Any = None) -> None:
+    """From async code, before a fingerprint is computed: read the ledger's digest
+    secret if its saver has not yet (an async saver cannot wait for it on its own loop;
+    once read, nothing is done here). A call without a ledger fails later, as before."""
+    if ledger is None and spec is not None:
+        try:
+            ledger = _resolve_ledger(spec, _current_site())
+        except DurableError:
+            return
+    ensure = getattr(ledger, "_aensure_digest_secret", None)
+    if ensure is not None and not ledger.codec.digest.loaded:
+        await ensure()
 
 
 def _build_call(
