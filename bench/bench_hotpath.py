@@ -7,13 +7,16 @@ Side by side in ONE run on the SAME PostgreSQL database:
   (``UPSERT_CHECKPOINT_WRITES_SQL`` for writes) with the stock saver's parameters;
 * ``stock``   -- ``langgraph.checkpoint.postgres.PostgresSaver`` (``AsyncPostgresSaver``);
 * ``durable`` -- ``DurablePostgresSaver`` with a lease held (every write fenced);
+* ``outside``  -- ``DurablePostgresSaver`` with no lease held (a write outside a run:
+  every write carries the foreign-lease check), writes only;
 * ``leases off`` -- ``DurablePostgresSaver(leases=False)``.
 
 Sections:
 
 * ``put`` / ``put_writes``: median ms per call, the contenders taking turns in rounds
   (so load from elsewhere on a shared machine hits them alike), ratio to the floor;
-* ``invoke``: a 10-step loop graph on a new thread per invoke: median ms per invoke,
+* ``invoke``: a 10-step loop graph on a new thread per invoke, ``durability="sync"`` and
+  ``"async"`` (LangGraph's default), the savers taking turns: median ms per invoke,
   and the wire per invoke counted by libpq's protocol trace on the saver's connection
   (round trips = ReadyForQuery messages, statements = Execute + simple Query);
 * ``concurrent``: async savers on a pool of 10 connections, N runs at once: runs/s.
@@ -80,6 +83,18 @@ def wire(conn: psycopg.Connection[Any]) -> Iterator[dict[str, int]]:
 
 def connect(dsn: str) -> psycopg.Connection[Any]:
     return psycopg.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+
+
+def backend_cpu(conn: psycopg.Connection[Any]) -> float | None:
+    """CPU seconds the connection's server process has run (``/proc/<pid>/schedstat``,
+    ns resolution), or None when the server is not on this machine. On a shared machine
+    the wall clock carries everyone's load and fsync queue; CPU per call is what a
+    write itself costs, client and server."""
+    try:
+        with open(f"/proc/{conn.info.backend_pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 # --------------------------------------------------------------------------- graph
@@ -162,25 +177,29 @@ class Writer:
         return time.perf_counter() - t0, time.thread_time() - c0
 
 
-def take_lease(w: Writer) -> None:
-    """Hold a real lease for ``w``'s thread in this context (what a run start does)."""
+def take_lease(w: Writer, version: str | None = "bench-v1") -> None:
+    """Hold a real lease for ``w``'s thread in this context (what a run start does). A
+    run's lease carries its graph version (the configured one or the graph's
+    fingerprint, lifecycle._current_version), so its puts stamp it and need no
+    inheritance from the parent; ``version=None`` measures the unversioned lease."""
     s = w.saver
     owner = saver_mod._owner_id()
-    res = s.run_op(lambda: s._op_acquire(w.thread, owner, None, None))
+    res = s.run_op(lambda: s._op_acquire(w.thread, owner, version, None))
     assert res["ok"], res
     w.lease = saver_mod.Lease(
         thread_id=w.thread, owner=owner, token=int(res["lease_token"]), attempts=1,
-        checkpoint_id=None, version=None,
+        checkpoint_id=None, version=version,
     )
     saver_mod._RUN_LEASE.set(w.lease)
 
 
 def bench_writes(dsn: str, rounds: int, per_round: int) -> dict[str, dict[str, float]]:
-    conns = {n: connect(dsn) for n in ("floor", "stock", "durable", "leases off")}
+    conns = {n: connect(dsn) for n in ("floor", "stock", "durable", "outside", "leases off")}
     savers: dict[str, Any] = {
         "floor": None,
         "stock": PostgresSaver(conns["stock"]),
         "durable": DurablePostgresSaver(conns["durable"]),
+        "outside": DurablePostgresSaver(conns["outside"]),
         "leases off": DurablePostgresSaver(conns["leases off"], leases=False),
     }
     writers = {n: Writer(n, conns[n], savers[n]) for n in conns}
@@ -202,6 +221,7 @@ def bench_writes(dsn: str, rounds: int, per_round: int) -> dict[str, dict[str, f
             "pw_rt": c2["round_trips"], "pw_stmts": c2["statements"],
         }
     order = list(writers.items())
+    server0 = {n: backend_cpu(c) for n, c in conns.items()}
     for r in range(rounds * per_round):
         # Call by call, the contenders taking turns (rotating who goes first), so load
         # from elsewhere on a shared machine hits them alike.
@@ -209,10 +229,16 @@ def bench_writes(dsn: str, rounds: int, per_round: int) -> dict[str, dict[str, f
             for key, (wall, cpu) in (("put", w.put()), ("pw", w.put_writes())):
                 results[name]["put_writes" if key == "pw" else "put"].append(wall)
                 results[name][f"{key}_cpu"].append(cpu)
+    calls = 2 * rounds * per_round  # put + put_writes, per contender
+    server = {}
+    for n, c in conns.items():
+        s1, s0 = backend_cpu(c), server0[n]
+        server[n] = (s1 - s0) / calls * 1000 if s1 is not None and s0 is not None else float("nan")
     for c in conns.values():
         c.close()
     return {
         n: {
+            "server": server[n],
             "put": statistics.median(r["put"]) * 1000,
             "put_writes": statistics.median(r["put_writes"]) * 1000,
             "put_cpu": statistics.median(r["put_cpu"]) * 1000,
@@ -224,7 +250,7 @@ def bench_writes(dsn: str, rounds: int, per_round: int) -> dict[str, dict[str, f
 
 
 # --------------------------------------------------------------------------- invoke
-def bench_invoke(dsn: str, samples: int) -> dict[str, dict[str, float]]:
+def bench_invoke(dsn: str, samples: int, durability: str = "async") -> dict[str, dict[str, float]]:
     conns = {n: connect(dsn) for n in ("stock", "durable", "leases off")}
     savers: dict[str, Any] = {
         "stock": PostgresSaver(conns["stock"]),
@@ -238,21 +264,30 @@ def bench_invoke(dsn: str, samples: int) -> dict[str, dict[str, float]]:
     tag = uuid.uuid4().hex[:6]
     for name, g in graphs.items():  # warm up, then count one invoke
         for i in range(5):
-            g.invoke({"n": 0, "note": ""}, {"configurable": {"thread_id": f"w-{tag}-{name}-{i}"}})
+            g.invoke({"n": 0, "note": ""}, {"configurable": {"thread_id": f"w-{tag}-{name}-{i}"}},
+                     durability=durability)
         with wire(conns[name]) as c:
-            g.invoke({"n": 0, "note": ""}, {"configurable": {"thread_id": f"c-{tag}-{name}"}})
+            g.invoke({"n": 0, "note": ""}, {"configurable": {"thread_id": f"c-{tag}-{name}"}},
+                     durability=durability)
         wires[name] = c
+    order = list(graphs.items())
+    server0 = {n: backend_cpu(c) for n, c in conns.items()}
     for i in range(samples):
-        for name, g in graphs.items():
+        # Taking turns, rotating who goes first (load from elsewhere hits all alike).
+        for name, g in order[i % len(order):] + order[: i % len(order)]:
             cfg = {"configurable": {"thread_id": f"i-{tag}-{name}-{i}"}}
             c0, t0 = time.process_time(), time.perf_counter()
-            g.invoke({"n": 0, "note": ""}, cfg)
+            g.invoke({"n": 0, "note": ""}, cfg, durability=durability)
             times[name].append((time.perf_counter() - t0) * 1000)
             cpus[name].append((time.process_time() - c0) * 1000)
+    server = {}
+    for n, c in conns.items():
+        s1, s0 = backend_cpu(c), server0[n]
+        server[n] = (s1 - s0) / samples * 1000 if s1 is not None and s0 is not None else float("nan")
     for c in conns.values():
         c.close()
     return {
-        n: {"ms": statistics.median(t), "cpu": statistics.median(cpus[n]),
+        n: {"ms": statistics.median(t), "cpu": statistics.median(cpus[n]), "server": server[n],
             "round_trips": wires[n]["round_trips"],
             "statements": wires[n]["statements"]}
         for n, t in times.items()
@@ -321,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dsn", default=os.environ.get("BENCH_DSN", DEFAULT_DSN))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-concurrent", action="store_true")
+    ap.add_argument("--skip-invoke", action="store_true")
+    ap.add_argument("--skip-writes", action="store_true")
     args = ap.parse_args(argv)
     dsn = make_db(args.dsn)
     try:
@@ -330,28 +367,33 @@ def main(argv: list[str] | None = None) -> int:
             s.setup()
         print(f"load average before: {_load()}")
         rounds, per = (4, 50) if args.quick else (10, 100)
-        w = bench_writes(dsn, rounds, per)
+        w = {} if args.skip_writes else bench_writes(dsn, rounds, per)
         print(f"\nwrites: median ms per call, {rounds * per} calls each, contenders taking turns call by call;"
-              " cpu = client CPU ms per call")
+              " cpu = client CPU ms per call; server = the backend's CPU ms per call, put and put_writes"
+              " averaged")
         print(f"{'':12} {'put':>8} {'x floor':>8} {'cpu':>6} {'rt':>3} {'stmts':>5}"
               f"   {'put_writes':>10} {'x floor':>8} {'cpu':>6} {'rt':>3} {'stmts':>5}")
-        f = w["floor"]
+        f = w.get("floor", {})
         for n, r in w.items():
             print(
                 f"{n:12} {r['put']:8.3f} {r['put'] / f['put']:8.2f} {r['put_cpu']:6.3f}"
                 f" {r['put_rt']:3.0f} {r['put_stmts']:5.0f}"
                 f"   {r['put_writes']:10.3f} {r['put_writes'] / f['put_writes']:8.2f} {r['pw_cpu']:6.3f}"
-                f" {r['pw_rt']:3.0f} {r['pw_stmts']:5.0f}"
+                f" {r['pw_rt']:3.0f} {r['pw_stmts']:5.0f}   server {r['server']:6.3f}"
+                f" (x floor {r['server'] / f['server']:4.2f})"
+                f"  client+server x floor {(r['put_cpu'] + r['pw_cpu'] + 2 * r['server']) / (f['put_cpu'] + f['pw_cpu'] + 2 * f['server']):4.2f}"
             )
-        inv = bench_invoke(dsn, 30 if args.quick else 100)
-        print(f"\ninvoke: {STEPS}-step loop graph, new thread each (median wall ms and process CPU ms;"
-              " wire per invoke)")
-        for n, r in inv.items():
-            print(
-                f"{n:12} {r['ms']:8.2f} ms  {r['ms'] - inv['stock']['ms']:+6.2f} ms vs stock"
-                f"  cpu {r['cpu']:6.2f} ms ({r['cpu'] - inv['stock']['cpu']:+5.2f})"
-                f"  {r['round_trips']:3} round trips  {r['statements']:3} statements"
-            )
+        for durability in () if args.skip_invoke else ("sync", "async"):
+            inv = bench_invoke(dsn, 30 if args.quick else 100, durability)
+            print(f"\ninvoke, durability={durability!r}: {STEPS}-step loop graph, new thread each"
+                  " (median wall ms and process CPU ms; wire per invoke)")
+            for n, r in inv.items():
+                print(
+                    f"{n:12} {r['ms']:8.2f} ms  {r['ms'] - inv['stock']['ms']:+6.2f} ms vs stock"
+                    f"  cpu {r['cpu']:6.2f} ms ({r['cpu'] - inv['stock']['cpu']:+5.2f})"
+                    f"  {r['round_trips']:3} round trips  {r['statements']:3} statements"
+                    f"  server cpu {r['server']:5.2f} ms ({r['server'] - inv['stock']['server']:+5.2f})"
+                )
         if not args.skip_concurrent:
             conc = bench_concurrent(dsn, [10, 200], 1 if args.quick else 3)
             print("\nconcurrent runs (async, pool of 10): runs/s")

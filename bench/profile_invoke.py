@@ -69,6 +69,7 @@ def main() -> int:
     ap.add_argument("--who", default="durable")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--filter", default="durable|telemetry|prometheus|postgres/__init__")
+    ap.add_argument("--durability", choices=("sync", "async"), default="async")
     args = ap.parse_args()
     dsn = make_db(args.dsn)
     try:
@@ -113,7 +114,8 @@ def main() -> int:
         for name, g in graphs.items():
             _CURRENT[0] = name
             for i in range(10):
-                g.invoke({"n": 0, "note": ""}, {"configurable": {"thread_id": f"w-{tag}-{name}-{i}"}})
+                g.invoke({"n": 0, "note": ""}, {"configurable": {"thread_id": f"w-{tag}-{name}-{i}"}},
+                         durability=args.durability)
         if args.mode == "time":
             for acc in _TIMES.values():
                 acc.clear()
@@ -137,7 +139,7 @@ def main() -> int:
                     profiles.append(main_p)
                     main_p.enable()
                 c0, t0 = time.process_time(), time.perf_counter()
-                g.invoke({"n": 0, "note": ""}, cfg)
+                g.invoke({"n": 0, "note": ""}, cfg, durability=args.durability)
                 wall[name].append((time.perf_counter() - t0) * 1000)
                 cpu[name].append((time.process_time() - c0) * 1000)
                 if prof:

@@ -117,10 +117,12 @@ def seal_text(ring: Keyring | None, text: str | None) -> str | None:
 
 def open_text(
     ring: Keyring | None, value: str | None, *, thread_id: str | None, where: str,
-    checkpoint_id: str | None = None, strict: bool = True,
+    checkpoint_id: str | None = None, strict: bool = True, lenient: bool = False,
 ) -> str | None:
     """A stored text back in the clear. Sealed and no key: ``DecryptionError`` when
-    ``strict``, else ``"<encrypted>"`` (what views show)."""
+    ``strict``, else ``"<encrypted>"`` (what views show). A key that does not open it:
+    ``DecryptionError``, unless ``lenient`` (an operator listing: one row under another
+    key must not make the page unreadable), then ``"<encrypted>"`` too."""
     if not isinstance(value, str) or not value.startswith(TEXT_PREFIX):
         return value
     payload = _payload(value[len(TEXT_PREFIX):])
@@ -132,7 +134,12 @@ def open_text(
                 thread_id=thread_id, where=where, reason=NO_KEY, checkpoint_id=checkpoint_id
             )
         return ENCRYPTED
-    raw = ring.open(payload, thread_id=thread_id, where=where, checkpoint_id=checkpoint_id)
+    try:
+        raw = ring.open(payload, thread_id=thread_id, where=where, checkpoint_id=checkpoint_id)
+    except DecryptionError:
+        if not lenient:
+            raise
+        return ENCRYPTED  # a view: a key that does not open it is no key for it
     return raw.decode("utf-8", "surrogatepass")
 
 
@@ -152,7 +159,7 @@ def seal_json(ring: Keyring | None, value: Any, keep: frozenset[str] = frozenset
 
 def open_json(
     ring: Keyring | None, value: Any, *, thread_id: str | None, where: str,
-    checkpoint_id: str | None = None, strict: bool = True,
+    checkpoint_id: str | None = None, strict: bool = True, lenient: bool = False,
 ) -> Any:
     payload = _payload(value.get(JSON_KEY)) if isinstance(value, Mapping) else None
     if payload is None:
@@ -164,7 +171,12 @@ def open_json(
                 thread_id=thread_id, where=where, reason=NO_KEY, checkpoint_id=checkpoint_id
             )
         return {**clear, "encrypted": True}
-    raw = ring.open(payload, thread_id=thread_id, where=where, checkpoint_id=checkpoint_id)
+    try:
+        raw = ring.open(payload, thread_id=thread_id, where=where, checkpoint_id=checkpoint_id)
+    except DecryptionError:
+        if not lenient:
+            raise
+        return {**clear, "encrypted": True}  # a view: as no key
     opened = orjson.loads(raw)
     return {**clear, **opened} if clear else opened
 

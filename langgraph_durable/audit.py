@@ -234,7 +234,7 @@ def _op_list(
     ring = _sealing.RING.get()
     return [
         {**r, "detail": _redacted(_sealing.open_json(
-            ring, r.get("detail"), thread_id=r.get("thread_id"), where="audit detail", strict=False
+            ring, r.get("detail"), thread_id=r.get("thread_id"), where="audit detail", strict=False, lenient=True
         ))}
         for r in rows[0]
     ]

@@ -982,3 +982,33 @@ class RekeyError(DurableError):
 
 
 __all__ += ["DecryptionError", "RekeyError"]
+
+
+# --- newcomer ---
+class ReadDsnSchemaError(SchemaNotReadyError):
+    """The server behind ``read_dsn`` answers, but the package's tables are not there (or
+    older than this release): it is not a standby of the primary's database (another
+    database, another cluster, a typo in the database name), or a standby still replaying
+    the primary's ``setup()``. Raised where the read pool opens (``from_conn_string``, the
+    first ``saver.reader()``, the CLI's ``--read-dsn``), before any operator read, instead
+    of a raw ``UndefinedTable`` from the first listing. ``server``: ``host:port/dbname``
+    of ``read_dsn`` (no credentials); ``setting="read_dsn"``."""
+
+    def __init__(
+        self, server: str, schema: str | None, component: str, found: int | None, expected: int
+    ) -> None:
+        where = f"schema {schema!r}" if schema else "its search_path"
+        state = "missing" if found is None else f"at version {found}"
+        DurableError.__init__(
+            self,
+            f"read_dsn {server}: the {component} tables in {where} are {state} on that server, "
+            f"this release needs version {expected}. read_dsn must name a standby of the "
+            "primary's database (check the host and database name); a standby still "
+            "replaying the primary's setup() catches up by itself. Fix read_dsn / "
+            "LANGGRAPH_DURABLE_READ_DSN / --read-dsn, or leave it unset to read the primary",
+            schema=schema, component=component, found=found, expected=expected,
+            server=server, setting="read_dsn",
+        )
+
+
+__all__ += ["ReadDsnSchemaError"]

@@ -168,6 +168,20 @@ def _op_check_search_path(saver: SchemaView) -> Op[None]:
         )
 
 
+def op_check_read_search_path(saver: SchemaView) -> Op[None]:
+    """``read_dsn`` behind a transaction pooler (core/reader.py): the read pool sets no
+    search_path there either, so ``schema=`` must be the role's default on the read
+    server too, else the reader would read another schema's tables (public: another
+    tenant's threads) as this saver's."""
+    try:
+        yield from _op_check_search_path(saver)
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"read_dsn: {exc.message}; run it on the primary (its standbys replay it)",
+            **exc.fields, setting="read_dsn",
+        ) from exc
+
+
 def op_check_schema(saver: SchemaView, stock: list[str]) -> Op[None]:
     """``setup()`` with ``run_migrations=False``: read the recorded versions, run no DDL,
     raise ``SchemaNotReadyError`` when a table set is missing or behind this release."""

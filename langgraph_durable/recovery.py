@@ -806,7 +806,19 @@ class RecoveryWorker:
             return None
         from langgraph.types import Command
 
-        value = target.saver.serde.loads_typed(claim.answer)
+        serde = target.saver.serde
+        try:
+            value = serde.loads_typed(claim.answer)
+        except Exception as exc:
+            # A wrong key (or none) for the encrypted answer: the typed refusal naming
+            # the thread (issue 27), not pycryptodome's bare "MAC check failed".
+            typed = _sealing.decrypt_failure(
+                serde, str(claim.answer[0]), exc, thread_id=claim.thread_id,
+                where="durable_threads.answer_blob", checkpoint_id=claim.answer_checkpoint_id,
+            )
+            if typed is None:
+                raise
+            raise typed from exc
         logger.info("thread %s: running the queued answer to checkpoint %s", claim.thread_id, claim.checkpoint_id)
         return Command(resume=value)
 

@@ -66,13 +66,17 @@ from langgraph_durable.core.jsonb import _jsonb as _jsonb
 from langgraph_durable.core.reader import (
     RECHECK_AFTER,
     ReadLag,
+    ReadOnlyAsyncDriver,
+    ReadOnlySyncDriver,
     ReadOnlyView,
     ReadSlot,
+    after_write_lag,
     fallback_lag,
     lag_of,
     make_reader,
     needs_second_look,
     note_not_standby,
+    op_check_read_schema,
     op_primary_lsn,
     op_standby_lag,
     primary_lag,
@@ -92,6 +96,7 @@ from langgraph_durable.lifecycle import OnBusy as OnBusy
 from langgraph_durable.lifecycle import OnUnrecognisedRun as OnUnrecognisedRun
 from langgraph_durable.pooler import (
     check_pooled_conn,
+    op_check_read_search_path,
     resolve_pooler,
     session_schema,
 )
@@ -340,6 +345,19 @@ class DurablePostgresSaver(_DurableBase):
             return cast(DurablePostgresReader, make_reader(self, self._driver, fallback_lag(lag), conninfo=None, pooler=None))
         return cast(DurablePostgresReader, make_reader(self, slot.driver, lag, conninfo=slot.conninfo, pooler=slot.pooler))
 
+    def reader_after_write(self) -> DurablePostgresReader:
+        """``reader()`` for a process that has just written (the console after an
+        action): the standby only once it has replayed everything the primary had
+        when this was called (``read_lag.seconds == 0.0``), else the primary, saying so
+        (``read_lag.after_write``). Read your own writes, whatever the lag."""
+        reader = self.reader()
+        lag = reader.read_lag
+        if lag.source != "standby" or (lag.in_recovery and lag.seconds == 0.0 and lag.mismatch is None):
+            return reader
+        if lag.in_recovery is False and lag.mismatch is None:
+            return reader  # read_dsn is the primary itself
+        return cast(DurablePostgresReader, make_reader(self, self._driver, after_write_lag(lag), conninfo=None, pooler=None))
+
     async def areader(self) -> DurablePostgresReader:
         """``reader()`` from async code (in a worker thread)."""
         return await asyncio.to_thread(self.reader)
@@ -347,18 +365,18 @@ class DurablePostgresSaver(_DurableBase):
     def _measure_reads(self) -> ReadLag:
         settings = self._reads.settings
         for look in range(2):
-            lsn = self._primary_lsn()
-            reachable = lsn is not None
-            row = probe_standby(self._reads.pool, lsn)
-            lag = lag_of(row, settings, primary_reachable=reachable)
+            primary = self._primary_lsn()
+            row = probe_standby(self._reads.pool, primary)
+            lag = lag_of(row, settings, primary_reachable=primary is not None, primary=primary)
             if look or not needs_second_look(lag):
                 break
             time.sleep(RECHECK_AFTER)
         note_not_standby(settings, lag)
         return lag
 
-    def _primary_lsn(self) -> str | None:
-        """The primary's WAL position, None when it does not answer: a pool within
+    def _primary_lsn(self) -> dict[str, Any] | None:
+        """The primary's WAL position, clock and identity (``op_primary_lsn``), None
+        when it does not answer: a pool within
         seconds; the user's single connection through the driver (its lock)."""
         if isinstance(self.conn, ConnectionPool):
             return probe_primary(self.conn)
@@ -378,11 +396,14 @@ class DurablePostgresSaver(_DurableBase):
                 pool = open_read_pool(dsn, pooled, self.schema)
                 try:
                     pool.wait(READ_POOL_WAIT)  # its connection made now, not during a run
-                    driver = SyncDriver(pool, None)
+                    driver = (ReadOnlySyncDriver if pooled else SyncDriver)(pool, None)
+                    if pooled and self.schema:  # no session SET behind a pooler
+                        driver.run_op(lambda: op_check_read_search_path(self), transaction=False)
                     note_not_standby(slot.settings, lag_of(
                         driver.run_op(lambda: op_standby_lag(None), transaction=False),
                         slot.settings, primary_reachable=False,
                     ))
+                    driver.run_op(lambda: op_check_read_schema(self.schema, pooled, dsn))
                 except BaseException:
                     pool.close()
                     raise
@@ -637,22 +658,21 @@ class AsyncDurablePostgresSaver(_DurableBase):
     async def _ameasure_reads(self) -> ReadLag:
         settings = self._reads.settings
         for look in range(2):
-            lsn = await self._aprimary_lsn()
-            reachable = lsn is not None
-            row = await aprobe_standby(self._reads.pool, lsn)
-            lag = lag_of(row, settings, primary_reachable=reachable)
+            primary = await self._aprimary_lsn()
+            row = await aprobe_standby(self._reads.pool, primary)
+            lag = lag_of(row, settings, primary_reachable=primary is not None, primary=primary)
             if look or not needs_second_look(lag):
                 break
             await asyncio.sleep(RECHECK_AFTER)
         note_not_standby(settings, lag)
         return lag
 
-    async def _aprimary_lsn(self) -> str | None:
+    async def _aprimary_lsn(self) -> dict[str, Any] | None:
         """``DurablePostgresSaver._primary_lsn`` for the async saver."""
         if isinstance(self.conn, AsyncConnectionPool):
             return await aprobe_primary(self.conn)
         try:
-            return cast("str | None", await self._driver.run_op(op_primary_lsn, transaction=False))
+            return cast("dict[str, Any] | None", await self._driver.run_op(op_primary_lsn, transaction=False))
         except (psycopg.Error, DurableError):
             return None
 
@@ -668,9 +688,12 @@ class AsyncDurablePostgresSaver(_DurableBase):
                     await pool.open()
                     try:
                         await pool.wait(READ_POOL_WAIT)
-                        driver = AsyncDriver(pool, None)
+                        driver = (ReadOnlyAsyncDriver if pooled else AsyncDriver)(pool, None)
+                        if pooled and self.schema:  # no session SET behind a pooler
+                            await driver.run_op(lambda: op_check_read_search_path(self), transaction=False)
                         row = await driver.run_op(lambda: op_standby_lag(None), transaction=False)
                         note_not_standby(slot.settings, lag_of(row, slot.settings, primary_reachable=False))
+                        await driver.run_op(lambda: op_check_read_schema(self.schema, pooled, dsn))
                     except BaseException:
                         await pool.close()
                         raise

@@ -189,9 +189,17 @@ SLOW_FIRST += ("test_encryption_at_rest.py",)  # 30 (the canary workload, once p
 SLOW_FIRST += ("test_control.py",)  # 78 serial (worker processes SIGKILLed, cancels across processes)
 # --- ui25 ---
 SLOW_FIRST += ("test_console_walk.py",)  # ~50 (a worker process, Chromium, a 12 s run cancelled and resumed)
+# --- revread ---
+SLOW_FIRST += ("test_read_dsn_review.py",)  # 14-25 (two primary + standby pairs, pgbouncer)
+# --- rev27 ---
+SLOW_FIRST += ("test_encryption_paths.py",)  # 42 serial (two canary workloads, a rekey child SIGKILLed, rekeys beside runs)
 # --- digest27 branch ---
 SLOW_FIRST += ("test_digest_secret.py",)  # 35 (9 graph child processes, 4 SIGKILLed; a rekey)
 
+# The newest slow files (78, 50, 42 s serial) ahead of the older ones: a file started
+# last on its worker sets the wall time of the run.
+_NEWEST_SLOW = ("test_control.py", "test_console_walk.py", "test_encryption_paths.py")
+SLOW_FIRST = _NEWEST_SLOW + tuple(n for n in SLOW_FIRST if n not in _NEWEST_SLOW)
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "collect_mode(env): collected only when the env variable is 1")

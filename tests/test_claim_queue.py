@@ -348,6 +348,34 @@ def test_a_row_naming_the_wrong_version_is_corrected_then_claimed(db: str) -> No
         assert _claim(conn, any_version=False, versions=["v2"]) == "moved"
 
 
+def test_update_state_by_another_version_moves_the_row_so_its_workers_find_it(db: str) -> None:
+    """A thread a v1 run left stopped, then edited outside a run by the v2 graph
+    (update_state): the row follows the new head's version, so a v2 worker claims it
+    with no v1 worker left to correct the row (the end of a rolling deploy). Before
+    SYNC_THREAD_VERSION_SQL the row kept naming v1 and no v2 poll ever found it."""
+    from typing import TypedDict
+
+    from langgraph.graph import START, StateGraph
+
+    class S(TypedDict):
+        n: int
+
+    builder = StateGraph(S)
+    builder.add_node("a", lambda s: {"n": s["n"] + 1})
+    builder.add_edge(START, "a")
+    cfg: Any = {"configurable": {"thread_id": "edited"}}
+    with DurablePostgresSaver.from_conn_string(db, graph_version="v1") as v1:
+        builder.compile(checkpointer=v1).invoke({"n": 0}, cfg)
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("UPDATE durable_threads SET status = 'stopped' WHERE thread_id = 'edited'")
+    with DurablePostgresSaver.from_conn_string(db, graph_version="v2") as v2:
+        builder.compile(checkpointer=v2).update_state(cfg, {"n": 41})
+    with psycopg.connect(db, row_factory=dict_row, autocommit=True) as conn:
+        row = conn.execute("SELECT graph_version FROM durable_threads WHERE thread_id = 'edited'").fetchone()
+        assert row == {"graph_version": "v2"}
+        assert _claim(conn, any_version=False, versions=["v2"]) == "edited"
+
+
 def test_the_op_corrects_and_goes_on_within_one_poll(db: str) -> None:
     """_op_claim: a poll that meets rows naming the wrong version corrects them and
     claims what is really its own in the same poll (the saver's driver, real Postgres)."""

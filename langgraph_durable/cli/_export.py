@@ -28,7 +28,7 @@ from langgraph_durable.cli._common import (
 from langgraph_durable.embedded import resolve_dsn
 
 
-def _stock_saver(dsn: str, schema: str | None) -> Any:
+def _stock_saver(dsn: str, schema: str | None, serde: Any = None) -> Any:
     import psycopg
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
@@ -44,7 +44,9 @@ def _stock_saver(dsn: str, schema: str | None) -> Any:
     )
     if schema and not pooled:
         conn.execute(set_search_path(schema))
-    return conn, PostgresSaver(conn)
+    # The serializer the package read with (the --key-file one): an encrypted export is
+    # the serializer's `<type>+aes` rows, which the stock saver reads only through it.
+    return conn, PostgresSaver(conn, serde=serde)
 
 
 def export_stock_command(
@@ -78,7 +80,8 @@ def export_stock_command(
             listed = saver.run_op(lambda: export.op_thread_ids(ids))
             before = {tid: export.snapshot_thread(saver, tid) for tid in listed}
         report = export.export_stock(saver, thread_ids=ids, dry_run=dry_run)
-    mismatches = _verify_with_stock(url, schema, before) if before else {}
+        serde = saver.serde
+    mismatches = _verify_with_stock(url, schema, before, serde) if before else {}
     out = report.as_dict()
     if verify and not dry_run:
         out["verified"] = {"threads": len(before), "mismatches": sum(map(len, mismatches.values()))}
@@ -92,13 +95,15 @@ def export_stock_command(
 
 
 
-def _verify_with_stock(url: str, schema: str | None, before: dict[str, Any]) -> dict[str, list[str]]:
+def _verify_with_stock(
+    url: str, schema: str | None, before: dict[str, Any], serde: Any = None
+) -> dict[str, list[str]]:
     """Each exported thread as the stock saver reads it, against its snapshot taken
     through this package before the export: the differences, by thread."""
     from langgraph_durable import export
 
     mismatches: dict[str, list[str]] = {}
-    conn, stock = _stock_saver(url, schema)
+    conn, stock = _stock_saver(url, schema, serde)
     with conn:
         for tid, snap in before.items():
             problems = export.compare_snapshots(snap, export.snapshot_thread(stock, tid))

@@ -241,6 +241,9 @@ class Console:
         self._reader: Any = None
         self._reader_at = 0.0
         self._reader_lock = threading.Lock()
+        # An action committed: pages read the primary until the standby has replayed
+        # it (saver.reader_after_write), so the page after an action shows the action.
+        self._wrote = False
 
     def runnable_graph(self) -> Any:
         """The graph compiled on this console's saver (for an answer run here), or None."""
@@ -260,8 +263,19 @@ class Console:
         with self._reader_lock:
             now = time.monotonic()
             if self._reader is None or now - self._reader_at >= READ_REFRESH:
-                self._reader, self._reader_at = self.saver.reader(), now
+                if self._wrote:  # the primary (always current) until the standby has it
+                    reader = self.saver.reader_after_write()
+                    self._wrote = reader.read_lag.after_write
+                else:
+                    reader = self.saver.reader()
+                self._reader, self._reader_at = reader, now
             return self._reader
+
+    def wrote(self) -> None:
+        """An action ran: the next page measures again, and reads the primary until
+        the standby has replayed it."""
+        with self._reader_lock:
+            self._wrote, self._reader_at = True, 0.0
 
     # ---------------------------------------------------------------- rendering
     def session(self, request: Request) -> Session | None:
@@ -282,7 +296,9 @@ class Console:
             flash=flash,
             path=request.url.path,
             query=str(request.url.query),
-            reading=getattr(self._reader, "read_lag", None),
+            # A page that read the primary (the confirmation) passes reading=None: no
+            # standby line above what was read on the primary.
+            reading=ctx.pop("reading") if "reading" in ctx else getattr(self._reader, "read_lag", None),
             **ctx,
         )
         return HTMLResponse(html, status_code=status)
@@ -388,7 +404,7 @@ class Console:
                 cur.execute(q.THREADS_SQL, params)
                 rows = [lgi.mark_dead_owner(dict(r)) for r in cur.fetchall()]
         more = len(rows) > limit
-        rows = rows[:limit]
+        rows = lgi.open_last_errors(self.saver, rows[:limit])
         if any(r.get("state") == "running" for r in rows):
             registered = self.workers()
             for r in rows:
@@ -895,7 +911,8 @@ def _confirm(c: Console, request: Request) -> Response:
     except DurableError as exc:
         return c.error(request, 404 if isinstance(exc, LookupError) else 400,
                        type(exc).__name__, exc.message)
-    return c.render(request, "confirm.html", action=action, plan=plan)
+    # The plan was read on the primary (Console.plan): no standby lag line above it.
+    return c.render(request, "confirm.html", action=action, plan=plan, reading=None)
 
 async def _act(c: Console, request: Request) -> Response:
     action = request.path_params["action"]
@@ -916,7 +933,10 @@ async def _act(c: Console, request: Request) -> Response:
         return c.error(request, 400, "not confirmed", "actions are confirmed on their own page")
 
     def run() -> tuple[str, str]:
-        return c.execute(action, form, session)
+        try:
+            return c.execute(action, form, session)
+        finally:
+            c.wrote()  # committed or not: the next pages read what the primary has
 
     from starlette.concurrency import run_in_threadpool
 

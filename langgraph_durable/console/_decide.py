@@ -86,10 +86,14 @@ def plan(
         if state == "done":
             raise Refused(f"thread {tid!r} is done: nothing to resume (fork it to run again)")
         if info.get("interrupts"):
+            if control.answer_queued(saver, tid):
+                raise Refused(f"thread {tid!r}: {control.ANSWER_QUEUED} (resume changes nothing)")
             raise Refused(f"thread {tid!r} waits on an interrupt: answer it instead")
         out["served_by"] = served(saver, info.get("graph_version"))
     elif action == "answer":
         _no_live_lease(info, "an answer")
+        if control.answer_queued(saver, tid):
+            raise Refused(f"thread {tid!r}: {control.ANSWER_QUEUED}")
         if not info.get("interrupts"):
             raise Refused(f"thread {tid!r} does not wait on an interrupt (state {state})")
         out["interrupts"] = info["interrupts"]

@@ -32,6 +32,7 @@ from langgraph_durable.sql.replication import (
     PRIMARY_WAL_LSN_SQL,
     READ_ONLY_SESSION_SQL,
     STANDBY_LAG_SQL,
+    standby_params,
 )
 from langgraph_durable.sql.schema import set_search_path
 
@@ -391,14 +392,14 @@ def read_unreachable(dsn: str, exc: BaseException) -> ReadDsnUnreachableError:
     return ReadDsnUnreachableError(redact_dsn(dsn), reason, kind)
 
 
-def probe_standby(pool: ConnectionPool[Any], primary_lsn: str | None) -> dict[str, Any]:
+def probe_standby(pool: ConnectionPool[Any], primary: dict[str, Any] | None) -> dict[str, Any]:
     """The lag statement (``STANDBY_LAG_SQL``) on the read pool, within
     ``PROBE_TIMEOUT`` seconds and one retry after a broken connection, else
     ``ReadDsnUnreachableError``."""
     for attempt in range(2):
         try:
             with pool.connection(timeout=PROBE_TIMEOUT) as conn:
-                row = conn.execute(STANDBY_LAG_SQL, {"primary_lsn": primary_lsn}).fetchone()
+                row = conn.execute(STANDBY_LAG_SQL, standby_params(primary)).fetchone()
                 return dict(row) if row else {}
         except psycopg.OperationalError as exc:
             if attempt:
@@ -409,12 +410,12 @@ def probe_standby(pool: ConnectionPool[Any], primary_lsn: str | None) -> dict[st
     raise AssertionError("unreachable")
 
 
-async def aprobe_standby(pool: AsyncConnectionPool[Any], primary_lsn: str | None) -> dict[str, Any]:
+async def aprobe_standby(pool: AsyncConnectionPool[Any], primary: dict[str, Any] | None) -> dict[str, Any]:
     """``probe_standby`` for the async saver's read pool."""
     for attempt in range(2):
         try:
             async with pool.connection(timeout=PROBE_TIMEOUT) as conn:
-                cur = await conn.execute(STANDBY_LAG_SQL, {"primary_lsn": primary_lsn})
+                cur = await conn.execute(STANDBY_LAG_SQL, standby_params(primary))
                 return dict(await cur.fetchone() or {})
         except psycopg.OperationalError as exc:
             if attempt:
@@ -425,23 +426,32 @@ async def aprobe_standby(pool: AsyncConnectionPool[Any], primary_lsn: str | None
     raise AssertionError("unreachable")
 
 
-def probe_primary(pool: ConnectionPool[Any]) -> str | None:
-    """The primary's ``pg_current_wal_lsn()`` for the lag, within ``PROBE_TIMEOUT``
+def _row_dict(cur: Any, row: Any) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    if isinstance(row, dict):
+        return dict(row)
+    return {d.name: v for d, v in zip(cur.description, row, strict=True)}
+
+
+def probe_primary(pool: ConnectionPool[Any]) -> dict[str, Any] | None:
+    """The primary's ``pg_current_wal_lsn()``, clock and identity for the lag
+    (``PRIMARY_WAL_LSN_SQL``), within ``PROBE_TIMEOUT``
     seconds (a primary that does not answer must not hold an operator's read for the
     driver's retries); None when it did not answer."""
     try:
         with pool.connection(timeout=PROBE_TIMEOUT) as conn:
-            row = conn.execute(PRIMARY_WAL_LSN_SQL).fetchone()
+            cur = conn.execute(PRIMARY_WAL_LSN_SQL)
+            return _row_dict(cur, cur.fetchone())
     except (psycopg.Error, PoolTimeout):
         return None
-    return None if row is None else str(row["lsn"] if isinstance(row, dict) else row[0])
 
 
-async def aprobe_primary(pool: AsyncConnectionPool[Any]) -> str | None:
+async def aprobe_primary(pool: AsyncConnectionPool[Any]) -> dict[str, Any] | None:
     """``probe_primary`` for the async saver's pool."""
     try:
         async with pool.connection(timeout=PROBE_TIMEOUT) as conn:
-            row = await (await conn.execute(PRIMARY_WAL_LSN_SQL)).fetchone()
+            cur = await conn.execute(PRIMARY_WAL_LSN_SQL)
+            return _row_dict(cur, await cur.fetchone())
     except (psycopg.Error, PoolTimeout):
         return None
-    return None if row is None else str(row["lsn"] if isinstance(row, dict) else row[0])

@@ -24,15 +24,22 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 from psycopg import conninfo as ci
 
-from langgraph_durable._io import Batch, Op, Stmt
+from langgraph_durable._io import AsyncDriver, Batch, Op, Stmt, SyncDriver
 from langgraph_durable.config import DEFAULT_MAX_LAG, ReadOptions
 from langgraph_durable.errors import ReadOnlyViewError
-from langgraph_durable.sql.replication import PRIMARY_WAL_LSN_SQL, STANDBY_LAG_SQL
+from langgraph_durable.sql.replication import (
+    PRIMARY_WAL_LSN_SQL,
+    READ_ONLY_TX_SQL,
+    STANDBY_LAG_SQL,
+    standby_params,
+)
 
 logger = logging.getLogger("langgraph_durable")
 
@@ -76,7 +83,9 @@ class ReadLag:
     ``behind_bytes``: WAL bytes not replayed yet (None when the primary did not answer).
     ``paused``: ``pg_wal_replay_pause()`` is in effect. ``over``: lag above
     ``max_lag`` (or unknown while behind). ``fell_back``: reads went to the primary
-    because of it (``read_fallback``)."""
+    because of it (``read_fallback``). ``mismatch``: the read_dsn server is not a
+    replica of the saver's primary (another cluster or database, a promoted standby, a
+    copy): what it is; its lag is then unknown and counted over."""
 
     source: str
     server: str | None = None
@@ -89,11 +98,16 @@ class ReadLag:
     fell_back: bool = False
     # The standby did not answer (read_fallback then read the primary): why.
     standby_error: str | None = None
+    # The read_dsn server is not a replica of the primary (core/reader.py mismatch_of).
+    mismatch: str | None = None
+    # Reads went to the primary because the standby has not replayed this process's
+    # own last write yet (the console after an action: read your writes).
+    after_write: bool = False
 
     @property
     def over(self) -> bool:
         """Behind by more than ``max_lag`` seconds (or behind by an unknown time)."""
-        if self.standby_error is not None:
+        if self.standby_error is not None or self.mismatch is not None:
             return True
         if not self.in_recovery:
             return False
@@ -105,10 +119,25 @@ class ReadLag:
         """One line: ``reading from standby h:5433/db, 12.3 s behind (replay paused)``."""
         if self.server is None:
             return "reading from the primary"
+        if self.after_write:
+            return (
+                f"reading from the primary: the standby {self.server} has not replayed "
+                "the last action yet"
+            )
         if self.fell_back and self.standby_error is not None:
             return (
                 f"reading from the primary: the standby {self.server} does not answer "
                 f"({self.standby_error}) (read_fallback)"
+            )
+        if self.fell_back and self.mismatch is not None:
+            return (
+                f"reading from the primary: read_dsn {self.server} is not a replica of it "
+                f"({self.mismatch}) (read_fallback)"
+            )
+        if self.mismatch is not None:
+            return (
+                f"reading from {self.server} (read_dsn), which is not a replica of the primary "
+                f"({self.mismatch}): how far behind is unknown"
             )
         if self.fell_back:
             return (
@@ -136,7 +165,9 @@ class ReadLag:
             "seconds": self.seconds, "behind_bytes": self.behind_bytes, "paused": self.paused,
             "primary_reachable": self.primary_reachable, "max_lag": self.max_lag,
             "over": self.over, "fell_back": self.fell_back,
-            "standby_error": self.standby_error, "message": self.describe(),
+            "standby_error": self.standby_error, "mismatch": self.mismatch,
+            "after_write": self.after_write,
+            "message": self.describe(),
         }
 
 
@@ -150,21 +181,53 @@ def _fmt_bytes(n: int) -> str:
 
 
 # ------------------------------------------------------------------ ops
-def op_primary_lsn() -> Op[str | None]:
-    """On the primary: where its WAL ends now."""
+def op_primary_lsn() -> Op[dict[str, Any] | None]:
+    """On the primary: where its WAL ends now, its clock and identity (PRIMARY_WAL_LSN_SQL)."""
     rows = yield Batch([Stmt(PRIMARY_WAL_LSN_SQL, fetch=True)], final=True)
-    return str(rows[0][0]["lsn"]) if rows[0] else None
+    return dict(rows[0][0]) if rows[0] else None
 
 
-def op_standby_lag(primary_lsn: str | None) -> Op[dict[str, Any]]:
-    """On the read server: recovery state, replay position against ``primary_lsn``."""
-    rows = yield Batch([Stmt(STANDBY_LAG_SQL, {"primary_lsn": primary_lsn}, fetch=True)], final=True)
+def op_standby_lag(primary: dict[str, Any] | None) -> Op[dict[str, Any]]:
+    """On the read server: recovery state, replay position against the primary's."""
+    rows = yield Batch([Stmt(STANDBY_LAG_SQL, standby_params(primary), fetch=True)], final=True)
     return dict(rows[0][0])
 
 
-def lag_of(row: dict[str, Any], settings: ReadOptions, *, primary_reachable: bool) -> ReadLag:
-    """A ``ReadLag`` from the standby's row (``op_standby_lag``)."""
+def mismatch_of(row: dict[str, Any], primary: dict[str, Any] | None) -> str | None:
+    """What the read server is when it is not a replica of the primary (None: it is, or
+    the primary did not answer). A standby has its primary's system identifier and
+    databases; a server not in recovery is caught up only when it is the primary itself
+    (same postmaster). Anything else (a standby of another cluster, another database, a
+    promoted standby, a restored copy) has a lag nobody can measure."""
+    if not primary:
+        return None
+    ours, theirs = primary.get("sysid"), row.get("sysid")
+    if ours and theirs and ours != theirs:
+        what = "a standby of" if row.get("in_recovery") else "a server of"
+        return f"{what} another cluster: system identifier {theirs}, the primary's {ours}"
+    if row.get("dbname") is not None and row.get("dbname") != primary.get("dbname"):
+        return f"another database: {row.get('dbname')!r}, the primary's {primary.get('dbname')!r}"
+    if not row.get("in_recovery") and row.get("started") != primary.get("started"):
+        return (
+            "a primary other than the saver's: a promoted standby or a copy, its data "
+            "forked from the primary's"
+        )
+    return None
+
+
+def lag_of(
+    row: dict[str, Any], settings: ReadOptions, *, primary_reachable: bool,
+    primary: dict[str, Any] | None = None,
+) -> ReadLag:
+    """A ``ReadLag`` from the standby's row (``op_standby_lag``) and the primary's
+    (``op_primary_lsn``; None: not asked or did not answer)."""
     server = server_of(settings.dsn) if settings.dsn else None
+    mismatch = mismatch_of(row, primary)
+    if mismatch is not None:
+        return ReadLag(
+            "standby", server, bool(row["in_recovery"]), None, None, bool(row.get("paused")),
+            primary_reachable, settings.max_lag, mismatch=mismatch,
+        )
     if not row["in_recovery"]:
         return ReadLag("standby", server, False, 0.0, None, False, primary_reachable, settings.max_lag)
     behind = row["behind_bytes"]
@@ -187,11 +250,43 @@ def needs_second_look(lag: ReadLag) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class _ReadSchemaView:
+    schema: str | None
+    pooler: Any
+
+
+def op_check_read_schema(schema: str | None, pooled: Any, dsn: str) -> Op[None]:
+    """On the read server, once when its pool opens: the package's tables are there at
+    this release's version (what ``setup(run_migrations=False)`` checks on the primary),
+    else ``ReadDsnSchemaError`` naming the server, before any listing meets a raw
+    ``UndefinedTable`` (a read_dsn that names another database or cluster)."""
+    from langgraph.checkpoint.postgres.base import MIGRATIONS as STOCK_MIGRATIONS
+
+    from langgraph_durable.errors import ReadDsnSchemaError, SchemaNotReadyError
+    from langgraph_durable.pooler import op_check_schema
+
+    try:
+        yield from op_check_schema(_ReadSchemaView(schema, pooled), list(STOCK_MIGRATIONS))
+    except SchemaNotReadyError as exc:
+        f = exc.fields
+        raise ReadDsnSchemaError(server_of(dsn), schema, f["component"], f["found"], f["expected"]) from exc
+
+
 _NOT_STANDBY_LOGGED: set[str] = set()
+_MISMATCH_LOGGED: set[tuple[str, str]] = set()
 
 
 def note_not_standby(settings: ReadOptions, lag: ReadLag) -> None:
     """Once per process and read_dsn: its server is not in recovery (a primary)."""
+    if lag.mismatch is not None and settings.dsn and (settings.dsn, lag.mismatch) not in _MISMATCH_LOGGED:
+        _MISMATCH_LOGGED.add((settings.dsn, lag.mismatch))
+        logger.warning(
+            "langgraph-durable: read_dsn %s is not a replica of the primary (%s): operator "
+            "reads there show data of unknown age; read_fallback reads the primary",
+            server_of(settings.dsn), lag.mismatch,
+        )
+        return
     if lag.in_recovery is False and settings.dsn and settings.dsn not in _NOT_STANDBY_LOGGED:
         _NOT_STANDBY_LOGGED.add(settings.dsn)
         logger.warning(
@@ -294,6 +389,40 @@ class ReadOnlyView:
         return None
 
 
+class ReadOnlySyncDriver(SyncDriver):
+    """The read pool's driver behind a transaction pooler, where its sessions cannot be
+    ``default_transaction_read_only`` (the SET would leak to the pooler's other
+    clients): every op, and every ``connection()``, runs in a ``READ ONLY``
+    transaction, so a reader cannot write even when the pooler leads to a primary (a
+    promoted standby, the primary itself)."""
+
+    def _attempt(self, conn: Any, started: Any, transaction: bool, after: Any, attempt: int) -> Any:
+        with conn.transaction():
+            conn.execute(READ_ONLY_TX_SQL)
+            return super()._attempt(conn, started, False, after, attempt)
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        with super().connection() as conn, conn.transaction():
+            conn.execute(READ_ONLY_TX_SQL)
+            yield conn
+
+
+class ReadOnlyAsyncDriver(AsyncDriver):
+    """``ReadOnlySyncDriver`` for the async saver's read pool."""
+
+    async def _attempt(self, conn: Any, started: Any, transaction: bool, after: Any, attempt: int) -> Any:
+        async with conn.transaction():
+            await conn.execute(READ_ONLY_TX_SQL)
+            return await super()._attempt(conn, started, False, after, attempt)
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        async with super().connection() as conn, conn.transaction():
+            await conn.execute(READ_ONLY_TX_SQL)
+            yield conn
+
+
 def _thread(config: Any) -> Any:
     return ((config or {}).get("configurable") or {}).get("thread_id")
 
@@ -310,6 +439,11 @@ def make_reader(saver: Any, driver: Any, lag: ReadLag, *, conninfo: str | None, 
         view._conninfo = conninfo
         view.pooler = pooler
     return view
+
+
+def after_write_lag(lag: ReadLag) -> ReadLag:
+    """The primary, because the standby has not replayed this process's last write."""
+    return replace(lag, source="primary", after_write=True)
 
 
 def fallback_lag(lag: ReadLag) -> ReadLag:

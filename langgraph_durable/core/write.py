@@ -60,12 +60,16 @@ from langgraph_durable.sql.artifacts import (
 )
 from langgraph_durable.sql.checkpoints import (
     GUARDED_INSERT_WRITE_SQL,
+    GUARDED_INSERT_WRITES_SQL,
     GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL,
     GUARDED_UPSERT_CHECKPOINT_SQL,
     GUARDED_UPSERT_CHILD_CHECKPOINT_INHERIT_SQL,
     GUARDED_UPSERT_CHILD_CHECKPOINT_SQL,
     GUARDED_UPSERT_WRITE_SQL,
+    GUARDED_UPSERT_WRITES_SQL,
+    GUARDED_WRITES_MAX,
 )
+from langgraph_durable.sql.threads import SYNC_THREAD_VERSION_SQL
 from langgraph_durable.versioning import VERSION_KEY
 
 logger = logging.getLogger("langgraph_durable")
@@ -82,9 +86,14 @@ _WRITE_SESSION: ContextVar[WriteSession | None] = ContextVar("langgraph_durable_
 _INFLIGHT_WAIT = 30.0
 
 
-# put_writes with up to this many writes sends the guard with every row (see
-# _op_put_writes): one statement text, one executemany, like the stock saver.
-_GUARD_EVERY_ROW = 8
+def _last_per_key(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """An upsert's rows, the last of each key (idx: one call's rows share thread,
+    namespace, checkpoint and task), in order: what upserting them one by one leaves."""
+    seen: dict[Any, tuple[Any, ...]] = {}
+    for r in rows:
+        seen.pop(r[5], None)
+        seen[r[5]] = r
+    return list(seen.values()) if len(seen) < len(rows) else rows
 
 
 _START = "__start__"
@@ -410,6 +419,10 @@ class WriteOps(WriteView):
         sql = texts[mode]
         # Lease mode: the put's RETURNING says whether an operator cancelled this run.
         stmts.append(Stmt(sql, (*row, *guard), fetch=lease is not None))
+        if mode == "foreign" and not checkpoint_ns and md.get(VERSION_KEY):
+            # Outside a run: the row's version follows the head (SYNC_THREAD_VERSION_SQL).
+            version = md[VERSION_KEY]
+            stmts.append(Stmt(SYNC_THREAD_VERSION_SQL, (version, thread_id, version)))
         try:
             # The only batch: one pipeline, no BEGIN/COMMIT (_io._implicit).
             out = yield Batch(stmts, final=True)
@@ -501,20 +514,25 @@ class WriteOps(WriteView):
         new_refs: list[bytes] = []
         if artifacts:
             stmts, new_refs = self._artifact_stmts(thread_id, artifacts)
+        upsert = query is UPSERT_CHECKPOINT_WRITES_SQL
+        if 1 < len(rows) <= GUARDED_WRITES_MAX:
+            # A step's few writes: one statement, the guard once (issue 26,
+            # GUARDED_UPSERT_WRITES_SQL; leases=False: the stock columns and actions,
+            # no guard), where stock sends one per write.
+            if upsert:
+                rows = _last_per_key(rows)
+            texts = GUARDED_UPSERT_WRITES_SQL[mode] if upsert else GUARDED_INSERT_WRITES_SQL[mode]
+            if len(rows) > 1:
+                stmts.append(Stmt(texts[len(rows)], (*[v for r in rows for v in r], *guard)))
+                rows = []
         if mode != "none":
             # The rows carry the guard (issue 14, see GUARDED_UPSERT_WRITE_SQL): it
-            # runs before the first write row is inserted or locked. A step's few writes
-            # all carry it (one executemany, as stock; re-checking a row this transaction
-            # already locked is cheap); a large fan-out only its first row. leases=False:
-            # no guard, the stock saver's statements exactly.
-            guarded = (
-                GUARDED_UPSERT_WRITE_SQL[mode]
-                if query is UPSERT_CHECKPOINT_WRITES_SQL
-                else GUARDED_INSERT_WRITE_SQL[mode]
-            )
-            n = len(rows) if len(rows) <= _GUARD_EVERY_ROW else 1
-            stmts.append(Stmt(guarded, [(*r, *guard) for r in rows[:n]], many=True))
-            rows = rows[n:]
+            # runs before the first write row is inserted or locked. One write, or a
+            # large fan-out: its first row guarded, the rest the stock statement.
+            if rows:
+                guarded = GUARDED_UPSERT_WRITE_SQL[mode] if upsert else GUARDED_INSERT_WRITE_SQL[mode]
+                stmts.append(Stmt(guarded, [(*rows[0], *guard)], many=True))
+                rows = rows[1:]
         if rows:
             stmts.append(Stmt(query, rows, many=True))
         try:

@@ -64,15 +64,20 @@ class LedgerEntry:
     expires_at: dt.datetime | None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any], ring: Keyring | None = None) -> LedgerEntry:
+    def from_row(
+        cls, row: Mapping[str, Any], ring: Keyring | None = None, *, lenient: bool = False
+    ) -> LedgerEntry:
         """``ring``: the saver's keyring, opening what is sealed (issue 27); without
-        one a sealed text reads ``"<encrypted>"``."""
+        one a sealed text reads ``"<encrypted>"``, as does one under a key ``ring``
+        lacks when ``lenient`` (a listing), else that is ``DecryptionError``."""
         started = row["status"] == "started"
         thread = row["thread_id"] or row["origin_thread_id"]
 
         def opened(column: str) -> str | None:
             where = f"{column} of idempotency key {row['key']!r}"
-            return _sealing.open_text(ring, row[column], thread_id=thread, where=where, strict=False)
+            return _sealing.open_text(
+                ring, row[column], thread_id=thread, where=where, strict=False, lenient=lenient
+            )
 
         # A claim whose owner is a dead process of this machine is dead now, whatever
         # its claim lease says (the check a run start makes on its lease).
@@ -126,7 +131,7 @@ class Ledger:
             LEDGER_LIST_SQL, {"thread_id": thread_id, "status": status, "limit": int(limit)}
         )
         ring = _sealing.keyring_of(self.saver.serde)
-        return [LedgerEntry.from_row(r, ring) for r in rows]
+        return [LedgerEntry.from_row(r, ring, lenient=True) for r in rows]
 
     def _op_result(self, key: str) -> Generator[Any, Any, Any]:
         rows = yield from _op_one(LEDGER_READ_SQL, (key,))
@@ -163,6 +168,8 @@ class Ledger:
     @_audit.audited("ledger.resolve", _audit.describe_ledger_change, prefetch=_audit.ledger_row)
     def _op_change(self, sql: str, key: str, params: tuple[Any, ...]) -> Generator[Any, Any, None]:
         memo = op_memo()
+        if _sealing.keyring_of(self.saver.serde) is None:
+            yield from self._op_refuse_keyless(key)
         changed, current = yield from _op_answer(sql, key, params)
         if changed:
             memo["changed"] = True
@@ -176,6 +183,24 @@ class Ledger:
         raise IdempotencyError(
             f"idempotency key {key!r} is already {current['status']}", key=key
         )
+
+    @staticmethod
+    def _op_refuse_keyless(key: str) -> Generator[Any, Any, None]:
+        """A saver without a key resolving an encrypted row (its arguments sealed, or
+        a result in the cipher's form): its serializer would store the operator's value
+        in the clear beside them (issue 27; the CLI without --key-file, a console
+        without the key). Refused, nothing written."""
+        rows = yield from _op_one(LEDGER_READ_SQL, (key,))
+        row = rows[0] if rows else None
+        if row is not None and (
+            _sealing.is_sealed(row.get("args_preview")) or _sealing.is_sealed(row.get("error"))
+            or "+" in str(row.get("result_type") or "")
+        ):
+            raise _sealing.DecryptionError(
+                thread_id=row.get("thread_id"), where="durable_ledger.result",
+                reason="the ledger row is encrypted and this saver has no key: the result would "
+                "be stored in the clear; give the key (--key-file, the saver's encrypting serde)",
+            )
 
     @_audit.audited("ledger.forget", _audit.describe_ledger_forget, prefetch=_audit.ledger_row)
     def _op_forget(self, key: str) -> Generator[Any, Any, bool]:

@@ -173,6 +173,7 @@ class _Thread:
     head: str | None
     interrupted: bool
     graph_version: str | None
+    answer_queued: bool = False  # an answer stored for the workers, not consumed yet
 
 
 def _op_thread(thread_id: str) -> Op[_Thread]:
@@ -192,7 +193,28 @@ def _op_thread(thread_id: str) -> Op[_Thread]:
         head=head["checkpoint_id"] if head else None,
         interrupted=bool(head and head["interrupted"]),
         graph_version=(head["graph_version"] if head else None) or (row["graph_version"] if row else None),
+        answer_queued=bool(row and row.get("answer_checkpoint_id")),
     )
+
+
+ANSWER_QUEUED = "an answer is already queued for it: the worker that claims it runs it"
+
+
+def _refuse_queued_answer(t: _Thread, action: str) -> None:
+    """A waiting thread answered from the console or CLI is ``queued`` with the answer
+    stored until a worker runs it: a second answer (or a resume) is refused as such,
+    never as "it does not wait on an interrupt"."""
+    if t.answer_queued and t.status == "queued":
+        raise ControlRefusedError(
+            t.thread_id, action, f"{ANSWER_QUEUED} (graph version {t.graph_version!r}: "
+            "`langgraph-durable workers` lists the live workers)", t.status, t.head,
+        )
+
+
+def answer_queued(saver: SaverView, thread_id: str) -> bool:
+    """Whether ``thread_id`` is queued with an answer a worker has not run yet."""
+    t = saver.run_op(lambda: _op_thread(str(thread_id)))
+    return bool(t.answer_queued and t.status == "queued")
 
 
 def _refuse_live(t: _Thread) -> None:
@@ -223,6 +245,7 @@ def _op_queue_resume(thread_id: str) -> Op[tuple[str, str | None]]:
     t = yield from _op_thread(thread_id)
     _refuse_unknown(t, "resume")
     _refuse_live(t)
+    _refuse_queued_answer(t, "resume")
     if t.status == "quarantined":
         raise ControlRefusedError(thread_id, "resume", "it is quarantined: release or rewind it", t.status, t.head)
     if t.status == "done":
@@ -287,6 +310,7 @@ def _op_check_waiting(thread_id: str, action: str) -> Op[_Thread]:
     t = yield from _op_thread(thread_id)
     _refuse_unknown(t, action)
     _refuse_live(t)
+    _refuse_queued_answer(t, action)
     if t.status not in ("waiting", None) or not t.interrupted:
         raise ControlRefusedError(
             thread_id, action, "it does not wait on an interrupt", t.status, t.head
@@ -608,6 +632,7 @@ __all__: Sequence[str] = [
     "aqueue_answer",
     "aqueue_resume",
     "arequest_cancel",
+    "answer_queued",
     "aworkers_serving",
     "delete_thread",
     "fork",

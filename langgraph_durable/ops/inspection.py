@@ -78,6 +78,7 @@ __all__ = [
     "InspectError",
     "diff_checkpoints",
     "is_internal",
+    "open_last_errors",
     "next_nodes",
     "node_of",
     "preview",
@@ -218,6 +219,20 @@ def next_nodes(checkpoint: Mapping[str, Any]) -> list[str]:
 
 
 # ------------------------------------------------------------------ threads
+def open_last_errors(saver: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows' ``last_error`` in the clear, in place (sealed with an encrypting
+    serializer, issue 27): opened with the saver's keyring, ``"<encrypted>"`` when it
+    has none that opens it. For listings that show the error beside each thread."""
+    ring = _sealing.keyring_of(saver.serde)
+    for row in rows:
+        if row.get("last_error") is not None:
+            row["last_error"] = _sealing.open_text(
+                ring, row["last_error"], thread_id=row.get("thread_id"), where="last_error", strict=False,
+                lenient=True,
+            )
+    return rows
+
+
 def list_threads(
     saver: DurablePostgresSaver,
     *,
@@ -243,6 +258,7 @@ def list_threads(
             {"status": status, "prefix": prefix, "limit": int(limit), "after": after},
         )
     out = []
+    open_last_errors(saver, rows)
     for row in rows:
         item = mark_dead_owner(_plain_row(row))
         item["bytes"] = int(row["row_bytes"]) + int(row["artifact_bytes"])
@@ -400,10 +416,11 @@ def _thread_facts(saver: DurablePostgresSaver, thread_id: str, checkpoint_ns: st
         "attempts_checkpoint_id": row["attempts_checkpoint_id"] if row else None,
         # Opened with the saver's keyring (issue 27); "<encrypted>" without one.
         "last_error": _sealing.open_text(
-            ring, row["last_error"], thread_id=thread_id, where="last_error", strict=False
+            ring, row["last_error"], thread_id=thread_id, where="last_error", strict=False, lenient=True
         ) if row else None,
         "last_failure": _sealing.open_json(
-            ring, row.get("last_failure"), thread_id=thread_id, where="last_failure", strict=False
+            ring, row.get("last_failure"), thread_id=thread_id, where="last_failure", strict=False,
+            lenient=True,
         ) if row else None,
         "created_at": _plain(row["created_at"]) if row else None,
         "updated_at": _plain(row["updated_at"]) if row else None,

@@ -157,7 +157,7 @@ class RewindResult:
 def _opened(text: str | None, thread_id: str) -> str | None:
     """An error text as stored, opened with the running saver's keyring (issue 27);
     ``"<encrypted>"`` for a saver without one."""
-    return _sealing.open_text(_sealing.RING.get(), text, thread_id=thread_id, where="last_error", strict=False)
+    return _sealing.open_text(_sealing.RING.get(), text, thread_id=thread_id, where="last_error", strict=False, lenient=True)
 
 
 def _entry(row: dict[str, Any]) -> QuarantineEntry:

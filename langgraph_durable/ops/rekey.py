@@ -12,6 +12,10 @@ key is recognised (it authenticates with it) and left alone, so a rerun after a 
 (SIGKILL included) skips what the killed run finished and never encrypts anything twice.
 A value no configured key opens stops the run with ``DecryptionError`` naming the thread
 and the column; the pages before it stay re-encrypted (they read with the current key).
+A walk that re-encrypted rows is followed by another until one finds every row under
+the current key (``RekeyReport.passes``): a row copied in SQL behind the walk (a
+``copy_thread`` from a thread not reached yet into one already passed) would otherwise
+keep the old key after a rekey that said it was done.
 The database's digest secret (``durable_secrets``) is one of the columns: once a run
 has finished, every old key may leave the configuration, and artifact digests and call
 fingerprints keep matching (they never depended on a key; digest27).
@@ -48,6 +52,9 @@ class RekeyReport:
 
     key_id: str = ""
     columns: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Walks of every column: a walk that re-encrypted rows is followed by a checking one
+    # (rows copied behind the walk meanwhile); ``scanned`` counts the first walk's rows.
+    passes: int = 0
 
     @property
     def scanned(self) -> int:
@@ -166,27 +173,48 @@ def _op_page(
     return len(page), len(updates), last
 
 
+# A walk that re-encrypted rows is followed by another, until one finds every row under
+# the current key: a row copied in SQL while a walk runs (copy_thread, an undo's restored
+# backup, ...) from a row the walk had not reached yet into a range it had passed keeps
+# the old key, and a rekey that said "done" over it would let the old key be dropped
+# with that row still needing it (tests/test_encryption_paths.py). Rows that keep coming
+# under an old key after that many walks mean a writer still seals with it.
+MAX_PASSES = 4
+
+
 @_audit.audited_flow("storage.rekey", describe_rekey)
 def _flow_rekey(
     ring: Keyring, columns: Sequence[SealedColumn], batch_size: int, progress: Progress | None
 ) -> Flow[RekeyReport]:
     report = RekeyReport(key_id=ring.current_id)
-    total: int = yield Tx(partial(_op_count, columns))
-    done = 0
-    for col in columns:
-        stats = report.columns.setdefault(col.name, {"scanned": 0, "rekeyed": 0})
-        after: tuple[Any, ...] | None = None
-        while True:
-            scanned, changed, last = yield Tx(partial(_op_page, ring, col, after, batch_size))
-            stats["scanned"] += scanned
-            stats["rekeyed"] += changed
-            done += scanned
-            if progress is not None and scanned:
-                yield Hook(progress, (min(done, max(total, done)), max(total, done)))
-            if last is None or scanned < batch_size:
-                break
-            after = last
-    return report
+    while True:
+        report.passes += 1
+        changed_in_pass = 0
+        total: int = yield Tx(partial(_op_count, columns))
+        done = 0
+        for col in columns:
+            stats = report.columns.setdefault(col.name, {"scanned": 0, "rekeyed": 0})
+            after: tuple[Any, ...] | None = None
+            while True:
+                scanned, changed, last = yield Tx(partial(_op_page, ring, col, after, batch_size))
+                if report.passes == 1:
+                    stats["scanned"] += scanned
+                stats["rekeyed"] += changed
+                changed_in_pass += changed
+                done += scanned
+                if progress is not None and scanned:
+                    yield Hook(progress, (min(done, max(total, done)), max(total, done)))
+                if last is None or scanned < batch_size:
+                    break
+                after = last
+        if not changed_in_pass:
+            return report
+        if report.passes >= MAX_PASSES:
+            raise RekeyError(
+                f"rows under an old key kept appearing during {report.passes} walks "
+                f"({changed_in_pass} in the last): a writer still seals with an old key as "
+                "its current one (every saver must list the new key first); rerun when they do"
+            )
 
 
 def _args(saver: SaverView, batch_size: int) -> Keyring:

@@ -183,6 +183,46 @@ GUARDED_UPSERT_CHILD_CHECKPOINT_INHERIT_SQL: dict[GuardMode, str] = {
 GUARDED_UPSERT_WRITE_SQL = {m: _UPSERT_WRITE.format(guard=_guard(m, False)) for m in _MODES[:2]}
 GUARDED_INSERT_WRITE_SQL = {m: _INSERT_WRITE.format(guard=_guard(m, False)) for m in _MODES[:2]}
 
+# A put_writes of 2..GUARDED_WRITES_MAX rows as ONE statement (issue 26): the rows as a
+# VALUES list, the guard once (a one-time filter, evaluated before any row is inserted or
+# locked), instead of one execution per row each carrying the guard. Measured (backend
+# CPU from /proc/<pid>/schedstat, client thread CPU, raw statements taking turns): 2
+# writes ~15 us less server time and ~10 us less client time than the per-row guard, 4
+# writes ~30 us each; the guard is then paid once, not per row. Same columns, casts and
+# ON CONFLICT actions as the per-row texts. An upsert's rows must not repeat a key (DO
+# UPDATE cannot affect a row twice in one command): the caller keeps the last of each
+# key, the state the per-row upserts left (DO NOTHING keeps the first, as they did).
+# Parameters: the rows' nine values each, in order, then guard_params. One text per row
+# count (a prepared statement each, at most 2 x 2 x 7 per connection).
+GUARDED_WRITES_MAX = 8
+_WRITE_ROW = "(%s::text, %s::text, %s::text, %s::text, %s::text, %s::integer, %s::text, %s::text, %s::bytea)"
+_WRITES_ROWS = """
+INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+SELECT * FROM (VALUES {rows})
+    AS v (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+WHERE {guard}
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) {action}
+"""
+_UPSERT_ACTION = """DO UPDATE SET
+    channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob"""
+
+
+def _writes_rows(mode: GuardMode, n: int, action: str) -> str:
+    guard = "true" if mode == "none" else _guard(mode, False)
+    return _WRITES_ROWS.format(rows=",\n    ".join([_WRITE_ROW] * n), guard=guard, action=action)
+
+
+# By mode, then row count (index n: n rows; 0 and 1 unused, the per-row texts serve one
+# row). "none" (leases=False): no guard, the stock columns and actions, one statement.
+GUARDED_UPSERT_WRITES_SQL: dict[GuardMode, tuple[str, ...]] = {
+    m: ("", "", *(_writes_rows(m, n, _UPSERT_ACTION) for n in range(2, GUARDED_WRITES_MAX + 1)))
+    for m in _MODES
+}
+GUARDED_INSERT_WRITES_SQL: dict[GuardMode, tuple[str, ...]] = {
+    m: ("", "", *(_writes_rows(m, n, "DO NOTHING") for n in range(2, GUARDED_WRITES_MAX + 1)))
+    for m in _MODES
+}
+
 
 DELETE_THREAD_EXTRA_SQL = tuple(
     sql.SQL("DELETE FROM {} WHERE thread_id = %s").format(sql.Identifier(t)) for t in THREAD_TABLES

@@ -252,6 +252,17 @@ FROM durable_threads WHERE thread_id = %s FOR UPDATE
 # A migration (or its undo) moves the thread's recorded version with its checkpoint.
 SET_THREAD_VERSION_SQL = "UPDATE durable_threads SET graph_version = %s WHERE thread_id = %s"
 
+# A root put outside a run (update_state from another graph version, a script) moves the
+# thread row's version with its new head (issue 26): the claim of a worker of some
+# versions finds threads by the row's graph_version (durable_threads_claim_version_idx),
+# so a row left naming the old version hid the thread from the new version's workers
+# until an old-version worker walked past it. No lock unless the version differs (the
+# WHERE is false otherwise); no row, no insert (a thread never run has nothing to claim).
+SYNC_THREAD_VERSION_SQL = """
+UPDATE durable_threads SET graph_version = %s
+WHERE thread_id = %s AND graph_version IS DISTINCT FROM %s
+"""
+
 
 
 # --- dead owners outside a run (leases.dead) -------------------------------------------
