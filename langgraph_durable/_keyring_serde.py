@@ -4,6 +4,7 @@ the keyring module itself must not (the CLI's ``--help`` reaches it)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -20,10 +21,12 @@ class DurableEncryptedSerializer(EncryptedSerializer):
     written with ``current`` or any of ``old`` (LangGraph's ``from_pycryptodome_aes``
     form, so a database written with LangGraph's serializer moves to it as it is).
 
-    ``digest_from``: the secret artifact digests are keyed from (HMAC-SHA256), default
-    the oldest key given (the last of ``old``, else ``current``), so a rotation keeps
-    deduplicating. Pin it (the first key a database was encrypted with, or any fixed
-    secret) before dropping that key from ``old``; it is never used to encrypt.
+    ``digest_from`` is deprecated (digest27): artifact digests and call fingerprints are
+    keyed by the database's own random secret (``durable_secrets``, sealed under the
+    current key and re-sealed by ``rekey``), so any key may be dropped after a ``rekey``.
+    It is still read, for rows written by 0.x releases that keyed them with a secret
+    derived from it: they keep matching while it is given, and a database holding such
+    rows adopts that derived secret as its stored one on first use. It never encrypts.
     """
 
     def __init__(
@@ -36,6 +39,13 @@ class DurableEncryptedSerializer(EncryptedSerializer):
     ) -> None:
         keys = [_key_bytes(current, "current")] + [_key_bytes(k, "old") for k in old]
         super().__init__(RotatingAesCipher(keys), serde if serde is not None else JsonPlusSerializer())
+        if digest_from is not None:
+            warnings.warn(
+                "DurableEncryptedSerializer(digest_from=...) is deprecated: the digest secret "
+                "is stored in the database (durable_secrets) and survives key rotation; "
+                "digest_from only matches rows written before it (docs/encryption.md)",
+                DeprecationWarning, stacklevel=2,
+            )
         self.digest_from = None if digest_from is None else (
             digest_from.encode() if isinstance(digest_from, str) else bytes(digest_from)
         )

@@ -18,8 +18,10 @@ columns so ``langgraph-durable rekey`` can walk them.
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import hmac
+import os
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
@@ -231,17 +233,110 @@ def _contains(have: Any, want: Any) -> bool:
     return bool(have == want)
 
 
-def keyed_fingerprint(serde: Any, plain: str) -> str:
+_FP_LABEL = b"langgraph-durable fingerprint\x00"
+
+
+class DigestSecret:
+    """The database's digest secret as one saver holds it (shared by its ``bind()``
+    clones and its reader, through the codec): the HMAC-SHA256 secret of artifact
+    digests and call fingerprints. A random 32 bytes generated once per database and
+    stored sealed in ``durable_secrets`` (``op_digest_secret``), so it does not depend
+    on which keys are configured: dropping a key after ``rekey`` keeps every digest and
+    every fingerprint (digest27). ``None`` once loaded: the serializer does not encrypt
+    (plain sha256, as before issue 27)."""
+
+    __slots__ = ("error", "loaded", "secret")
+
+    def __init__(self) -> None:
+        self.loaded = False
+        self.secret: bytes | None = None
+        # The refusal when no configured key opens the stored secret (a wrong key): kept
+        # so reads still refuse typed, naming the thread, where they meet encrypted
+        # values, and raised by whatever needs the secret (a write, a call's fingerprint).
+        self.error: DecryptionError | None = None
+
+    def set(self, secret: bytes | None, error: DecryptionError | None = None) -> None:
+        self.secret = secret
+        self.error = error
+        self.loaded = True
+
+    def check(self) -> bytes | None:
+        """The secret, or the kept refusal raised (a fresh copy each time)."""
+        if self.error is not None:
+            raise copy.copy(self.error).with_traceback(None)
+        return self.secret
+
+
+def op_digest_secret(ring: Keyring, *, writable: bool = True) -> Any:
+    """The op reading the database's digest secret (opened with any configured key),
+    creating it first when there is none: ``INSERT ... ON CONFLICT DO NOTHING`` then
+    read, so concurrent first savers all end with the one that won. A database that
+    already holds ledger rows or artifacts (written before this table, keyed with the
+    secret derived from the oldest key: ``Keyring.digest_key()``) adopts that derived
+    secret, so those rows keep matching once that key is dropped; an empty one gets a
+    random secret. ``writable=False`` (a reader on a standby): never creates; None when
+    there is none yet."""
+    from langgraph_durable._io import Batch, Stmt
+    from langgraph_durable.sql.secrets import (
+        DIGEST_SECRET,
+        HAS_KEYED_ROWS_SQL,
+        INSERT_SECRET_SQL,
+        READ_SECRET_SQL,
+    )
+
+    read = Stmt(READ_SECRET_SQL, (DIGEST_SECRET,), fetch=True, name="secret")
+    rows = yield Batch([read])
+    if not rows["secret"]:
+        if not writable:
+            return None
+        found = yield Batch([Stmt(HAS_KEYED_ROWS_SQL, fetch=True)])
+        legacy = ring.digest_key() if found[0][0]["found"] else None
+        secret = legacy if legacy is not None else os.urandom(32)
+        rows = yield Batch([Stmt(INSERT_SECRET_SQL, (DIGEST_SECRET, ring.seal(secret))), read])
+    return ring.open(bytes(rows["secret"][0]["sealed"]), thread_id=None, where="durable_secrets.digest")
+
+
+def digest_secret(holder: Any) -> bytes | None:
+    """The loaded digest secret of a saver (or of anything with its ``codec``), loading
+    it first through the saver when it is not (a sync call; an async saver's loop loads
+    it at setup() or its first operation)."""
+    slot: DigestSecret = holder.codec.digest
+    if not slot.loaded:
+        if keyring_of(holder.serde) is None:
+            return None
+        ensure = getattr(holder, "_ensure_digest_secret", None)
+        if ensure is None or not ensure():
+            raise DecryptionError(
+                thread_id=None, where="durable_secrets.digest",
+                reason="the digest secret is not loaded yet: call setup() (await saver.setup()) first",
+            )
+    return slot.check()
+
+
+def keyed_fingerprint(secret: bytes | None, plain: str) -> str:
     """A call's fingerprint as stored (``durable_ledger.fingerprint``, and inside journal
-    keys): with an encrypting serializer HMAC-SHA256 of the plain one under the digest
-    key, so guessed arguments cannot be confirmed by hashing them (a card number has few
-    enough candidates); equal arguments still give equal fingerprints. Without a key (or
-    a cipher whose key the package cannot see) the plain sha256, as before."""
-    ring = keyring_of(serde)
-    key = ring.digest_key() if ring is not None else None
-    if key is None:
+    keys): with an encrypting serializer HMAC-SHA256 of the plain one under the
+    database's digest secret, so guessed arguments cannot be confirmed by hashing them (a
+    card number has few enough candidates); equal arguments still give equal
+    fingerprints. Without a key the plain sha256, as before."""
+    if secret is None:
         return plain
-    return hmac.new(key, b"langgraph-durable fingerprint\x00" + plain.encode(), hashlib.sha256).hexdigest()
+    return hmac.new(secret, _FP_LABEL + plain.encode(), hashlib.sha256).hexdigest()
+
+
+def legacy_fingerprints(serde: Any, plain: str, current: str) -> tuple[str, ...]:
+    """Fingerprints a stored call may carry besides ``current``: the plain sha256
+    (written before encryption) and the forms keyed by each key-derived secret the code
+    before digest27 used (``Keyring.digest_keys()``), while those keys are configured."""
+    ring = keyring_of(serde)
+    if ring is None:
+        return ()
+    out = [plain] if plain != current else []
+    for key in ring.digest_keys():
+        fp = hmac.new(key, _FP_LABEL + plain.encode(), hashlib.sha256).hexdigest()
+        if fp != current and fp not in out:
+            out.append(fp)
+    return tuple(out)
 
 
 def decrypt_failure(

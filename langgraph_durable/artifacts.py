@@ -157,9 +157,32 @@ def _digest(content: bytes, space: bytes = b"", key: bytes | None = None) -> byt
     return hashlib.sha256(space + content).digest()
 
 
-def _digest_key(serde: Any) -> bytes | None:
+def _digest_keys(codec: ArtifactCodec, serde: Any) -> tuple[bytes | None, ...]:
+    """Every secret an encrypted artifact's digest may be keyed with: the database's
+    stored secret first (``_sealing.DigestSecret``), then the key-derived ones the code
+    before digest27 wrote with (``Keyring.digest_keys()``, while their keys are
+    configured), then none (plain sha256: written before keyed digests). Nothing else
+    verifies: a row holding another artifact's data, however well encrypted, does not
+    (tests/test_digest_secret.py)."""
     ring = _sealing.keyring_of(serde)
-    return ring.digest_key() if ring is not None else None
+    out: list[bytes | None] = []
+    if codec.digest.loaded and codec.digest.secret is not None:
+        out.append(codec.digest.secret)
+    if ring is not None:
+        out.extend(k for k in ring.verify_keys() if k not in out)
+    out.append(None)
+    return tuple(out)
+
+
+def _write_key(codec: ArtifactCodec, serde: Any) -> bytes | None:
+    """The secret new encrypted artifacts are keyed with: the database's (loaded by the
+    saver at setup() or its first operation; digest27)."""
+    if not codec.digest.loaded:
+        raise ConfigurationError(
+            "the database's digest secret is not loaded: run the saver's setup() first",
+            setting="serde",
+        )
+    return codec.digest.check()
 
 
 def _space(cipher_name: str | None) -> bytes:
@@ -189,7 +212,7 @@ class _Encoder:
         self.serde = serde
         self.plain, self.cipher = _split_serde(serde)
         self.space = _space(codec.cipher_name(self.cipher))
-        self.key = _digest_key(serde) if self.cipher is not None else None
+        self.key = _write_key(codec, serde) if self.cipher is not None else None
         self.threshold = threshold
         self.chunk = codec.config.chunk_size
         self.artifacts: dict[bytes, bytes] = {}
@@ -271,6 +294,8 @@ class ArtifactCodec:
         self._local = threading.local()
         self._cipher_names: dict[int, tuple[Any, str]] = {}
         self._last_serde: tuple[Any, bool] | None = None
+        # The database's digest secret (shared by the saver's clones, which share the codec).
+        self.digest = _sealing.DigestSecret()
 
     # -- compression (zstd contexts are not thread-safe: one per thread) --------------
     def compress(self, content: bytes) -> bytes:
@@ -505,17 +530,9 @@ class ArtifactCodec:
                 raise ArtifactIntegrityError(
                     digest.hex(), actual=f"undecodable ({type(exc).__name__})", **where
                 ) from None
-            key = _digest_key(serde) if space else None
-            actual = _digest(content, space, key)
-            if actual != digest and key is not None:
-                # Keyed by another digest secret: an earlier one (a key rotation; the key
-                # it came from may be retired after `rekey`), or none (written before keyed
-                # digests: plain sha256). The bytes were authenticated by the cipher under a
-                # configured key just above, so they are this database's own, undamaged:
-                # the digest secret cannot be checked without the retired key, and an
-                # encrypted artifact is accepted on its authentication tag.
-                actual = digest
-            if actual != digest:
+            keys: tuple[bytes | None, ...] = _digest_keys(self, serde) if space else (None,)
+            actual = _digest(content, space, keys[0])
+            if actual != digest and not any(_digest(content, space, k) == digest for k in keys[1:]):
                 if locate is not None:
                     where = dict(locate(digest) or where)
                 raise ArtifactIntegrityError(digest.hex(), actual=actual.hex(), **where)

@@ -345,6 +345,7 @@ DURABLE_TABLES = (
     "durable_migration_log",
     "durable_migrations",
     "durable_quarantine",
+    "durable_secrets",
     "durable_thread_counts",
     "durable_threads",
     "durable_workers",

@@ -56,7 +56,13 @@ from langchain_core.runnables import (
 from langgraph_durable import _sealing
 from langgraph_durable._io import AfterCommit, Batch, Flow, Hook, Op, Stmt, Tx
 from langgraph_durable.core.base import _DurableBase
-from langgraph_durable.errors import ConfigurationError, NoLedgerError, SerializationError
+from langgraph_durable.errors import (
+    ConfigurationError,
+    DurableError,
+    NoLedgerError,
+    SerializationError,
+)
+from langgraph_durable.idempotency.call import aready
 from langgraph_durable.idempotency.keys import (
     _PARENT,
     _canonical,
@@ -72,6 +78,7 @@ from langgraph_durable.sql.ledger import (
     JOURNAL_RECORD_SQL,
     JOURNAL_SUPERSEDE_SQL,
     JOURNAL_TASK_FAILED_SQL,
+    LEDGER_READ_ANY_SQL,
     LEDGER_READ_SQL,
 )
 
@@ -309,6 +316,7 @@ class _Entry:
     taken: tuple[Any, tuple[int, str], int] | None  # the position, given back on failure
     guard: _Guard | None = None
     owner: str = ""
+    legacy_keys: tuple[str, ...] = ()  # the record's keys under older fingerprint forms
 
     def __post_init__(self) -> None:
         self.owner = new_owner_id()
@@ -388,18 +396,23 @@ def _op_lookup(entry: _Entry) -> Op[tuple[bool, Any]]:
     transaction (``_Guard``); no extra round trip unless there is something to supersede."""
     guard = entry.guard
     read = Stmt(LEDGER_READ_SQL, (entry.key,), fetch=True, name="row")
+    legacy = [Stmt(LEDGER_READ_ANY_SQL, (list(entry.legacy_keys),), fetch=True, name="legacy")] if entry.legacy_keys else []
     first = guard.statement() if guard is not None else None
-    rows = yield Batch([read] if first is None else [first, read])
+    rows = yield Batch([read, *legacy] if first is None else [first, read, *legacy])
     if guard is not None and first is not None:
         superseding = first.name == "superseded"
         if not superseding and rows["failed"][0]["failed"]:
-            rows = yield Batch([guard.supersede_stmt(), read])
+            rows = yield Batch([guard.supersede_stmt(), read, *legacy])
             superseding = True
         outcome = rows["superseded"][0] if superseding else None
         yield AfterCommit(lambda: guard.settled(entry.name, outcome))
-    found = rows["row"]
-    if found and found[0]["status"] == "completed" and not found[0]["expired"]:
-        return True, _decode(entry, found[0])
+    found = list(rows["row"])
+    if legacy:
+        order = {k: i for i, k in enumerate(entry.legacy_keys)}
+        found += sorted(rows["legacy"], key=lambda r: order.get(r["key"], len(order)))
+    for row in found:
+        if row["status"] == "completed" and not row["expired"]:
+            return True, _decode(entry, row)
     return False, None
 
 
@@ -537,22 +550,27 @@ class JournaledRunnable(Runnable[Any, Any]):
             "kwargs": {k: _safe_canonical(v, k, serde) for k, v in sorted(kwargs.items())},
             "mode": mode,
         }
-        fingerprint = _sealing.keyed_fingerprint(
-            serde, hashlib.sha256(_dumps({"name": self.journal_name, "args": canon})).hexdigest()
-        )
+        plain = hashlib.sha256(_dumps({"name": self.journal_name, "args": canon})).hexdigest()
+        fingerprint = _sealing.keyed_fingerprint(_sealing.digest_secret(ledger), plain)
+        # The keys this record had under the fingerprint forms before the stored digest
+        # secret (digest27): looked up too, in the same round trip, so a call recorded
+        # before it replays instead of running again.
+        legacy = _sealing.legacy_fingerprints(serde, plain, fingerprint)
         parent = _PARENT.get()
         taken: tuple[Any, tuple[int, str], int] | None = None
         ttl: float | None = None
         if parent is not None:
             # Inside an @idempotent call (or a journaled chain): keyed under it, so a
             # replayed outer call, which does not run, shifts nothing.
-            key = KEY_PREFIX + _digest("journal-nested", parent.key, str(parent.counter()), fingerprint)
+            n = str(parent.counter())
+            key = KEY_PREFIX + _digest("journal-nested", parent.key, n, fingerprint)
+            legacy_keys = tuple(KEY_PREFIX + _digest("journal-nested", parent.key, n, fp) for fp in legacy)
             thread_id, ttl = parent.thread_id, parent.ttl
         else:
             taken = _take_slot(site, fingerprint)
-            key = KEY_PREFIX + _digest(
-                "journal", site.thread_id or "", site.checkpoint_ns, site.task_id, fingerprint, str(taken[2])
-            )
+            parts = ("journal", site.thread_id or "", site.checkpoint_ns, site.task_id)
+            key = KEY_PREFIX + _digest(*parts, fingerprint, str(taken[2]))
+            legacy_keys = tuple(KEY_PREFIX + _digest(*parts, fp, str(taken[2])) for fp in legacy)
             thread_id = site.thread_id
         return _Entry(
             ledger=ledger,
@@ -567,6 +585,7 @@ class JournaledRunnable(Runnable[Any, Any]):
             ttl=ttl,
             taken=taken,
             guard=_guard(site),
+            legacy_keys=legacy_keys,
         )
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
@@ -581,7 +600,20 @@ class JournaledRunnable(Runnable[Any, Any]):
             _give_back(entry.taken)
             raise
 
+    async def _aready(self) -> None:
+        """The ledger's digest secret read before the fingerprint (digest27): an async
+        saver cannot wait for it on its own loop. Nothing once it is read."""
+        site = _current_site()
+        if site is None or site.durability == "exit":
+            return
+        try:
+            ledger = self._ledger(site)
+        except DurableError:
+            return  # raised again, as before, by _prepare
+        await aready(ledger=ledger)
+
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        await self._aready()
         entry = self._prepare(input, kwargs, "invoke")
         if entry is None:
             return await self.bound.ainvoke(input, config, **kwargs)
@@ -627,6 +659,7 @@ class JournaledRunnable(Runnable[Any, Any]):
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
+        await self._aready()
         entry = self._prepare(input, kwargs, "stream")
         if entry is None:
             async for chunk in self.bound.astream(input, config, **kwargs):

@@ -12,8 +12,10 @@ Two user-facing forms configure it, both a LangGraph ``EncryptedSerializer`` pas
 ``Keyring.from_serde(serde)`` turns either into the keyring the package's own sealed
 columns use: ``seal(data)`` / ``open(data, thread_id=..., where=...)`` (AES-EAX with the
 current key, the key's id in the sealed form so an old key is found without trying
-each), ``digest_key()`` (the HMAC secret of artifact digests) and ``recrypt`` (what
-``langgraph-durable rekey`` does to one value). A wrong or missing key is a typed
+each), ``recrypt`` (what ``langgraph-durable rekey`` does to one value) and the
+key-derived digest secrets of the code before digest27 (``digest_keys()``: what
+verification still accepts; the digest secret itself is the database's, random and
+stored sealed: ``_sealing.op_digest_secret``). A wrong or missing key is a typed
 ``DecryptionError`` naming the thread and the column, never garbage or ``None``.
 
 Sealed form (``Keyring.seal``)::
@@ -193,10 +195,11 @@ class Keyring:
         self.ids = tuple(key_id(k) for k in self.keys)
         self._by_id = dict(zip(self.ids, self.keys, strict=True))
         self.cipher = cipher if cipher is not None else RotatingAesCipher(self.keys)
-        # The digest secret outlives a rotation: by default the OLDEST key given (the one a
-        # database was first encrypted with, while it is listed), so rotating to a new key
-        # keeps deduplicating; ``digest_from`` pins it for good (docs/encryption.md).
+        # The key-derived digest secret of the code before digest27 (the OLDEST key given,
+        # or ``digest_from``): only matched against rows written by it, and adopted as a
+        # database's stored secret when such rows exist and none is stored yet.
         self._digest_from = digest_from if digest_from is not None else (self.keys[-1] if self.keys else None)
+        self.stored_secrets: list[bytes] = []
 
     @classmethod
     def from_serde(cls, serde: Any) -> Keyring | None:
@@ -256,9 +259,10 @@ class Keyring:
         raise fail(f"unknown sealed form {data[3]}")
 
     def digest_key(self) -> bytes | None:
-        """HMAC-SHA256 secret for new artifact digests, derived from ``digest_from``
-        (default: the oldest key given); None for a custom cipher whose key the package
-        cannot see."""
+        """The key-derived digest secret the code before digest27 keyed new digests and
+        fingerprints with (from ``digest_from``, default the oldest key given); None for
+        a custom cipher whose key the package cannot see. New ones use the database's
+        stored secret; this is what rows written before it carry."""
         if self._digest_from is None:
             return None
         return hmac.new(self._digest_from, _DIGEST_LABEL, hashlib.sha256).digest()
@@ -269,15 +273,29 @@ class Keyring:
         return key_id(self._digest_from).hex() if self._digest_from is not None else ""
 
     def digest_keys(self) -> tuple[bytes, ...]:
-        """Every secret a stored artifact's digest may be keyed with (``digest_key()``
-        first, then each configured key's): what verification accepts, so artifacts
-        written before a rotation, or under another default, still verify."""
+        """Every key-derived secret a row written before digest27 may be keyed with
+        (``digest_key()`` first, then each configured key's): verification accepts them
+        beside the stored secret, while their keys are configured."""
         first = self.digest_key()
         out = [] if first is None else [first]
         for key in self.keys:
             derived = hmac.new(key, _DIGEST_LABEL, hashlib.sha256).digest()
             if derived not in out:
                 out.append(derived)
+        return tuple(out)
+
+    def remember_secret(self, secret: bytes) -> None:
+        """Note a database's stored digest secret, read by a saver of this serializer
+        (``_sealing.op_digest_secret``): what ``verify_keys`` offers first."""
+        if secret not in self.stored_secrets:
+            self.stored_secrets.append(secret)
+
+    def verify_keys(self) -> tuple[bytes, ...]:
+        """Every secret an encrypted artifact's digest (or a call's fingerprint) may be
+        keyed with: the stored digest secrets read through this serializer, then the
+        key-derived ones of the code before them (``digest_keys()``)."""
+        out = list(self.stored_secrets)
+        out.extend(k for k in self.digest_keys() if k not in out)
         return tuple(out)
 
     # -- rekey -------------------------------------------------------------------------

@@ -280,31 +280,40 @@ class DurablePostgresSaver(_DurableBase):
         """Create or migrate the tables. Idempotent and safe to call concurrently.
         With ``run_migrations=False``: only verify them (``SchemaNotReadyError``)."""
         if not self.run_migrations or self.pooler:
-            self._run_flow(self._flow_setup_or_check())
-            return
-        if self.pipe is not None:
+            self._driver.run_flow(self._flow_setup_or_check())
+        elif self.pipe is not None:
             # CREATE INDEX CONCURRENTLY cannot run in pipeline mode (the stock saver's
             # setup fails there): migrate on a short-lived connection of our own.
             with self._renew_connect() as conn:
                 SyncDriver(conn, self.schema).run_op(self._op_setup, transaction=False)
-            return
-        self._run_op(self._op_setup, transaction=False)
+        else:
+            self._driver.run_op(self._op_setup, transaction=False)
+        self._ensure_digest_secret()  # read (or created) once, here (digest27)
+
+    def _ensure_digest_secret(self) -> bool:
+        if self._digest_pending():
+            self._driver.run_flow(self._flow_digest_secret())
+        return True
 
     async def asetup(self) -> None:
         """``setup()`` from async code (runs in a worker thread)."""
         await asyncio.to_thread(self.setup)
 
     def _run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        if not self.codec.digest.loaded:
+            self._ensure_digest_secret()
         return self._driver.run_op(factory, transaction=transaction)
 
     async def _arun_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
-        return await asyncio.to_thread(self._driver.run_op, factory, transaction=transaction)
+        return await asyncio.to_thread(self._run_op, factory, transaction=transaction)
 
     def _run_flow(self, flow: Flow[Any]) -> Any:
+        if not self.codec.digest.loaded:
+            self._ensure_digest_secret()
         return self._driver.run_flow(flow)
 
     async def _arun_flow(self, flow: Flow[Any]) -> Any:
-        return await asyncio.to_thread(self._driver.run_flow, flow)
+        return await asyncio.to_thread(self._run_flow, flow)
 
     @contextmanager
     def connection(self) -> Iterator[Connection[Any]]:
@@ -554,14 +563,31 @@ class AsyncDurablePostgresSaver(_DurableBase):
         thread: ``asyncio.run_coroutine_threadsafe(saver.setup(), saver.loop).result()``.
         With ``run_migrations=False``: only verify them (``SchemaNotReadyError``)."""
         if not self.run_migrations or self.pooler:
-            await self._arun_flow(self._flow_setup_or_check())
-            return
-        if self.pipe is not None:
+            await self._driver.run_flow(self._flow_setup_or_check())
+        elif self.pipe is not None:
             # Not in pipeline mode: see DurablePostgresSaver.setup.
             async with await AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
                 await AsyncDriver(conn, self.schema).run_op(self._op_setup, transaction=False)
-            return
-        await self._arun_op(self._op_setup, transaction=False)
+        else:
+            await self._driver.run_op(self._op_setup, transaction=False)
+        await self._aensure_digest_secret()  # read (or created) once, here (digest27)
+
+    async def _aensure_digest_secret(self) -> None:
+        if self._digest_pending():
+            await self._driver.run_flow(self._flow_digest_secret())
+
+    def _ensure_digest_secret(self) -> bool:
+        """From another thread: read it through the loop; on the loop's own thread it
+        cannot wait (False: setup() or the run's first operation reads it)."""
+        if not self._digest_pending():
+            return True
+        try:
+            if asyncio.get_running_loop() is self.loop:
+                return False
+        except RuntimeError:
+            pass
+        asyncio.run_coroutine_threadsafe(self._aensure_digest_secret(), self.loop).result()
+        return True
 
     async def asetup(self) -> None:
         """Alias of ``setup()`` (kept for code written against earlier releases)."""
@@ -581,17 +607,21 @@ class AsyncDurablePostgresSaver(_DurableBase):
     def _run_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
         self._check_thread()
         return asyncio.run_coroutine_threadsafe(
-            self._driver.run_op(factory, transaction=transaction), self.loop
+            self._arun_op(factory, transaction=transaction), self.loop
         ).result()
 
     async def _arun_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any:
+        if not self.codec.digest.loaded:
+            await self._aensure_digest_secret()
         return await self._driver.run_op(factory, transaction=transaction)
 
     def _run_flow(self, flow: Flow[Any]) -> Any:
         self._check_thread()
-        return asyncio.run_coroutine_threadsafe(self._driver.run_flow(flow), self.loop).result()
+        return asyncio.run_coroutine_threadsafe(self._arun_flow(flow), self.loop).result()
 
     async def _arun_flow(self, flow: Flow[Any]) -> Any:
+        if not self.codec.digest.loaded:
+            await self._aensure_digest_secret()
         return await self._driver.run_flow(flow)
 
     @asynccontextmanager

@@ -195,6 +195,8 @@ SLOW_FIRST += ("test_read_dsn_review.py",)  # 14-25 (two primary + standby pairs
 SLOW_FIRST += ("test_encryption_paths.py",)  # 42 serial (two canary workloads, a rekey child SIGKILLed, rekeys beside runs)
 # --- rev25 ---
 SLOW_FIRST += ("test_review25.py",)  # 22 serial (a run SIGKILLed after a cancel, gated runs, forks racing)
+# --- digest27 branch ---
+SLOW_FIRST += ("test_digest_secret.py",)  # 35 (9 graph child processes, 4 SIGKILLed; a rekey)
 
 # The newest slow files (78, 50, 42 s serial) ahead of the older ones: a file started
 # last on its worker sets the wall time of the run.

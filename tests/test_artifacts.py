@@ -127,6 +127,7 @@ def test_one_codec_alternating_plain_and_encrypting_serdes() -> None:
     with_allowlist/bind clones share one codec with different serdes: each value must
     still be encoded the way its own serde asks, small or offloaded."""
     codec = ArtifactCodec(ArtifactConfig(threshold=64))
+    codec.digest.set(b"s" * 32)  # the database's digest secret, as a saver loads it (digest27)
     plain = JsonPlusSerializer()
     secret = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
     for _ in range(2):

@@ -3,6 +3,7 @@ in any table, nor in an archive file.
 
 The canary test runs one workload that puts a canary into every place user data reaches
 (an inline string and int channel value, a user key of ``config["metadata"]``, an
+operator's queued interrupt answer, an
 ``@idempotent`` tool's arguments and result, a journaled model's answer, a failing node's
 exception text and traceback (then quarantined), an operator's ledger resolve, a failing
 migration's report in the audit trail, an archive file, offloaded artifact values), then
@@ -34,6 +35,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
 
 from langgraph_durable import (
     DurablePostgresSaver,
@@ -48,6 +50,7 @@ from langgraph_durable.archive import restore
 from langgraph_durable.artifacts import _digest, _element_content, _space, _zstd_dict
 from langgraph_durable.keyring import DurableEncryptedSerializer
 from langgraph_durable.ops import poison
+from langgraph_durable.ops.control import queue_answer
 from langgraph_durable.ops.migrations import migrate_threads
 from langgraph_durable.ops.retention import retain
 from langgraph_durable.versioning import MigrationRegistry
@@ -152,7 +155,9 @@ class Run:
     def __init__(self, dsn: str, schema: str, archive: Path, key: bytes | None, form: str = "langgraph") -> None:
         self.dsn, self.schema, self.archive, self.key, self.form = dsn, schema, archive, key, form
         tag = uuid.uuid4().hex[:8]
-        self.main, self.failing, self.archived, self.migrating = (f"{n}-{tag}" for n in ("main", "fail", "arch", "mig"))
+        self.main, self.failing, self.archived, self.migrating, self.asking = (
+            f"{n}-{tag}" for n in ("main", "fail", "arch", "mig", "ask")
+        )
         self.ledger_key = f"refund-{tag}"
 
     def saver(self, key: bytes | None = None, **kw: Any) -> Any:
@@ -207,6 +212,22 @@ def _workload(run: Run) -> None:
         registry.register("v1", "v2", bad)
         report = migrate_threads(saver, "v1", "v2", registry=registry, thread_ids=[run.migrating])
         assert run.migrating in report.failed, report
+        # 6. An interrupt answered by an operator, queued for a worker (issue 25): the
+        # answer waits in durable_threads.answer_blob (digest27).
+        _asking_graph(saver).invoke({"answers": []}, _cfg(run.asking))
+        queue_answer(saver, run.asking, f"approved by {CANARY}")
+        assert _q(run, "SELECT answer_blob IS NOT NULL FROM durable_threads WHERE thread_id = %s", run.asking)[0][0]
+
+
+def _asking_graph(saver: DurablePostgresSaver) -> Any:
+    def ask(state: State) -> dict[str, Any]:
+        return {"answers": [str(interrupt("approve?"))]}
+
+    g = StateGraph(State)
+    g.add_node("ask", ask)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", END)
+    return g.compile(checkpointer=saver)
 
 
 def _empty_checkpoint() -> Any:
@@ -274,6 +295,7 @@ EXPECTED = {
     "durable_threads.last_failure",  # its traceback
     "durable_quarantine.last_error",  # quarantined
     "durable_audit.detail",  # the failed migration's report
+    "durable_threads.answer_blob",  # an operator's queued interrupt answer (issue 25; digest27)
     "archive file",
 }
 
@@ -360,7 +382,12 @@ def test_offloaded_values_have_keyed_digests(sealed: Run) -> None:
     assert _digest(content, space) not in stored
     assert hashlib.sha256(content).digest() not in stored
     ring = _sealing.keyring_of(serde)
-    assert ring is not None and _digest(content, space, ring.digest_key()) in stored
+    assert ring is not None and _digest(content, space, ring.digest_key()) not in stored  # not key-derived
+    # Keyed by the database's own secret, stored sealed (digest27).
+    with sealed.saver(KEY) as saver:
+        saver.setup()
+        secret = saver.codec.digest.secret
+    assert secret is not None and _digest(content, space, secret) in stored
 
 
 def test_a_wrong_key_raises_decryption_error_naming_the_thread(sealed: Run) -> None:

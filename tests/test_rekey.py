@@ -98,6 +98,8 @@ def _under(dsn: str, key: bytes) -> tuple[int, int]:
                 sealed(value[len(TEXT_PREFIX):])
             elif col.kind in ("json", "metadata") and isinstance(value, dict) and JSON_KEY in value:
                 sealed(value[JSON_KEY])
+            elif col.kind == "sealed":  # Keyring.seal's bytes (the digest secret: digest27)
+                sealed(base64.b64encode(bytes(value)).decode())
     return seen["under"], seen["total"]
 
 
@@ -117,8 +119,34 @@ def _write(dsn: str) -> dict[str, Any]:
         failing = _failing_graph().compile(checkpointer=saver)
         with pytest.raises(RuntimeError):
             failing.invoke({"docs": []}, cfg("exp-fails"))
+        # An operator's queued interrupt answer (issue 25): durable_threads.answer_blob.
+        from langgraph_durable.ops.control import queue_answer
+
+        _asking_graph().compile(checkpointer=saver).invoke({"docs": []}, cfg("exp-asked"))
+        queue_answer(saver, "exp-asked", "approved for Ada 4111")
         views = {tid: state_view(b().compile(checkpointer=saver), tid) for tid, b in builders.items()}
     return {"builders": builders, "views": views}
+
+
+def _asking_graph() -> Any:
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+    from test_export_stock import State
+
+    def ask(state: Any) -> dict[str, Any]:
+        interrupt("approve?")
+        return {}
+
+    b = StateGraph(State)
+    b.add_node("ask", ask)
+    b.add_edge(START, "ask")
+    b.add_edge("ask", END)
+    return b
+
+
+def _answer(dsn: str) -> tuple[str, bytes]:
+    (row,) = q(dsn, "SELECT answer_type, answer_blob FROM durable_threads WHERE thread_id = 'exp-asked'")
+    return str(row["answer_type"]), bytes(row["answer_blob"])
 
 
 def _failing_graph() -> Any:
@@ -200,6 +228,11 @@ def test_rotation_and_rekey_survive_a_sigkill(dsn: str, tmp_path: Path, capsys: 
     with DurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(NEW)) as saver:
         chat = chat_graph().compile(checkpointer=saver)
         chat.invoke({"messages": [HumanMessage("after rekey")]}, cfg("exp-chat"))
+    # The queued answer moved to the new key too (digest27: answer_blob is in SEALED).
+    answer = DurableEncryptedSerializer(NEW).loads_typed(_answer(dsn))  # {interrupt id: value}
+    assert list(answer.values()) == ["approved for Ada 4111"]
+    with pytest.raises(DecryptionError):
+        DurableEncryptedSerializer(OLD).loads_typed(_answer(dsn))
     row = q(dsn, "SELECT result_type, result FROM durable_ledger")[0]
     stored = (row["result_type"], bytes(row["result"]))
     assert DurableEncryptedSerializer(NEW).loads_typed(stored)["receipt"] == "r-4111111111111111"
@@ -208,7 +241,9 @@ def test_rotation_and_rekey_survive_a_sigkill(dsn: str, tmp_path: Path, capsys: 
 
 
 def test_wrong_key_is_a_typed_refusal_naming_the_thread(dsn: str, tmp_path: Path) -> None:
-    with DurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(OLD)) as saver:
+    # The database's current key is NEW (the test above rekeyed it): a saver writes only
+    # with a key that opens its digest secret (digest27).
+    with DurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(NEW, old=[OLD])) as saver:
         g = chat_graph().compile(checkpointer=saver)
         g.invoke({"messages": [HumanMessage("hello")]}, cfg("wrong-key"))
     for serde in (DurableEncryptedSerializer(WRONG), EncryptedSerializer.from_pycryptodome_aes(key=WRONG)):
@@ -252,11 +287,11 @@ def test_rekey_refuses_a_saver_without_keys(dsn: str) -> None:
 async def test_arekey_with_the_async_saver(dsn: str) -> None:
     from langgraph_durable import AsyncDurablePostgresSaver
 
-    # Keys of its own: a digest secret no earlier test's rows share (a saver writing with
-    # OLD alone would deduplicate against their rows, rekeyed to NEW, which it cannot open).
+    # Keys of its own, the database's current one (NEW, which seals its digest secret)
+    # kept as an old one so the secret opens.
     old, new = b"async-old-456789abcdef0123456789", b"async-new-456789abcdef0123456789"
     cfg_ = {"configurable": {"thread_id": "async-rekey"}, "metadata": {"customer": "Ada"}}
-    async with AsyncDurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(old)) as saver:
+    async with AsyncDurablePostgresSaver.from_conn_string(dsn, serde=DurableEncryptedSerializer(old, old=[NEW])) as saver:
         g = chat_graph().compile(checkpointer=saver)
         await g.ainvoke({"messages": [HumanMessage("async " + "x" * 3000)]}, cfg_)
         before = await g.aget_state(cfg_)
@@ -266,7 +301,7 @@ async def test_arekey_with_the_async_saver(dsn: str) -> None:
         assert report.rekeyed > 0
         assert (await ops_rekey.arekey(saver)).rekeyed == 0
     async with AsyncDurablePostgresSaver.from_conn_string(
-        dsn, serde=DurableEncryptedSerializer(new, digest_from=old)
+        dsn, serde=DurableEncryptedSerializer(new)  # every old key dropped after the rekey
     ) as saver:
         after = await chat_graph().compile(checkpointer=saver).aget_state(cfg_)
     assert after.values == before.values and after.metadata == before.metadata

@@ -128,8 +128,8 @@ KeyFileOption = Annotated[
     typer.Option(
         "--key-file",
         help="File of encryption keys, one a line: the current key first, then old ones "
-        "(raw text as LANGGRAPH_AES_KEY, or hex:/base64: prefixed; a digest:KEY line pins "
-        "the digest secret's key). Default: "
+        "(raw text as LANGGRAPH_AES_KEY, or hex:/base64: prefixed; a digest:KEY line is "
+        "deprecated: read only for rows written before the stored digest secret). Default: "
         "$LANGGRAPH_DURABLE_KEY_FILE, else $LANGGRAPH_AES_KEY.",
     ),
 ]
@@ -200,7 +200,9 @@ def read_key_file(path: str) -> list[bytes]:
 
 
 def read_digest_line(path: str) -> bytes | None:
-    """The key file's ``digest:KEY`` line (the digest secret's source, pinned), if any."""
+    """The key file's ``digest:KEY`` line, if any. Deprecated (digest27): the digest
+    secret is the database's own (durable_secrets); the line is still read, as
+    ``digest_from``, so rows keyed by the secret earlier releases derived from it match."""
     with open(path, encoding="utf-8") as f:
         for i, ln in enumerate(f.read().splitlines(), 1):
             if ln.strip().startswith("digest:"):

@@ -62,14 +62,11 @@ def rekey_command(
     for name, stats in report.columns.items():
         table.add_row(name, str(stats["scanned"]), str(stats["rekeyed"]))
     console.print(table)
-    if report.digest_key_id and report.digest_key_id != report.key_id:
-        console.print(
-            f"digest secret: derived from key id {report.digest_key_id} (the oldest key given). "
-            "Before removing that key from the key file, keep it as the digest secret "
-            "(a digest:KEY line in the key file, DurableEncryptedSerializer(..., digest_from=KEY) "
-            "in code; see docs/encryption.md)",
-            highlight=False, markup=False,
-        )
+    console.print(
+        "once this run is complete, the old keys may leave the key file: the digest secret "
+        "(durable_secrets) was re-sealed with the current key too",
+        highlight=False, markup=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

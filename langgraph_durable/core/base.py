@@ -26,6 +26,7 @@ from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
     Flow,
     Op,
+    Tx,
 )
 from langgraph_durable.artifacts import (
     ArtifactCodec,
@@ -150,6 +151,40 @@ class _DurableBase(
 
     async def _arun_flow(self, flow: Flow[Any]) -> Any:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ digest secret
+    # False on a reader (a standby): it reads the secret, never creates it.
+    _digest_writable = True
+
+    def _digest_pending(self) -> bool:
+        """Whether the database's digest secret still has to be read (digest27): once
+        per saver, its clones and reader sharing it through the codec. Without an
+        encrypting serializer there is none (plain sha256) and nothing to read."""
+        slot = self.codec.digest
+        if slot.loaded:
+            return False
+        if _sealing.keyring_of(self.serde) is None:
+            slot.set(None)
+            return False
+        return True
+
+    def _flow_digest_secret(self) -> Flow[None]:
+        slot = self.codec.digest
+        ring = _sealing.keyring_of(self.serde)
+        if slot.loaded or ring is None:
+            return
+        writable = self._digest_writable
+        try:
+            secret = yield Tx(lambda: _sealing.op_digest_secret(ring, writable=writable))
+        except _sealing.DecryptionError as exc:
+            # No configured key opens it (a wrong key): reads go on and refuse typed,
+            # naming the thread, at the first encrypted value; writes raise this.
+            slot.set(None, exc)
+            return
+        if secret is not None:
+            ring.remember_secret(secret)
+        if secret is not None or writable:
+            slot.set(secret)
 
     # ------------------------------------------------------------------ views
     def bind(

@@ -304,6 +304,7 @@ class ReadOnlyView:
     driver the view was given."""
 
     read_lag: ReadLag
+    _digest_writable = False  # reads the digest secret, never creates it (a standby)
 
     def _refuse(self, method: str, thread_id: Any = None) -> None:
         raise ReadOnlyViewError(method, None if thread_id is None else str(thread_id))

@@ -19,6 +19,7 @@ from langgraph_durable import _sealing
 from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
     ConfigurationError,
+    DurableError,
     InvalidIdempotencyKeyError,
     NoLedgerError,
     UnstableKeyError,
@@ -120,9 +121,10 @@ class _Call:
     # instead of ``key`` when this very task recorded the call under it (an upgrade
     # in the middle of a thread), see _adopt_legacy_key.
     legacy_key: str | None = None
-    # The unkeyed fingerprint when ``fingerprint`` is keyed (issue 27): a row recorded
-    # before keyed fingerprints still matches it.
-    plain_fingerprint: str | None = None
+    # The other forms a row of this call may carry (issue 27, digest27): the unkeyed
+    # fingerprint (recorded before encryption) and the key-derived keyed forms of the
+    # code before the stored digest secret; a row with one of them still matches.
+    legacy_fingerprints: tuple[str, ...] = ()
     owner: str = field(default_factory=_owner)
     lost: bool = False
 
@@ -243,6 +245,20 @@ def _derive_key(
     )
 
 
+async def aready(spec: _Spec | None = None, ledger: Any = None) -> None:
+    """From async code, before a fingerprint is computed: read the ledger's digest
+    secret if its saver has not yet (an async saver cannot wait for it on its own loop;
+    once read, nothing is done here). A call without a ledger fails later, as before."""
+    if ledger is None and spec is not None:
+        try:
+            ledger = _resolve_ledger(spec, _current_site())
+        except DurableError:
+            return
+    ensure = getattr(ledger, "_aensure_digest_secret", None)
+    if ensure is not None and not ledger.codec.digest.loaded:
+        await ensure()
+
+
 def _build_call(
     spec: _Spec,
     args_for_fp: Mapping[str, Any],
@@ -253,7 +269,7 @@ def _build_call(
     site = _current_site()
     ledger = _resolve_ledger(spec, site)
     plain, preview = _fingerprint(spec.name, args_for_fp, ledger.serde)
-    fingerprint = _sealing.keyed_fingerprint(ledger.serde, plain)
+    fingerprint = _sealing.keyed_fingerprint(_sealing.digest_secret(ledger), plain)
     parent = _PARENT.get()
     origin = site.thread_id if site else (parent.origin if parent else None)
     derived = _derive_key(spec, site, ledger, parent, key_args, tool_call_id)
@@ -269,7 +285,7 @@ def _build_call(
         ledger=ledger,
         key=key,
         fingerprint=fingerprint,
-        plain_fingerprint=plain if plain != fingerprint else None,
+        legacy_fingerprints=_sealing.legacy_fingerprints(ledger.serde, plain, fingerprint),
         preview=preview,
         thread_id=derived.thread_id,
         origin=origin,

@@ -21,7 +21,7 @@ from langgraph_durable.core.base import _DurableBase
 from langgraph_durable.errors import (
     ConfigurationError,
 )
-from langgraph_durable.idempotency.call import _failures, _prepare, _seconds, _Spec
+from langgraph_durable.idempotency.call import _failures, _prepare, _seconds, _Spec, aready
 from langgraph_durable.idempotency.keys import CONN_PARAM, KEY_PARAM, F, OnUnknown
 from langgraph_durable.idempotency.protocol import _arun, _run
 from langgraph_durable.idempotency.tool import _wrap_tool
@@ -208,6 +208,7 @@ def _wrap_function(spec: _Spec) -> Any:
 
         @functools.wraps(fn)
         async def awrapper(*args: Any, **kwargs: Any) -> Any:
+            await aready(spec)  # the digest secret, before the fingerprint (digest27)
             call = _prepare(spec, args, kwargs)
             return await _arun(call)
 

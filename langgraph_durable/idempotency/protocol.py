@@ -159,7 +159,7 @@ def _judge(call: _Call, row: Mapping[str, Any]) -> str:
     """What to do with someone else's row: 'replay', 'wait' or 'takeover' (raises the
     terminal outcomes)."""
     if row["fingerprint"] != call.fingerprint and (
-        call.plain_fingerprint is None or row["fingerprint"] != call.plain_fingerprint
+        row["fingerprint"] not in call.legacy_fingerprints
     ):
         raise IdempotencyConflictError(call.key, row["fingerprint"], call.fingerprint)
     if row["status"] == "completed":

@@ -16,6 +16,9 @@ A walk that re-encrypted rows is followed by another until one finds every row u
 the current key (``RekeyReport.passes``): a row copied in SQL behind the walk (a
 ``copy_thread`` from a thread not reached yet into one already passed) would otherwise
 keep the old key after a rekey that said it was done.
+The database's digest secret (``durable_secrets``) is one of the columns: once a run
+has finished, every old key may leave the configuration, and artifact digests and call
+fingerprints keep matching (they never depended on a key; digest27).
 A completed run is recorded in ``durable_audit`` (``storage.rekey``: key id, rows walked
 and re-encrypted per column).
 """
@@ -49,9 +52,6 @@ class RekeyReport:
 
     key_id: str = ""
     columns: dict[str, dict[str, int]] = field(default_factory=dict)
-    # The key the digest secret (artifact digests, call fingerprints, journal keys) is
-    # derived from: keep it as digest_from when it leaves the keys (docs/encryption.md).
-    digest_key_id: str = ""
     # Walks of every column: a walk that re-encrypted rows is followed by a checking one
     # (rows copied behind the walk meanwhile); ``scanned`` counts the first walk's rows.
     passes: int = 0
@@ -186,7 +186,7 @@ MAX_PASSES = 4
 def _flow_rekey(
     ring: Keyring, columns: Sequence[SealedColumn], batch_size: int, progress: Progress | None
 ) -> Flow[RekeyReport]:
-    report = RekeyReport(key_id=ring.current_id, digest_key_id=ring.digest_source_id)
+    report = RekeyReport(key_id=ring.current_id)
     while True:
         report.passes += 1
         changed_in_pass = 0

@@ -41,6 +41,9 @@ _ROW_COLUMNS = """
 
 # Concatenation of constants only (no value is ever formatted into SQL).
 LEDGER_READ_SQL = "SELECT " + _ROW_COLUMNS + " FROM durable_ledger WHERE key = %s"  # noqa: S608
+# A journal record under the keys older fingerprint forms give (digest27), read beside
+# LEDGER_READ_SQL in the same round trip.
+LEDGER_READ_ANY_SQL = "SELECT " + _ROW_COLUMNS + " FROM durable_ledger WHERE key = ANY(%s)"  # noqa: S608
 
 LEDGER_LIST_SQL = (
     "SELECT " + _ROW_COLUMNS + " FROM durable_ledger "  # noqa: S608

@@ -14,6 +14,7 @@ import re
 from psycopg import sql
 
 from langgraph_durable.errors import InvalidIdentifierError
+from langgraph_durable.sql.secrets import CREATE_SECRETS_SQL
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -704,6 +705,9 @@ MIGRATIONS: list[str] = [
           FROM durable_threads r
           WHERE r.status IN ('running', 'stopped', 'queued', 'error') AND r.graph_version IS NULL) h
     WHERE t.thread_id = h.thread_id AND h.v IS NOT NULL AND t.graph_version IS NULL""",
+    # --- digest27 branch ---
+    # The database's digest secret, sealed (issue 27; sql/secrets.py owns its SQL).
+    CREATE_SECRETS_SQL,
 ]
 
 # THE list of this package's tables keyed by thread (beside the stock checkpoints,

@@ -10,7 +10,7 @@ one line here). The dataclass is rekey27's shape (``keys``, ``thread_column``,
   ``<type>+aes`` form, or the package's artifact envelope (``durable+ref``) whose inline
   items carry that form;
 * ``artifact``: an artifact's stored form (``ArtifactCodec.seal``: zstd, then the cipher),
-  under a keyed digest (HMAC-SHA256 with ``Keyring.digest_key()``);
+  under a keyed digest (HMAC-SHA256 with the database's digest secret, sql/secrets.py);
 * ``serde_json``: a JSONB array of ``{"type", "blob" (base64)}`` objects (the migration
   log's backups of blob and write rows);
 * ``text``: TEXT, ``lgd:sealed:v1:`` + base64 of ``Keyring.seal(utf-8)``
@@ -19,6 +19,8 @@ one line here). The dataclass is rekey27's shape (``keys``, ``thread_column``,
   ``Keyring.seal(json)`` of the sealed part, beside the keys kept in the clear
   (``_sealing.seal_json``: ``last_failure`` keeps node/type/ids, audit details statuses
   and counts): re-seal that one key;
+* ``sealed``: BYTEA in ``Keyring.seal``'s form (``durable_secrets.sealed``: the database's
+  digest secret);
 * ``metadata``: JSONB run metadata (``checkpoints.metadata`` and its backups): the same
   ``"lgd:sealed"`` key holding the user keys (``_sealing.seal_metadata``), the keys of
   ``_sealing.CLEAR_METADATA`` in the clear.
@@ -42,7 +44,7 @@ class SealedColumn:
     table: str
     keys: tuple[str, ...]  # the primary key, the walk's order
     column: str
-    kind: str  # serde | artifact | serde_json | text | json | metadata
+    kind: str  # serde | artifact | serde_json | text | json | metadata | sealed
     type_column: str | None = None
     thread_column: str | None = "thread_id"
     checkpoint_column: str | None = None
@@ -81,6 +83,11 @@ SEALED: tuple[SealedColumn, ...] = (
     SealedColumn("durable_quarantine", ("thread_id",), "last_error", "text", checkpoint_column="checkpoint_id"),
     # Operator actions.
     SealedColumn("durable_audit", ("id",), "detail", "json"),
+    # --- digest27 ---
+    # Queued interrupt answers (issue 25: serde output, its type in answer_type).
+    SealedColumn("durable_threads", ("thread_id",), "answer_blob", "serde", type_column="answer_type"),
+    # The database's digest secret (sql/secrets.py), in Keyring.seal's form.
+    SealedColumn("durable_secrets", ("name",), "sealed", "sealed", thread_column=None),
 )
 
 
