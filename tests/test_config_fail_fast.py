@@ -206,7 +206,10 @@ def _leaf_commands() -> list[list[str]]:
     root = typer.main.get_command(app)
     ctx = type(root).context_class(root)
     values = {"graph": "test_config_fail_fast:GRAPH", "migrations": "test_config_fail_fast:REGISTRY",
-              "result_json": "{}", "from_version": "v0", "to": "c1", "url": "file:///nonexistent"}
+              "result_json": "{}", "from_version": "v0", "to": "c1", "url": "file:///nonexistent",
+              "value": '"yes"'}
+    # Options a command refuses to run without, before it connects (issue 25, 27).
+    extra = {("threads", "delete"): ["--yes"]}
     out: list[list[str]] = []
 
     def walk(cmd: Any, path: list[str]) -> None:
@@ -222,19 +225,22 @@ def _leaf_commands() -> list[list[str]]:
                 args.append(values.get(p.name or "", "x"))
             elif p.required or (path == ["versions", "migrate"] and p.name == "migrations"):
                 args += [p.opts[0], values.get(p.name or "", "x")]
-        out.append(args)
+        out.append(args + extra.get(tuple(path), []))
 
     walk(root, [])
     return out
 
 
 def test_every_cli_command_prints_one_line_and_exits_1(
-    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     dsn = WRONG["refused"][0]
     commands = _leaf_commands()
     assert len(commands) > 25, commands  # the walk found them (threads, ledger, versions...)
     monkeypatch.setenv("COLUMNS", "80")  # a narrow terminal must not wrap the line either
+    keys = tmp_path / "keys"  # rekey asks for the keys before it connects
+    keys.write_text("0123456789abcdef\n")
+    monkeypatch.setenv("LANGGRAPH_DURABLE_KEY_FILE", str(keys))
     failures = []
     for args in commands:
         for argv in (["--dsn", dsn], ["--dsn", dsn, "--json"]):

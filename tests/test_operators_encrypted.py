@@ -75,6 +75,9 @@ def test_cli_without_the_key_says_encrypted(written: dict[str, Any], args: list[
 @pytest.mark.parametrize("args", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
 def test_cli_with_the_key_decrypts(written: dict[str, Any], args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LANGGRAPH_DURABLE_KEY_FILE", raising=False)
+    # Wide enough for the state table's values: without a terminal (CI) rich draws 80
+    # columns and crops the value the canary is in.
+    monkeypatch.setenv("COLUMNS", "200")
     flag = _run(["--key-file", written["key_file"], *args, "--dsn", written["dsn"]], {})
     env = _run([*args, "--dsn", written["dsn"]], {"LANGGRAPH_DURABLE_KEY_FILE": written["key_file"]})
     for result in (flag, env):
