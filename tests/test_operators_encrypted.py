@@ -75,9 +75,6 @@ def test_cli_without_the_key_says_encrypted(written: dict[str, Any], args: list[
 @pytest.mark.parametrize("args", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
 def test_cli_with_the_key_decrypts(written: dict[str, Any], args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LANGGRAPH_DURABLE_KEY_FILE", raising=False)
-    # Wide enough for the state table's values: without a terminal (CI) rich draws 80
-    # columns and crops the value the canary is in.
-    monkeypatch.setenv("COLUMNS", "200")
     flag = _run(["--key-file", written["key_file"], *args, "--dsn", written["dsn"]], {})
     env = _run([*args, "--dsn", written["dsn"]], {"LANGGRAPH_DURABLE_KEY_FILE": written["key_file"]})
     for result in (flag, env):
@@ -86,7 +83,11 @@ def test_cli_with_the_key_decrypts(written: dict[str, Any], args: list[str], mon
         assert "<encrypted>" not in result.output and "encrypted (" not in result.output
         assert "values are encrypted" not in result.output
     if args == ["threads", "show", "op-chat"]:
-        assert CANARY in flag.output and CANARY in env.output
+        # The JSON form: the table crops values to the terminal's width (80 columns
+        # without a terminal, as in CI), which can cut the canary off.
+        flag_json = _run(["--key-file", written["key_file"], *args, "--json", "--dsn", written["dsn"]], {})
+        env_json = _run([*args, "--json", "--dsn", written["dsn"]], {"LANGGRAPH_DURABLE_KEY_FILE": written["key_file"]})
+        assert CANARY in flag_json.output and CANARY in env_json.output
     if args == ["threads", "show", "op-fail"]:
         assert "declined for Ada" in flag.output
     if args == ["ledger", "show", "op-charge"]:
