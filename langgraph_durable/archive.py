@@ -92,6 +92,7 @@ from langgraph_durable.errors import (
     ConfigurationError,
 )
 from langgraph_durable.idempotency.keys import MAX_KEY_LENGTH
+from langgraph_durable.keyring import SEALED_PREFIX
 from langgraph_durable.idempotency.keys import _digest as _key_digest
 from langgraph_durable.sql.archive import (
     ARTIFACT_ROWS_SQL,
@@ -608,6 +609,8 @@ def _open_secrets(dump: ThreadDump, url: str, serde: Any, refuse: Callable[..., 
     out = []
     for n, entry in enumerate(dump.secrets):
         sealed = entry["sealed"]
+        if sealed[:3] != SEALED_PREFIX or len(sealed) < 13:
+            raise refuse("digest_secret", f"its digest secret {n} is not in a sealed form")
         try:
             secret = ring.open(sealed, thread_id=dump.thread_id, where=f"digest secret {n} of archive {url}")
         except _sealing.DecryptionError as exc:

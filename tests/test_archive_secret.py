@@ -169,6 +169,9 @@ def test_restore_into_a_fresh_database_adopts_the_archive_secret(databases: Any,
     with _saver(b) as saver:
         report = A.restore(saver, path)
         assert report.thread_ids == ["dr-b"]
+        # The restoring saver itself switched to the adopted secret at once.
+        assert saver.codec.digest.secret == own
+        assert saver.get_tuple({"configurable": {"thread_id": "dr-b"}}) is not None
     stored = _secrets(b)
     # Adopted: A's secret is B's own; B's unused one kept as accepted (a running saver
     # that loaded it still verifies what it writes).
@@ -242,7 +245,15 @@ def test_a_tampered_archive_secret_is_refused_and_nothing_restored(databases: An
     def drop(body: dict[str, Any]) -> None:  # a file without the secret: as before restore27
         del body["digest_secrets"]
 
-    for change, reason in ((flip, "digest_secret"), (drop, "artifact_digest")):
+    def garbage(body: dict[str, Any]) -> None:
+        body["digest_secrets"][0]["sealed"] = b"not sealed at all"
+
+    def swapped(body: dict[str, Any]) -> None:  # a well-sealed secret that is not the one its id names
+        ring = Keyring.from_serde(DurableEncryptedSerializer(K1))
+        assert ring is not None
+        body["digest_secrets"][0]["sealed"] = ring.seal(b"\x07" * 32)
+
+    for change, reason in ((flip, "digest_secret"), (garbage, "digest_secret"), (swapped, "digest_secret"), (drop, "artifact_digest")):
         bad = tmp_path / f"bad-{change.__name__}{A.SUFFIX}"
         bad.write_bytes(_tamper(path, change))
         with _saver(d) as saver, pytest.raises(ArchiveRejectedError) as err:
