@@ -92,8 +92,8 @@ from langgraph_durable.errors import (
     ConfigurationError,
 )
 from langgraph_durable.idempotency.keys import MAX_KEY_LENGTH
-from langgraph_durable.keyring import SEALED_PREFIX
 from langgraph_durable.idempotency.keys import _digest as _key_digest
+from langgraph_durable.keyring import SEALED_PREFIX
 from langgraph_durable.sql.archive import (
     ARTIFACT_ROWS_SQL,
     RESTORED_ROOT_CHECK_SQL,
