@@ -268,3 +268,26 @@ def test_verify_without_a_saver_lists_the_secret_ids(databases: Any, tmp_path: P
     _, path, own = _archive_from_a(databases, tmp_path, "dr-v")
     (m,) = A.verify(str(Path(path).parent))
     assert [x["id"] for x in m["digest_secrets"]] == [secret_id(own)]
+
+
+async def test_async_restore_into_a_fresh_database(databases: Any, tmp_path: Path) -> None:
+    """The same adoption through ``arestore`` (the op is shared), and a resume through
+    the async saver that replays the journaled answer and the charge."""
+    from langgraph_durable import AsyncDurablePostgresSaver
+
+    _, path, own = _archive_from_a(databases, tmp_path, "dr-async")
+    b = databases("ab")
+    CALLS.clear()
+    async with AsyncDurablePostgresSaver.from_conn_string(
+        b, serde=DurableEncryptedSerializer(K1), artifact_threshold=256
+    ) as saver:
+        await saver.asetup()
+        report = await A.arestore(saver, path)
+        assert report.thread_ids == ["dr-async"]
+        assert saver.codec.digest.secret == own
+        out = await _graph().compile(checkpointer=saver).ainvoke(
+            Command(resume="approved"), {"configurable": {"thread_id": "dr-async"}}
+        )
+    assert out["out"] == ["the model says yes", "r-1111", "approved"]
+    assert CALLS == []
+    assert _secrets(b)["digest"] == own
