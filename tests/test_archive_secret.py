@@ -291,3 +291,20 @@ async def test_async_restore_into_a_fresh_database(databases: Any, tmp_path: Pat
     assert out["out"] == ["the model says yes", "r-1111", "approved"]
     assert CALLS == []
     assert _secrets(b)["digest"] == own
+
+
+def test_cli_restore_into_a_fresh_database(databases: Any, tmp_path: Path) -> None:
+    """``langgraph-durable --key-file F restore FILE --dsn NEW``: the operator's recovery."""
+    from typer.testing import CliRunner
+
+    from langgraph_durable.cli import app
+
+    _, path, own = _archive_from_a(databases, tmp_path, "dr-cli")
+    e = databases("e")
+    key_file = tmp_path / "keys"
+    key_file.write_text("hex:" + K1.hex() + "\n")
+    result = CliRunner().invoke(app, ["--key-file", str(key_file), "restore", path, "--dsn", e, "--json"], env={})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["thread_ids"] == ["dr-cli"]
+    assert _secrets(e)["digest"] == own
+    _resume_reads_back_and_replays(e, "dr-cli")
