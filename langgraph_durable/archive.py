@@ -31,6 +31,13 @@ File format (version 1; never pickle), one file per thread, named
   Values are what Postgres' ``to_jsonb`` gives for the column (text, numbers, JSON,
   ISO timestamps), except ``bytea``, stored as msgpack bin. (JSON numbers come back as
   Python floats: a ``numeric`` column, which no per-thread table has, would need care.)
+* with an encrypting serializer (restore27), the payload also holds ``digest_secrets``:
+  ``[{id, key_id, sealed}]``, the source database's digest secrets (its own first, then
+  the ones it accepts) sealed under the current key as ``durable_secrets`` holds them,
+  and the manifest their ``id``/``key_id`` only. :func:`restore` opens them, verifies the
+  artifacts with them, and adopts them (a database with no secret in use) or keeps them
+  as accepted secrets (``digest.<id>``), so a file restores into another database (disaster
+  recovery, a copy to staging). Still version 1: a file without them reads as before.
 
 A skippable frame is ignored by zstd decoders: ``zstd -dc file | msgpack`` reads the
 payload with standard tools. Every table of ``STOCK_THREAD_TABLES`` and
