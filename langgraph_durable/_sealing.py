@@ -22,7 +22,7 @@ import copy
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -279,13 +279,20 @@ def op_digest_secret(ring: Keyring, *, writable: bool = True) -> Any:
     from langgraph_durable._io import Batch, Stmt
     from langgraph_durable.sql.secrets import (
         DIGEST_SECRET,
+        EXTRA_SECRET_PREFIX,
         HAS_KEYED_ROWS_SQL,
         INSERT_SECRET_SQL,
+        READ_EXTRA_SECRETS_SQL,
         READ_SECRET_SQL,
     )
 
     read = Stmt(READ_SECRET_SQL, (DIGEST_SECRET,), fetch=True, name="secret")
-    rows = yield Batch([read])
+    extra = Stmt(READ_EXTRA_SECRETS_SQL, (EXTRA_SECRET_PREFIX,), fetch=True, name="extra")
+    rows = yield Batch([read, extra])
+    # The accepted secrets of restored archives (restore27): verification and
+    # fingerprint matching offer them (Keyring.verify_keys, legacy_fingerprints).
+    for r in rows["extra"]:
+        ring.remember_secret(ring.open(bytes(r["sealed"]), thread_id=None, where=f"durable_secrets.{r['name']}"))
     if not rows["secret"]:
         if not writable:
             return None
@@ -294,6 +301,50 @@ def op_digest_secret(ring: Keyring, *, writable: bool = True) -> Any:
         secret = legacy if legacy is not None else os.urandom(32)
         rows = yield Batch([Stmt(INSERT_SECRET_SQL, (DIGEST_SECRET, ring.seal(secret))), read])
     return ring.open(bytes(rows["secret"][0]["sealed"]), thread_id=None, where="durable_secrets.digest")
+
+
+def op_adopt_digest_secrets(ring: Keyring, secrets: Sequence[bytes]) -> Any:
+    """Store the digest secrets a restored archive carries (restore27), in the restore's
+    transaction, before its rows. The first (the source database's own) becomes this
+    database's own when it has none, or has one that nothing is keyed by yet (no ledger
+    row, no artifact: a fresh database whose saver's setup() made one); the replaced one
+    is kept as an accepted secret, so whatever a running saver still keys with it keeps
+    verifying. Every archive secret that is not then the database's own is kept as an
+    accepted secret (row ``digest.<id>``). The primary row is locked (``FOR UPDATE``),
+    or created ``ON CONFLICT DO NOTHING`` and read back, so concurrent savers and
+    restores agree. Returns (the database's own secret, every secret stored)."""
+    from langgraph_durable._io import Batch, Stmt
+    from langgraph_durable.sql.secrets import (
+        DIGEST_SECRET,
+        EXTRA_SECRET_PREFIX,
+        HAS_KEYED_ROWS_SQL,
+        INSERT_SECRET_SQL,
+        LOCK_SECRET_SQL,
+        UPDATE_SECRET_SQL,
+    )
+
+    lock = Stmt(LOCK_SECRET_SQL, (DIGEST_SECRET,), fetch=True, name="secret")
+    rows = yield Batch([lock])
+    if not rows["secret"]:
+        rows = yield Batch([Stmt(INSERT_SECRET_SQL, (DIGEST_SECRET, ring.seal(secrets[0]))), lock])
+    own = ring.open(bytes(rows["secret"][0]["sealed"]), thread_id=None, where="durable_secrets.digest")
+    keep = list(dict.fromkeys(secrets))
+    if own != secrets[0]:
+        found = yield Batch([Stmt(HAS_KEYED_ROWS_SQL, fetch=True)])
+        if not found[0][0]["found"]:
+            keep.append(own)  # kept accepted: a running saver may still key with it
+            yield Batch([Stmt(UPDATE_SECRET_SQL, (ring.seal(secrets[0]), DIGEST_SECRET))])
+            own = secrets[0]
+    extra = [Stmt(INSERT_SECRET_SQL, (EXTRA_SECRET_PREFIX + secret_id(s), ring.seal(s))) for s in keep if s != own]
+    if extra:
+        yield Batch(extra)
+    return own, keep
+
+
+def secret_id(secret: bytes) -> str:
+    """The public id of a digest secret (restore27: ``durable_secrets`` row names and
+    archive manifests): 16 hex digits of an HMAC under it, not reversible."""
+    return hmac.new(secret, b"langgraph-durable secret id", hashlib.sha256).hexdigest()[:16]
 
 
 def digest_secret(holder: Any) -> bytes | None:
@@ -326,13 +377,15 @@ def keyed_fingerprint(secret: bytes | None, plain: str) -> str:
 
 def legacy_fingerprints(serde: Any, plain: str, current: str) -> tuple[str, ...]:
     """Fingerprints a stored call may carry besides ``current``: the plain sha256
-    (written before encryption) and the forms keyed by each key-derived secret the code
-    before digest27 used (``Keyring.digest_keys()``), while those keys are configured."""
+    (written before encryption), the forms keyed by each other stored secret (the
+    accepted secrets of restored archives, restore27) and by each key-derived secret the
+    code before digest27 used (``Keyring.digest_keys()``), while those keys are configured."""
     ring = keyring_of(serde)
     if ring is None:
         return ()
     out = [plain] if plain != current else []
-    for key in ring.digest_keys():
+    # The accepted secrets of restored archives (restore27) and the key-derived ones.
+    for key in (*ring.stored_secrets, *ring.digest_keys()):
         fp = hmac.new(key, _FP_LABEL + plain.encode(), hashlib.sha256).hexdigest()
         if fp != current and fp not in out:
             out.append(fp)

@@ -31,6 +31,13 @@ File format (version 1; never pickle), one file per thread, named
   Values are what Postgres' ``to_jsonb`` gives for the column (text, numbers, JSON,
   ISO timestamps), except ``bytea``, stored as msgpack bin. (JSON numbers come back as
   Python floats: a ``numeric`` column, which no per-thread table has, would need care.)
+* with an encrypting serializer (restore27), the payload also holds ``digest_secrets``:
+  ``[{id, key_id, sealed}]``, the source database's digest secrets (its own first, then
+  the ones it accepts) sealed under the current key as ``durable_secrets`` holds them,
+  and the manifest their ``id``/``key_id`` only. :func:`restore` opens them, verifies the
+  artifacts with them, and adopts them (a database with no secret in use) or keeps them
+  as accepted secrets (``digest.<id>``), so a file restores into another database (disaster
+  recovery, a copy to staging). Still version 1: a file without them reads as before.
 
 A skippable frame is ignored by zstd decoders: ``zstd -dc file | msgpack`` reads the
 payload with standard tools. Every table of ``STOCK_THREAD_TABLES`` and
@@ -93,6 +100,7 @@ from langgraph_durable.errors import (
 )
 from langgraph_durable.idempotency.keys import MAX_KEY_LENGTH
 from langgraph_durable.idempotency.keys import _digest as _key_digest
+from langgraph_durable.keyring import SEALED_PREFIX
 from langgraph_durable.sql.archive import (
     ARTIFACT_ROWS_SQL,
     RESTORED_ROOT_CHECK_SQL,
@@ -105,6 +113,7 @@ from langgraph_durable.sql.archive import (
 )
 from langgraph_durable.sql.retention import THREAD_ENVELOPES_SQL
 from langgraph_durable.sql.schema import STOCK_THREAD_TABLES, THREAD_TABLES
+from langgraph_durable.sql.secrets import EXTRA_SECRET_PREFIX, READ_EXTRA_SECRETS_SQL
 
 FORMAT = "langgraph-durable-archive"
 VERSION = 1
@@ -234,6 +243,12 @@ class ThreadDump:
     artifacts: dict[str, Any]
     # Ledger keys check_dump found dead (see _check_ledger): not restored.
     dropped_keys: set[str] = field(default_factory=set)
+    # The source database's digest secrets (restore27), as the file stores them:
+    # [{"id": secret_id, "key_id": hex, "sealed": Keyring.seal's form}], its own first,
+    # then the ones it accepts. Never in the clear.
+    secrets: list[dict[str, Any]] = field(default_factory=list)
+    # The same, opened by check_dump with the restoring saver's keys (not stored).
+    opened_secrets: list[bytes] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         out = {t: len(v["rows"]) for t, v in self.tables.items()}
@@ -286,6 +301,7 @@ def _op_dump(saver: SaverView, ids: list[str]) -> Op[list[ThreadDump]]:
         + [Stmt(thread_rows_sql(t, order[t]), (ids,), fetch=True, prepare=False) for t in TABLES]
     )
     fps = {r["thread_id"]: r["fp"] for r in out[0]}
+    secrets = yield from _op_sealed_secrets(saver)
     per: dict[str, dict[str, list[dict[str, Any]]]] = {t: {} for t in ids}
     for table, rows in zip(TABLES, out[1:], strict=True):
         for r in rows:
@@ -327,9 +343,29 @@ def _op_dump(saver: SaverView, ids: list[str]) -> Op[list[ThreadDump]]:
                     "columns": [c[:3] for c in cols[_ARTIFACTS]],
                     "rows": _encode_rows(cols[_ARTIFACTS], [a["r"] for a in arts[0]]),
                 },
+                secrets=secrets,
             )
         )
     return dumps
+
+
+def _op_sealed_secrets(saver: SaverView) -> Op[list[dict[str, Any]]]:
+    """The database's digest secrets as an archive carries them (restore27): its own,
+    then the accepted ones of archives restored into it, each sealed under the current
+    key (as ``durable_secrets`` holds them), so a restore into another database can
+    verify the thread's artifacts and match its calls. None without encryption."""
+    ring = _sealing.keyring_of(saver.serde)
+    if ring is None:
+        return []
+    own = yield from _sealing.op_digest_secret(ring, writable=False)
+    if own is None:
+        return []
+    rows = yield Batch([Stmt(READ_EXTRA_SECRETS_SQL, (EXTRA_SECRET_PREFIX,), fetch=True)])
+    found = [own] + [ring.open(bytes(r["sealed"]), thread_id=None, where=f"durable_secrets.{r['name']}") for r in rows[0]]
+    return [
+        {"id": _sealing.secret_id(s), "key_id": ring.current_id, "sealed": ring.seal(s)}
+        for s in dict.fromkeys(found)
+    ]
 
 
 # --------------------------------------------------------------------------- file format
@@ -368,7 +404,10 @@ def encode(dump: ThreadDump, *, created_at: str | None = None) -> bytes:
         "fingerprint": dump.fingerprint,
     }
     try:
-        packed = ormsgpack.packb({**header, "tables": dump.tables, "artifacts": dump.artifacts})
+        body = {**header, "tables": dump.tables, "artifacts": dump.artifacts}
+        if dump.secrets:
+            body["digest_secrets"] = dump.secrets
+        packed = ormsgpack.packb(body)
     except (TypeError, ormsgpack.MsgpackEncodeError) as exc:
         raise ArchiveError(
             f"thread {dump.thread_id!r} cannot be archived: {exc}", url="", thread_id=dump.thread_id
@@ -382,6 +421,8 @@ def encode(dump: ThreadDump, *, created_at: str | None = None) -> bytes:
         "payload_sha256": hashlib.sha256(payload).hexdigest(),
         "payload_bytes": len(payload),
     }
+    if dump.secrets:  # ids only: the sealed secrets are in the payload (restore27)
+        manifest["digest_secrets"] = [{"id": x["id"], "key_id": x["key_id"]} for x in dump.secrets]
     m = json.dumps(manifest, sort_keys=True).encode()
     return struct.pack("<II", _SKIPPABLE_MAGIC, len(m)) + m + payload
 
@@ -498,7 +539,12 @@ def decode(
             fingerprint=body["fingerprint"],
             tables=body["tables"],
             artifacts=body["artifacts"],
+            secrets=body.get("digest_secrets") or [],
         )
+        if not isinstance(dump.secrets, list) or not all(
+            isinstance(x, dict) and isinstance(x.get("sealed"), bytes) for x in dump.secrets
+        ):
+            raise bad("digest_secrets: not a list of sealed secrets")
         if dump.counts() != manifest.get("counts") or list(dump.tables) != manifest.get("tables"):
             raise bad(f"row counts {dump.counts()} != manifest {manifest.get('counts')}")
         for t, v in dump.tables.items():
@@ -551,10 +597,37 @@ def check_dump(
         raise refuse("bad_id", f"its thread id {str(dump.thread_id)[:80]!r} is not a short string without NUL")
     tables = {t: _rows(v) for t, v in dump.tables.items()}
     _check_ids(dump, tables, refuse)
+    dump.opened_secrets = _open_secrets(dump, url, serde, refuse)
     ledger = tables.get("durable_ledger", [])
     keep = any(str(r.get("key", "")).startswith(_TOOL) for r in ledger)
     contents = _check_artifacts(dump, url, limits, serde, unverified, refuse, keep)
     dump.dropped_keys = _check_ledger(dump.thread_id, ledger, lambda: _tool_call_ids(tables, contents, serde), refuse)
+
+
+def _open_secrets(dump: ThreadDump, url: str, serde: Any, refuse: Callable[..., ArchiveRejectedError]) -> list[bytes]:
+    """The source database's digest secrets the file carries (restore27), opened with
+    the restoring saver's keys. Sealed under a key the saver has, but not opening (its
+    bytes changed), or not a 32-byte secret: refused. Sealed under a key the saver does
+    not have: ``DecryptionError`` (configure the source's key, as for its artifacts).
+    Without a keyring (no encryption, or ``verify`` without a saver): not opened."""
+    ring = _sealing.keyring_of(serde)
+    if ring is None:
+        return []
+    out = []
+    for n, entry in enumerate(dump.secrets):
+        sealed = entry["sealed"]
+        if sealed[:3] != SEALED_PREFIX or len(sealed) < 13:
+            raise refuse("digest_secret", f"its digest secret {n} is not in a sealed form")
+        try:
+            secret = ring.open(sealed, thread_id=dump.thread_id, where=f"digest secret {n} of archive {url}")
+        except _sealing.DecryptionError as exc:
+            if not ring.keys or sealed[4:12] not in ring.ids:
+                raise  # not sealed under a key this saver has: a missing or wrong key
+            raise refuse("digest_secret", f"its digest secret {n} is sealed under key {sealed[4:12].hex()} and does not open with it (its bytes were changed)") from exc
+        if len(secret) != 32 or entry.get("id") != _sealing.secret_id(secret):
+            raise refuse("digest_secret", f"its digest secret {n} is not the 32-byte secret its id names")
+        out.append(secret)
+    return out
 
 
 _ID_COLUMNS = ("checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "task_id", "channel", "key")
@@ -642,7 +715,8 @@ def _check_artifacts(
         ring = _sealing.keyring_of(serde) if space else None
         # Keyed digests (issue 27): the database's stored secret, or a key-derived one
         # of the code before it (digest27); plain sha256 for rows from before either.
-        keys = (*ring.verify_keys(), None) if ring is not None else (None,)
+        # And the source database's secrets the file carries (restore27).
+        keys = (*dump.opened_secrets, *ring.verify_keys(), None) if ring is not None else (None,)
         if all(_digest(content, space, k) != digest for k in keys):
             raise refuse("artifact_digest", f"artifact {shown}'s content does not hash to its digest", digest=shown)
         if row.get("size") is not None and row.get("size") != len(content):
@@ -1136,6 +1210,14 @@ def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[Res
         )
     current = _columns(meta)
     report = RestoreReport()
+    carried = [s for _, d in items for s in d.opened_secrets]
+    ring = _sealing.keyring_of(saver.serde)
+    if carried and ring is not None:
+        # The source databases' secrets (restore27), before the rows: adopted as this
+        # database's own when it has none in use yet, else kept as accepted ones
+        # (digest.<id>), so the threads' artifacts verify and their calls match here.
+        own, stored = yield from _sealing.op_adopt_digest_secrets(ring, carried)
+        yield AfterCommit(partial(_accept_secrets, saver, own, stored))
     for url, dump in items:
         unknown = [t for t in dump.tables if t not in current]
         if unknown:
@@ -1181,6 +1263,20 @@ def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[Res
         report.files.append(url)
         yield AfterCommit(partial(saver._known_refs.forget_thread, dump.thread_id))
     return report
+
+
+def _accept_secrets(saver: SaverView, own: bytes, stored: list[bytes]) -> None:
+    """After a restore committed: this saver (its clones and reader: one codec) keys new
+    values with the database's own secret and accepts the others at once; other
+    processes read them at their next setup()."""
+    ring = _sealing.keyring_of(saver.serde)
+    if ring is None:
+        return
+    for s in (own, *stored):
+        ring.remember_secret(s)
+    slot = saver.codec.digest
+    if slot.error is None:
+        slot.set(own)
 
 
 def _flow_restore(
