@@ -699,8 +699,10 @@ def test_cancel_stops_at_the_next_step_boundary(db: str, durability: str) -> Non
         if durability == "sync":
             assert ran == ["s0", "s1", "s2"]
         else:
-            # s3 (a slow machine: the put still in flight after s3, then s4 too), never all.
-            assert ran in (["s0", "s1", "s2", "s3"], ["s0", "s1", "s2", "s3", "s4"])
+            # Usually s3 (the put carrying the cancel runs beside it); right after s2 when a
+            # lease renewal brought the cancel during s2's wait (a loaded machine); s4 too
+            # when the put is still in flight after s3; never all.
+            assert ran in (["s0", "s1", "s2"], ["s0", "s1", "s2", "s3"], ["s0", "s1", "s2", "s3", "s4"])
         stored = g.get_state(cfg(tid)).values["log"]
         assert stored == ran[: len(stored)]
         release.set()
