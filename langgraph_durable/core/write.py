@@ -418,11 +418,13 @@ class WriteOps(WriteView):
             texts = GUARDED_UPSERT_CHILD_CHECKPOINT_SQL if child else GUARDED_UPSERT_CHECKPOINT_SQL
         sql = texts[mode]
         # Lease mode: the put's RETURNING says whether an operator cancelled this run.
-        stmts.append(Stmt(sql, (*row, *guard), fetch=lease is not None))
         if mode == "foreign" and not checkpoint_ns and md.get(VERSION_KEY):
             # Outside a run: the row's version follows the head (SYNC_THREAD_VERSION_SQL).
+            # Before the guarded upsert, whose FOR SHARE it must not upgrade (two such
+            # puts would deadlock); a refused guard rolls it back (one implicit transaction).
             version = md[VERSION_KEY]
             stmts.append(Stmt(SYNC_THREAD_VERSION_SQL, (version, thread_id, version)))
+        stmts.append(Stmt(sql, (*row, *guard), fetch=lease is not None))
         try:
             # The only batch: one pipeline, no BEGIN/COMMIT (_io._implicit).
             out = yield Batch(stmts, final=True)

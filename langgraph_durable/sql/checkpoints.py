@@ -25,7 +25,12 @@ PARENT_GONE_STATE = "LGD04"
 #   exclusively: it waits for this write's commit; a write arriving after it waits for
 #   it, and the lock's recheck computes the test again on the row as committed: it
 #   fails); no row, or another lease: LGD01, lease lost.
-# * foreign (outside a run, leases on): anyone's live lease: LGD02, busy.
+# * foreign (outside a run, leases on): anyone's live lease: LGD02, busy. The row is
+#   locked FOR SHARE too, until the write commits: a run's lease acquisition (an UPDATE
+#   of the row) then waits for it, so the run's load (in the acquisition's transaction,
+#   after it) sees the write. Without the lock an update_state whose guard passed just
+#   before a run's acquisition committed was accepted, then overwritten by that run,
+#   which had loaded the head before it (tests/test_update_state_race.py).
 # Both find the row by primary key and test the lease on it (in the select list, not the
 # WHERE clause): as WHERE clauses, the planner took the owner index
 # (durable_threads_owner_idx) or the live-lease index (durable_threads_leased_idx) when
@@ -55,7 +60,7 @@ _GUARD_LEASE = """
     THEN durable_guard_fail('lost', %s, %s::bigint, NULL, NULL)"""
 _GUARD_FOREIGN = """
     WHEN (SELECT lease_owner IS NOT NULL AND lease_expires_at > now()
-          FROM durable_threads WHERE thread_id = %s)
+          FROM durable_threads WHERE thread_id = %s FOR SHARE)
     THEN durable_guard_fail('busy', %s, NULL, NULL, NULL)"""
 _GUARD_ORDER = """
     WHEN (SELECT checkpoint_id FROM checkpoints
