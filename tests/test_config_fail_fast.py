@@ -63,7 +63,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CLI = str(Path(sys.executable).with_name("langgraph-durable"))
 PASSWORD = "s3cret-Pw"  # must never appear in a message
 CLUSTER_PORT = 56601  # this branch's port range: 56600-56699
-SILENT_PORT = 56602
 REFUSED_PORT = 56699
 
 
@@ -126,10 +125,11 @@ def silent_host() -> Iterator[int]:
     """A host that swallows the connection: the TCP handshake completes (the kernel's
     backlog) but nothing ever answers the startup packet, as a firewalled or hung server."""
     with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", SILENT_PORT))
+        # A port the kernel picks: a fixed one (56602, in the ephemeral range) was once
+        # in use by another test's client socket in CI ("Address already in use").
+        s.bind(("127.0.0.1", 0))
         s.listen(64)
-        yield SILENT_PORT
+        yield int(s.getsockname()[1])
 
 
 @pytest.fixture

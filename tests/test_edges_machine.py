@@ -282,8 +282,14 @@ class EdgesMachine(RuleBasedStateMachine):
             self.problems.append(f"{t.tid} turn {turn}: the effect happened {effects} times")
         if spec.get("steal") and not self.stock and t.started:
             first = t.outcomes[0] if t.outcomes else None
+            # A poison value (spec "poison": final returns an object no serializer stores)
+            # fails its put in the client, before the server's fence can say the lease is
+            # gone, when the run had not learnt of the theft yet (writes deferred or in
+            # flight): UnencodableValueError first, nothing written either way (CI run of
+            # 2026-12-02, seed 573123293).
+            allowed = ("LeaseLostError", "UnencodableValueError") if spec.get("poison") else ("LeaseLostError",)
             if spec.get("kill_at") in (None, "prep", "charge", "work", "model", "join") and (
-                first is None or first.get("type") != "LeaseLostError"
+                first is None or first.get("type") not in allowed
             ):
                 self.problems.append(f"{t.tid}: the lease was taken, yet the run said {first}")
         if spec.get("poison") and not self.stock:
