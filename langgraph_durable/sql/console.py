@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from langgraph_durable.sql.inspection import THREAD_PAGE_SIZES_SQL
 from langgraph_durable.sql.inspection import THREAD_STATE_CASE_SQL as _STATE_SQL
 
 # Live leases by owner (the workers). The status list comes from the trigger-kept
@@ -160,26 +161,6 @@ SELECT t.thread_id, t.status, {state} AS state, t.graph_version, t.attempts,
        t.lease_owner, EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8 AS lease_expires_in,
        t.last_error, t.updated_at AS last_activity
 FROM page JOIN durable_threads t ON t.thread_id = page.thread_id
-LEFT JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE c.checkpoint_ns = '') AS checkpoints,
-           sum(pg_column_size(c.checkpoint) + pg_column_size(c.metadata))::bigint AS cp_bytes,
-           max(c.checkpoint_id) FILTER (WHERE c.checkpoint_ns = '') AS latest_id
-    FROM checkpoints c WHERE c.thread_id = page.thread_id
-) cp ON true
-LEFT JOIN LATERAL (
-    SELECT sum(octet_length(b.blob))::bigint AS bytes FROM checkpoint_blobs b
-    WHERE b.thread_id = page.thread_id
-) bl ON true
-LEFT JOIN LATERAL (
-    SELECT sum(octet_length(w.blob))::bigint AS bytes FROM checkpoint_writes w
-    WHERE w.thread_id = page.thread_id
-) wr ON true
-LEFT JOIN LATERAL (
-    SELECT sum(octet_length(a.data))::bigint AS bytes
-    FROM durable_artifact_refs r JOIN durable_artifacts a ON a.digest = r.digest
-    WHERE r.thread_id = page.thread_id
-) art ON true
-LEFT JOIN checkpoints latest ON latest.thread_id = page.thread_id
-    AND latest.checkpoint_ns = '' AND latest.checkpoint_id = cp.latest_id
+{sizes}
 ORDER BY (t.thread_id COLLATE durable_natural)
-""").format(state=sql.SQL(_STATE_SQL))
+""").format(state=sql.SQL(_STATE_SQL), sizes=sql.SQL(THREAD_PAGE_SIZES_SQL))

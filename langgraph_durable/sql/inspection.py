@@ -9,6 +9,31 @@ from langgraph_durable.states import state_case_sql
 # The thread's state (states.py), computed in SQL so ``--status`` filters before LIMIT.
 THREAD_STATE_CASE_SQL = state_case_sql("t")
 
+# What a page of threads weighs and where each stands (its checkpoints, blobs, writes,
+# artifacts, its latest root checkpoint), one LATERAL per table keyed by the page's
+# thread ids: shared by the threads list here and the console's natural-order page.
+THREAD_PAGE_SIZES_SQL = """LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE c.checkpoint_ns = '') AS checkpoints,
+           sum(pg_column_size(c.checkpoint) + pg_column_size(c.metadata))::bigint AS cp_bytes,
+           max(c.checkpoint_id) FILTER (WHERE c.checkpoint_ns = '') AS latest_id
+    FROM checkpoints c WHERE c.thread_id = page.thread_id
+) cp ON true
+LEFT JOIN LATERAL (
+    SELECT sum(octet_length(b.blob))::bigint AS bytes
+    FROM checkpoint_blobs b WHERE b.thread_id = page.thread_id
+) bl ON true
+LEFT JOIN LATERAL (
+    SELECT sum(octet_length(w.blob))::bigint AS bytes, count(*) AS n
+    FROM checkpoint_writes w WHERE w.thread_id = page.thread_id
+) wr ON true
+LEFT JOIN LATERAL (
+    SELECT sum(octet_length(a.data))::bigint AS bytes, count(*) AS n
+    FROM durable_artifact_refs r JOIN durable_artifacts a ON a.digest = r.digest
+    WHERE r.thread_id = page.thread_id
+) art ON true
+LEFT JOIN checkpoints latest ON latest.thread_id = page.thread_id
+    AND latest.checkpoint_ns = '' AND latest.checkpoint_id = cp.latest_id"""
+
 # One page of threads in thread_id order, after the ``after`` cursor (keyset): the page's
 # ids come from index walks (durable_threads' primary key, and a skip scan of the
 # checkpoints' primary key for threads with no durable_threads row), then the
@@ -67,29 +92,10 @@ SELECT page.thread_id,
             THEN (latest.checkpoint ->> 'ts')::timestamptz END) AS last_activity
 FROM page
 LEFT JOIN durable_threads t ON t.thread_id = page.thread_id
-LEFT JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE c.checkpoint_ns = '') AS checkpoints,
-           sum(pg_column_size(c.checkpoint) + pg_column_size(c.metadata))::bigint AS cp_bytes,
-           max(c.checkpoint_id) FILTER (WHERE c.checkpoint_ns = '') AS latest_id
-    FROM checkpoints c WHERE c.thread_id = page.thread_id
-) cp ON true
-LEFT JOIN LATERAL (
-    SELECT sum(octet_length(b.blob))::bigint AS bytes
-    FROM checkpoint_blobs b WHERE b.thread_id = page.thread_id
-) bl ON true
-LEFT JOIN LATERAL (
-    SELECT sum(octet_length(w.blob))::bigint AS bytes, count(*) AS n
-    FROM checkpoint_writes w WHERE w.thread_id = page.thread_id
-) wr ON true
-LEFT JOIN LATERAL (
-    SELECT sum(octet_length(a.data))::bigint AS bytes, count(*) AS n
-    FROM durable_artifact_refs r JOIN durable_artifacts a ON a.digest = r.digest
-    WHERE r.thread_id = page.thread_id
-) art ON true
-LEFT JOIN checkpoints latest ON latest.thread_id = page.thread_id
-    AND latest.checkpoint_ns = '' AND latest.checkpoint_id = cp.latest_id
+{sizes}
 ORDER BY page.thread_id
-""").format(state=sql.SQL(THREAD_STATE_CASE_SQL), ts_re=sql.Literal(ISO_TS_RE))
+""").format(state=sql.SQL(THREAD_STATE_CASE_SQL), ts_re=sql.Literal(ISO_TS_RE),
+          sizes=sql.SQL(THREAD_PAGE_SIZES_SQL))
 
 # Tracked threads by status from the trigger-kept durable_thread_counts (issue 14), the
 # live leases (the only rows whose state is not their status's, besides quarantine) by
