@@ -381,17 +381,7 @@ class Console:
         newer = _hours(p.get("newer_than_h"))
         limit = min(max(int(p.get("limit") or PAGE), 1), 500)
         natural = p.get("sort") != "id" and state != "untracked" and self.natural_sort()
-        if natural:
-            params = {
-                "after": after, "prefix": prefix, "version": version, "older": older,
-                "newer": newer, "status": state, "limit": limit + 1,
-            }
-            with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
-                cur.execute(q.THREADS_NATURAL_SQL, params)
-                rows = [lgi.mark_dead_owner(dict(r)) for r in cur.fetchall()]
-            if state == "running":
-                rows = [r for r in rows if r["state"] == "running"]
-        elif version is None and older is None and newer is None:
+        if not natural and version is None and older is None and newer is None:
             rows = lgi.list_threads(
                 self.read(), status=state, prefix=prefix, limit=limit + 1, after=after
             )
@@ -400,9 +390,12 @@ class Console:
                 "after": after, "prefix": prefix, "version": version, "older": older,
                 "newer": newer, "status": state, "limit": limit + 1,
             }
+            statement = q.THREADS_NATURAL_SQL if natural else q.THREADS_SQL
             with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
-                cur.execute(q.THREADS_SQL, params)
+                cur.execute(statement, params)
                 rows = [lgi.mark_dead_owner(dict(r)) for r in cur.fetchall()]
+            if natural and state == "running":
+                rows = [r for r in rows if r["state"] == "running"]
         more = len(rows) > limit
         rows = lgi.open_last_errors(self.saver, rows[:limit])
         if any(r.get("state") == "running" for r in rows):
