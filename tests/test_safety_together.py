@@ -376,3 +376,57 @@ def _proc_state(pid: int) -> str:
         data = f.read()
     return data[data.rindex(b")") + 2 :].split()[0].decode()
 
+
+
+# ------------------------------------------------- item 6: writes outside a run too
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_update_state_on_a_dead_owners_thread_is_accepted_at_once(db: str, mode: str) -> None:
+    """Found by test_model_chaos in CI (2026-12-02): update_state right after the run
+    holding the thread was SIGKILLed raised ThreadBusyError naming the dead owner, for
+    up to lease_ttl (here 30 s), although a run start (invoke) would have taken the
+    lease over at once. The write now ends the dead owner's lease and is accepted; the
+    thread is then what an expired lease leaves: recoverable, resumed from the update."""
+    import asyncio
+
+    tid = f"upd-dead-{mode}-{uuid.uuid4().hex[:6]}"
+    proc = _start(db, "slow", tid)
+    owner = _thread_row(db, tid)["lease_owner"]
+    _sigkill(proc)
+    config = {"configurable": {"thread_id": tid}}
+    if mode == "sync":
+        with DurablePostgresSaver.from_conn_string(db) as saver:
+            app = child.slow_builder(db, hang=False).compile(checkpointer=saver)
+            app.update_state(config, {"n": 40})
+            assert app.get_state(config).values == {"n": 40}
+            assert app.invoke(None, config) == {"n": 41}
+    else:
+        from langgraph_durable import AsyncDurablePostgresSaver
+
+        async def go() -> None:
+            async with AsyncDurablePostgresSaver.from_conn_string(db) as saver:
+                app = child.slow_builder(db, hang=False).compile(checkpointer=saver)
+                await app.aupdate_state(config, {"n": 40})
+                assert (await app.aget_state(config)).values == {"n": 40}
+                assert await app.ainvoke(None, config) == {"n": 41}
+
+        asyncio.run(go())
+    [row] = _q(db, "SELECT status, lease_owner IS NULL AS released FROM durable_threads WHERE thread_id = %s", tid)
+    assert row == {"status": "done", "released": True}, (row, owner)
+
+
+def test_update_state_beside_a_live_frozen_owner_is_still_refused(db: str, frozen: tuple[str, Any]) -> None:
+    """The other side: a live (SIGSTOPped) owner is never judged dead, so a write
+    outside its run is refused, and its lease is left as it was."""
+    from langgraph_durable.errors import ThreadBusyError
+
+    tid, _ = frozen
+    before = _q(db, "SELECT lease_owner, lease_token, lease_expires_at FROM durable_threads WHERE thread_id = %s", tid)
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        app = child.slow_builder(db, hang=False).compile(checkpointer=saver)
+        with pytest.raises(ThreadBusyError) as caught:
+            app.update_state({"configurable": {"thread_id": tid}}, {"n": 40})
+    assert caught.value.owner == before[0]["lease_owner"]
+    after = _q(db, "SELECT lease_owner, lease_token, lease_expires_at FROM durable_threads WHERE thread_id = %s", tid)
+    assert after == before

@@ -88,6 +88,7 @@ class WriteView:
     graph_version: str | None
     leases_enabled: bool
     serde: SerializerProtocol
+    takeover_dead_owners: bool
 
     if TYPE_CHECKING:
         async def _arun_op(self, factory: Callable[[], Op[Any]], *, transaction: bool = True) -> Any: ...

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import wait as futures_wait
 from contextvars import ContextVar
+from functools import partial
 from typing import Any, cast
 
 import orjson
@@ -48,8 +49,10 @@ from langgraph_durable.core.view import WriteView
 from langgraph_durable.errors import (
     DurableError,
     SerializationError,
+    ThreadBusyError,
     UnencodableValueError,
 )
+from langgraph_durable.leases.dead import op_expire_if_dead
 from langgraph_durable.leases.fence import checks_parent
 from langgraph_durable.leases.model import Lease
 from langgraph_durable.sql.artifacts import (
@@ -142,15 +145,29 @@ class WriteOps(WriteView):
         process believed stored was garbage-collected meanwhile (its references were
         dropped by prune/retention/delete elsewhere): forget, and write again with
         the data. Nothing was committed by the failed attempt. Artifacts a concurrent
-        write of this process is storing are waited for, not sent twice (WriteSession)."""
+        write of this process is storing are waited for, not sent twice (WriteSession).
+        A write outside a run refused by a live lease whose owner is a provably dead
+        process of this machine ends that lease and is retried once (``op_expire_if_dead``),
+        as a run start takes it over: not ThreadBusyError for up to lease_ttl."""
         session = WriteSession(self._known_refs)
         token = _WRITE_SESSION.set(session)
         committed = False
         try:
-            retried_fk = False
+            retried_fk = retried_dead = False
             while True:
                 try:
                     result = self._run_op(factory)
+                except ThreadBusyError as refused:
+                    if retried_dead or not self.takeover_dead_owners:
+                        raise
+                    retried_dead = True
+                    holder = refused.fields.get("owner")
+                    if not self._run_op(partial(op_expire_if_dead, thread_id, holder)):
+                        raise
+                    session.finish(False)
+                    logger.warning("thread %s: lease holder %s is a dead process of this machine; "
+                                   "its lease ended, writing again", thread_id, holder)
+                    continue
                 except ArtifactsInFlight as busy:
                     session.finish(False)
                     _, pending = futures_wait(busy.futures, timeout=_INFLIGHT_WAIT)
@@ -175,10 +192,21 @@ class WriteOps(WriteView):
         token = _WRITE_SESSION.set(session)
         committed = False
         try:
-            retried_fk = False
+            retried_fk = retried_dead = False
             while True:
                 try:
                     result = await self._arun_op(factory)
+                except ThreadBusyError as refused:
+                    if retried_dead or not self.takeover_dead_owners:
+                        raise
+                    retried_dead = True
+                    holder = refused.fields.get("owner")
+                    if not await self._arun_op(partial(op_expire_if_dead, thread_id, holder)):
+                        raise
+                    session.finish(False)
+                    logger.warning("thread %s: lease holder %s is a dead process of this machine; "
+                                   "its lease ended, writing again", thread_id, holder)
+                    continue
                 except ArtifactsInFlight as busy:
                     session.finish(False)
                     waits = [asyncio.wrap_future(f) for f in busy.futures]

@@ -17,7 +17,7 @@ from typing import Any
 
 from langgraph_durable._io import Batch, Op, Stmt
 from langgraph_durable.leases.owners import owner_is_dead
-from langgraph_durable.sql.threads import LOCAL_LIVE_LEASES_SQL
+from langgraph_durable.sql.threads import EXPIRE_DEAD_LEASE_SQL, LOCAL_LIVE_LEASES_SQL
 
 # How many live leases one look scans at most (soonest expiry first, see the SQL).
 SCAN_LIMIT = 500
@@ -52,6 +52,16 @@ def op_dead_leases(scan: int = SCAN_LIMIT) -> Op[list[dict[str, Any]]]:
     """The live leases of this machine whose owner is dead (one statement)."""
     rows = yield Batch([Stmt(LOCAL_LIVE_LEASES_SQL, params(scan), fetch=True)])
     return dead_rows(rows[0])
+
+
+def op_expire_if_dead(thread_id: str, owner: str | None) -> Op[bool]:
+    """End ``owner``'s lease on the thread when it is a provably dead process of this
+    machine (``EXPIRE_DEAD_LEASE_SQL``); True when it did, so a refused write outside a
+    run is retried once instead of waiting out lease_ttl."""
+    if not owner or not owner_is_dead(owner):
+        return False
+    yield Batch([Stmt(EXPIRE_DEAD_LEASE_SQL, (thread_id, owner))])
+    return True
 
 
 def dead_owner_note(owner: str | None) -> str | None:
