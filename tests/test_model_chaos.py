@@ -258,6 +258,7 @@ class ChaosMachine(RuleBasedStateMachine):
         self.children: dict[str, Child] = {}
         self.inproc: tuple[str, threading.Thread, list[BaseException], list[dict[str, Any]]] | None = None
         self.inproc_epoch: int | None = None  # its thread's epoch when the in-process run started
+        self.timers: list[threading.Timer] = []  # terminate_backends' delayed shots
         self._stack: Any = None
         parent_dsn = psycopg.conninfo.make_conninfo(self.dsn, application_name=PARENT_APP)
         if self.STOCK:
@@ -385,6 +386,7 @@ class ChaosMachine(RuleBasedStateMachine):
 
             timer = threading.Timer(kill_after, kill)
             timer.daemon = True
+            self.timers.append(timer)
             timer.start()
         return child
 
@@ -1072,7 +1074,11 @@ class ChaosMachine(RuleBasedStateMachine):
                 pass
 
         STATS["terminate"] += 1
-        threading.Timer(delay, fire).start()
+        # Kept, so teardown cancels it: one that fired after its example ended killed the
+        # next example's parent connection in __init__ (a FlakyStrategyDefinition in CI).
+        timer = threading.Timer(delay, fire)
+        self.timers.append(timer)
+        timer.start()
 
     def waiting_thread(self, stock: bool) -> None:
         self.trace.append("waiting_thread")
@@ -1349,6 +1355,9 @@ class ChaosMachine(RuleBasedStateMachine):
                                stretch=stretch, forks=t.forks, **self.evidence(tid))
 
     def teardown(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
+            timer.join()
         try:
             for child in list(self.children.values()):
                 if child.proc.is_alive():
