@@ -30,7 +30,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -255,7 +254,7 @@ def _operate(dsn: str, decisions: list[dict[str, Any]]) -> None:
     then holds a 'started' claim and no result; the call did run once, which the server
     cannot know, so the package refuses to guess (OutcomeUnknownError, no attempt
     counted, the workers skip the thread) instead of running ``mark`` a second time.
-    The operator knows: ``mark`` returns its step (the last number of its arguments)."""
+    The operator knows: ``mark`` returns its step (in the entry's argument preview)."""
     from langgraph_durable import DurablePostgresSaver, Ledger
 
     stopped = _rows(dsn, "SELECT thread_id FROM durable_threads WHERE status = 'error' "
@@ -264,7 +263,7 @@ def _operate(dsn: str, decisions: list[dict[str, Any]]) -> None:
         with DurablePostgresSaver.from_conn_string(dsn, graph_version="checked", on_busy="wait") as saver:
             ledger = Ledger(saver)
             for entry in ledger.entries(thread_id=thread, status="started"):
-                step = int(re.findall(r"\d+", entry.args_preview or "0")[-1])
+                step = json.loads(entry.args_preview or "{}")["step"]
                 ledger.resolve(entry.key, step)
                 decisions.append({"thread": thread, "key": entry.key, "step": step})
             graph = child.build_graph().compile(checkpointer=saver)
