@@ -1,8 +1,13 @@
-"""What the cancel probe (issue 25) costs a run's put: the lease-mode checkpoint upsert
-with and without its ``RETURNING`` cancel probe (``sql.checkpoints._CANCEL_RETURNING``),
-side by side in ONE run on the same connection, taking turns call by call, with the
-stock ``UPSERT_CHECKPOINTS_SQL`` as the floor. Each call is one statement, one round
-trip, its rows fetched as the saver fetches them.
+"""What the cancel check (issue 25) costs a run's put, side by side in ONE run on the
+same connection, taking turns call by call, with the stock ``UPSERT_CHECKPOINTS_SQL`` as
+the floor. Each call is one statement, one round trip, its rows fetched as the saver
+fetches them:
+
+* ``no cancel check``: the lease guard alone (what a put sent before issue 25);
+* ``RETURNING probe``: issue 25's first form, a second probe of the thread row in
+  RETURNING, its row fetched;
+* ``rowcount (package)``: the package's put (``sql.checkpoints._LEASE_PUT_FROM``): the
+  lease and the cancel flag from one probe, a cancel read from the rowcount.
 
 Run: ``python bench/bench_cancel_probe.py [--dsn postgresql://...] [--calls 2000]``.
 """
@@ -23,10 +28,16 @@ from psycopg.types.json import Jsonb
 
 from langgraph_durable import DurablePostgresSaver
 from langgraph_durable.sql.checkpoints import (
-    _CANCEL_RETURNING,
+    _UPSERT_CHECKPOINT,
     GUARDED_UPSERT_CHECKPOINT_SQL,
+    _guard,
     guard_params,
 )
+
+# Issue 25's probe, as it was (two parameters: the run's token, the thread).
+RETURNING_PROBE = """RETURNING (SELECT d.cancel_token = %s::bigint FROM durable_threads d
+                        WHERE d.thread_id = %s) AS cancel
+"""
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -38,11 +49,15 @@ def main() -> None:
     args = ap.parse_args()
     with DurablePostgresSaver.from_conn_string(args.dsn) as saver:
         saver.setup()
-    with_probe = GUARDED_UPSERT_CHECKPOINT_SQL["lease"]
-    without = with_probe.replace(_CANCEL_RETURNING, "")
-    floor = BasePostgresSaver.UPSERT_CHECKPOINTS_SQL
+    plain = _UPSERT_CHECKPOINT.format(guard=_guard("lease", True))
+    texts = {
+        "floor (stock upsert)": BasePostgresSaver.UPSERT_CHECKPOINTS_SQL,
+        "no cancel check": plain,
+        "RETURNING probe": plain + RETURNING_PROBE,
+        "rowcount (package)": GUARDED_UPSERT_CHECKPOINT_SQL["lease"],
+    }
     thread = f"bench-probe-{uuid.uuid4().hex[:8]}"
-    times: dict[str, list[float]] = {"floor (stock upsert)": [], "lease put (main)": [], "lease put + probe": []}
+    times: dict[str, list[float]] = {name: [] for name in texts}
     with psycopg.connect(args.dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
         conn.execute(
             "INSERT INTO durable_threads (thread_id, status, lease_owner, lease_token, lease_expires_at) "
@@ -50,21 +65,19 @@ def main() -> None:
         )
         load = os.getloadavg()
         for i in range(args.calls):
-            for name in times:
+            for name, sql in texts.items():
                 cid = _uuid6()
-                row: tuple[Any, ...] = (thread, "", cid, None, Jsonb({"v": 4, "id": cid}), Jsonb({"step": i}))
-                if name.startswith("floor"):
-                    sql, params, fetch = floor, row, False
-                else:
-                    sql = with_probe if name.endswith("probe") else without
-                    params = (*row, *guard_params("lease", thread, 1, "me", "", cid))
-                    if sql is without:
-                        params = params[:-2]
-                    fetch = sql is with_probe
+                params: tuple[Any, ...] = (thread, "", cid, None, Jsonb({"v": 4, "id": cid}), Jsonb({"step": i}))
+                if not name.startswith("floor"):
+                    params = (*params, *guard_params("lease", thread, 1, "me", "", cid))
+                if name == "RETURNING probe":
+                    params = (*params, 1, thread)
                 started = time.perf_counter()
                 cur = conn.execute(sql, params)
-                if fetch:
+                if name == "RETURNING probe":
                     cur.fetchall()
+                elif name.startswith("rowcount"):
+                    assert cur.rowcount == 1, cur.rowcount  # 0: cancelled
                 times[name].append((time.perf_counter() - started) * 1000)
         conn.execute("DELETE FROM checkpoints WHERE thread_id = %s", (thread,))
         conn.execute("DELETE FROM durable_threads WHERE thread_id = %s", (thread,))

@@ -229,9 +229,8 @@ def test_lease_checks_read_the_thread_row_by_primary_key(admin_dsn: str) -> None
                     assert plan is not None
                     used = [n.get("Index Name") for n in _nodes(plan[0][0]["Plan"])
                             if n.get("Relation Name") == "durable_threads"]
-                    # A run's put probes the row twice by primary key: the guard, and its
-                    # RETURNING's cancel probe (issue 25, _CANCEL_RETURNING).
-                    probes = 2 if kind == "put lease" else 1
-                    assert used == ["durable_threads_pkey"] * probes, (plan_cache_mode, kind, used)
+                    # One probe by primary key, a run's put included: its lease test and
+                    # its cancel flag are read together (issue 26, _LEASE_PUT_FROM).
+                    assert used == ["durable_threads_pkey"], (plan_cache_mode, kind, used)
     finally:
         drop_database(admin_dsn, url)

@@ -162,11 +162,11 @@ def test_put_under_a_lost_lease_raises_lease_lost(lease: Lease) -> None:
         driver.run_op(_put(saver))
     assert lease.lost
     sql, params = driver.statements[-1]
-    # The put carries the run's fence: the lease check's token, owner, thread, then the
-    # order check's 7 parameters and the cancel probe's 2 (guard_params).
-    assert "durable_guard_fail('lost'" in sql
-    assert (7, "me:1", THREAD) == tuple(params[-14:-11])
-    assert (7, THREAD) == tuple(params[-2:])
+    # The put carries the run's fence: the lease check's token, owner, thread (its
+    # FROM subquery, which reads the cancel flag too), the failure's thread and token,
+    # then the order check's 7 parameters (guard_params).
+    assert "durable_guard_fail('lost'" in sql and "ELSE NOT g.cancel END" in sql
+    assert (7, "me:1", THREAD, THREAD, 7) == tuple(params[-12:-7])
     with pytest.raises(LeaseLostError):
         ScriptedDriver().run_op(_put(saver))  # lost: refused before any statement
 

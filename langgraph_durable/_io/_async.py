@@ -230,11 +230,19 @@ class AsyncDriver:
     ) -> Any:
         """Run the started op in one transaction (one pipeline when ``implicit`` allows)."""
         if implicit(conn, started.first):
-            try:
-                rows = await self._execute(conn, started.first)
-            except Exception as exc:
-                return finish(started.op, after, None, exc)
-            return finish(started.op, after, rows, None)
+            item: Batch = started.first
+            while True:
+                # Each final batch is an implicit transaction of its own (see finish).
+                rows: Any = None
+                failed: BaseException | None = None
+                try:
+                    rows = await self._execute(conn, item)
+                except Exception as exc:
+                    failed = exc
+                done, got = finish(started.op, after, rows, failed)
+                if done:
+                    return got
+                item = got
         async with conn.transaction():
             return await self._drive(conn, started.op, after, started.first)
 
@@ -274,7 +282,7 @@ class AsyncDriver:
         stmts = batch.stmts
         # (in_pipeline, inline: once per op.)
         if (len(stmts) == 1 and conn.pgconn.pipeline_status == PIPELINE_OFF) or not HAS_PIPELINE:
-            out = []
+            out, counts = [], []
             for s in stmts:
                 async with conn.cursor(binary=True, row_factory=dict_row) as cur:
                     if s.many:
@@ -282,7 +290,8 @@ class AsyncDriver:
                     else:
                         await cur.execute(s.sql, s.params, prepare=s.prepare)
                     out.append(await cur.fetchall() if s.fetch else [])
-            return Results(out, stmts)
+                    counts.append(cur.rowcount)
+            return Results(out, stmts, counts)
         # Results are read after the block: leaving it syncs once and receives them
         # all. An explicit pipe.sync() inside it cost a second round trip (the exit
         # syncs again), ~0.05 ms per op: a third of a small put.
@@ -317,9 +326,10 @@ class AsyncDriver:
                 await cur.close()
             raise failed
         out = [(await cur.fetchall()) if s.fetch else [] for s, cur in zip(stmts, curs, strict=True)]
+        counts = [cur.rowcount for cur in curs]
         for cur in curs:
             await cur.close()
-        return Results(out, stmts)
+        return Results(out, stmts, counts)
 
     async def run_flow(self, flow: Flow[T]) -> T:
         """The flow interpreter: an item's failure is thrown into the flow."""

@@ -225,11 +225,19 @@ class SyncDriver:
     ) -> Any:
         """Run the started op in one transaction (one pipeline when ``implicit`` allows)."""
         if implicit(conn, started.first):
-            try:
-                rows = self._execute(conn, started.first)
-            except Exception as exc:
-                return finish(started.op, after, None, exc)
-            return finish(started.op, after, rows, None)
+            item: Batch = started.first
+            while True:
+                # Each final batch is an implicit transaction of its own (see finish).
+                rows: Any = None
+                failed: BaseException | None = None
+                try:
+                    rows = self._execute(conn, item)
+                except Exception as exc:
+                    failed = exc
+                done, got = finish(started.op, after, rows, failed)
+                if done:
+                    return got
+                item = got
         with conn.transaction():
             return self._drive(conn, started.op, after, started.first)
 
@@ -269,7 +277,7 @@ class SyncDriver:
         stmts = batch.stmts
         # (in_pipeline, inline: once per op.)
         if (len(stmts) == 1 and conn.pgconn.pipeline_status == PIPELINE_OFF) or not HAS_PIPELINE:
-            out = []
+            out, counts = [], []
             for s in stmts:
                 with conn.cursor(binary=True, row_factory=dict_row) as cur:
                     if s.many:
@@ -277,7 +285,8 @@ class SyncDriver:
                     else:
                         cur.execute(s.sql, s.params, prepare=s.prepare)
                     out.append(cur.fetchall() if s.fetch else [])
-            return Results(out, stmts)
+                    counts.append(cur.rowcount)
+            return Results(out, stmts, counts)
         # Results are read after the block: leaving it syncs once and receives them
         # all. An explicit pipe.sync() inside it cost a second round trip (the exit
         # syncs again), ~0.05 ms per op: a third of a small put.
@@ -312,9 +321,10 @@ class SyncDriver:
                 cur.close()
             raise failed
         out = [(cur.fetchall()) if s.fetch else [] for s, cur in zip(stmts, curs, strict=True)]
+        counts = [cur.rowcount for cur in curs]
         for cur in curs:
             cur.close()
-        return Results(out, stmts)
+        return Results(out, stmts, counts)
 
     def run_flow(self, flow: Flow[T]) -> T:
         """The flow interpreter: an item's failure is thrown into the flow."""

@@ -50,12 +50,17 @@ class Batch:
 
 class Results(list[list[Any]]):
     """A batch's rows, one list per statement: ``rows[0]`` by position, or
-    ``rows["claim"]`` by the statement's ``Stmt.name``."""
+    ``rows["claim"]`` by the statement's ``Stmt.name``; ``rowcounts``, per statement,
+    what the server reported (rows written or returned), read without fetching a row
+    (a run's put learns of a cancel from it: sql.checkpoints._LEASE_PUT_FROM)."""
 
-    __slots__ = ("_stmts",)
+    __slots__ = ("_stmts", "rowcounts")
 
-    def __init__(self, rows: Sequence[list[Any]], stmts: Sequence[Stmt] = ()) -> None:
+    def __init__(
+        self, rows: Sequence[list[Any]], stmts: Sequence[Stmt] = (), rowcounts: Sequence[int] = ()
+    ) -> None:
         list.__init__(self, rows)
+        self.rowcounts = rowcounts
         # Names are looked up on a str key only (most ops read rows by position):
         # no name map built per batch.
         self._stmts = stmts
@@ -180,15 +185,21 @@ class Started:
             self.done, self.value = True, stop.value
 
 
-def finish(op: Op[T], after: list[Callable[[], None]], send: Any, throw: BaseException | None) -> T:
-    """Drive an op past its final batch: only AfterCommit may follow."""
+def finish(
+    op: Op[Any], after: list[Callable[[], None]], send: Any, throw: BaseException | None
+) -> tuple[bool, Any]:
+    """Drive an op past its final batch: AfterCommit items, then the op's end, ``(True,
+    value)``, or another final batch, ``(False, batch)``, which the driver runs as an
+    implicit transaction of its own (the first one committed: a follow-up write, e.g. a
+    cancelled run's put storing its checkpoint, core.write)."""
     while True:
         try:
             item = op.throw(throw) if throw is not None else op.send(send)
         except StopIteration as stop:
-            value: T = stop.value
-            return value
+            return True, stop.value
         send, throw = None, None
+        if isinstance(item, Batch) and item.final:
+            return False, item
         if not isinstance(item, AfterCommit):
             raise TypeError(f"op yielded {item!r} after its final batch")
         after.append(item.fn)

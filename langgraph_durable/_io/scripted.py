@@ -116,12 +116,14 @@ class ScriptedDriver(SyncDriver):
             self.events.append(("checkin",))
 
     def _execute(self, conn: Any, batch: Batch) -> Results:  # type: ignore[override]
-        out = []
+        out, counts = [], []
         for stmt in batch.stmts:
             self.events.append(("stmt", stmt.sql, stmt.params))
             rows = self.script.answer(stmt)
             out.append(rows if stmt.fetch else [])
-        return Results(out, batch.stmts)
+            # A fetch: its rows; a write: one row written, unless the script's rows say.
+            counts.append(len(rows) if stmt.fetch or rows else 1)
+        return Results(out, batch.stmts, counts)
 
     def _sleep(self, seconds: float) -> None:
         self.events.append(("sleep", seconds))

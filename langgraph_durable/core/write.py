@@ -62,6 +62,7 @@ from langgraph_durable.sql.artifacts import (
     UPSERT_ARTIFACT_SQL,
 )
 from langgraph_durable.sql.checkpoints import (
+    CANCELLED_PUT_SQL,
     GUARDED_INSERT_WRITE_SQL,
     GUARDED_INSERT_WRITES_SQL,
     GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL,
@@ -445,34 +446,25 @@ class WriteOps(WriteView):
         else:
             texts = GUARDED_UPSERT_CHILD_CHECKPOINT_SQL if child else GUARDED_UPSERT_CHECKPOINT_SQL
         sql = texts[mode]
-        # Lease mode: the put's RETURNING says whether an operator cancelled this run.
         if mode == "foreign" and not checkpoint_ns and md.get(VERSION_KEY):
             # Outside a run: the row's version follows the head (SYNC_THREAD_VERSION_SQL).
             # Before the guarded upsert, whose FOR SHARE it must not upgrade (two such
             # puts would deadlock); a refused guard rolls it back (one implicit transaction).
             version = md[VERSION_KEY]
             stmts.append(Stmt(SYNC_THREAD_VERSION_SQL, (version, thread_id, version)))
-        stmts.append(Stmt(sql, (*row, *guard), fetch=lease is not None))
-        try:
-            # The only batch: one pipeline, no BEGIN/COMMIT (_io._implicit).
-            out = yield Batch(stmts, final=True)
-        except psycopg.Error as exc:
-            err = self._fence_error(thread_id, lease, exc) or self._gone_error(
-                thread_id, checkpoint_ns, checkpoint["id"], parent_id, lease, exc
-            )
-            if err is not None:
-                raise err from None
-            err = self._order_error(thread_id, checkpoint_ns, checkpoint["id"], exc) or self._write_error(
-                exc, "put", where, {"state": copy["channel_values"], "metadata": md}
-            )
-            if err is None:
-                raise
-            raise err from exc
+        stmts.append(Stmt(sql, (*row, *guard)))
+        failure = (where, parent_id, lease, {"state": copy["channel_values"], "metadata": md})
+        # One pipeline, no BEGIN/COMMIT (_io._implicit).
+        out = yield from self._put_batch(stmts, *failure)
         if lease is not None:
-            lease.acked[checkpoint_ns] = checkpoint["id"]
-            got = out[-1] if out else None
-            if got and got[0].get("cancel"):
+            if out.rowcounts and out.rowcounts[-1] == 0:
+                # A run's put filtered out by an operator's cancel (_LEASE_PUT_FROM): the
+                # checkpoint is stored by a second, unfiltered put (its own implicit
+                # transaction; the blobs above committed), and the run stops at its
+                # next step boundary. Rare: only once per cancel.
                 lease.cancel = True
+                yield from self._put_batch([Stmt(CANCELLED_PUT_SQL[sql], (*row, *guard))], *failure)
+            lease.acked[checkpoint_ns] = checkpoint["id"]
         OUTAGE.writable()  # "writable again" after an outage (_pool: two attribute reads)
         if new_refs:
             yield AfterCommit(lambda: self._known_refs.add(thread_id, new_refs))
@@ -483,6 +475,27 @@ class WriteOps(WriteView):
                 "checkpoint_id": checkpoint["id"],
             }
         }
+
+    def _put_batch(
+        self, stmts: list[Stmt], where: Mapping[str, Any], parent_id: str | None,
+        lease: Lease | None, values: Mapping[str, Any],
+    ) -> Op[Any]:
+        """A put's final batch; a refused guard or a bad value as its typed error."""
+        thread_id, checkpoint_ns, checkpoint_id = where["thread_id"], where["checkpoint_ns"], where["checkpoint_id"]
+        try:
+            return (yield Batch(stmts, final=True))
+        except psycopg.Error as exc:
+            err = self._fence_error(thread_id, lease, exc) or self._gone_error(
+                thread_id, checkpoint_ns, checkpoint_id, parent_id, lease, exc
+            )
+            if err is not None:
+                raise err from None
+            err = self._order_error(thread_id, checkpoint_ns, checkpoint_id, exc) or self._write_error(
+                exc, "put", where, values
+            )
+            if err is None:
+                raise
+            raise err from exc
 
     def _write_rows(
         self, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str, where: Mapping[str, Any]

@@ -102,7 +102,7 @@ def guard_params(
 ) -> tuple[object, ...]:
     """The guard's parameters, in _guard's order; ``cid`` None: no order check (writes);
     ``parent``: the parent check (GUARDED_UPSERT_CHILD_CHECKPOINT_SQL, lease mode). A
-    run's put (lease mode, ``cid``) ends with its cancel probe's (_CANCEL_RETURNING)."""
+    run's put (lease mode) reads the lease in _LEASE_PUT_FROM: the same parameters."""
     out: tuple[object, ...] = ()
     if mode == "lease":
         out = (token, owner, thread, thread, token)
@@ -112,8 +112,6 @@ def guard_params(
         out = (*out, thread, ns, parent, thread, ns, parent)
     if cid is not None:
         out = (*out, thread, ns, cid, cid, thread, ns, cid)
-        if mode == "lease":
-            out = (*out, token, thread)  # a run's put: _CANCEL_RETURNING's
     return out
 
 
@@ -159,18 +157,32 @@ ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
 """
 _MODES: tuple[GuardMode, ...] = ("lease", "foreign", "none")
 # A run's put (lease mode) also answers whether an operator asked this run to stop
-# (issue 25, ops.control.request_cancel): the thread row the guard locked, probed again
-# by primary key in RETURNING (the guard's InitPlan cannot be returned), no round trip
-# added. Its parameters end guard_params': the run's token, the thread. The run stops at its
-# next step boundary (core.base.get_next_version).
-_CANCEL_RETURNING = """RETURNING (SELECT d.cancel_token = %s::bigint FROM durable_threads d
-                        WHERE d.thread_id = %s) AS cancel
+# (issue 25, ops.control.request_cancel), for no round trip and no second probe of the
+# thread row: the lease test and the cancel flag come from ONE probe (the guard's, FOR
+# SHARE), in a FROM subquery (OFFSET 0: not pulled up, so evaluated once although the
+# WHERE reads it twice). NULL: the lease is lost (LGD01, first, as _GUARD_LEASE); true:
+# cancelled, and the row is filtered out, rowcount 0, read without fetching a row
+# (core.write then stores the checkpoint with CANCELLED_PUT_SQL's text, the same
+# statement without the filter, in a second implicit transaction: the run stops at its
+# next step boundary, core.base.get_next_version, on a stored checkpoint). This replaced
+# a RETURNING probe of the row (issue 26): bench/bench_cancel_probe.py, put x floor 1.12-1.14
+# with it, 1.08-1.09 this way, 1.06-1.07 with no cancel check at all. Same parameters
+# as _GUARD_LEASE's (token, owner, thread; then thread, token), in the same order.
+_LEASE_PUT_FROM = """FROM (SELECT (SELECT CASE WHEN lease_token = %s::bigint AND lease_owner = %s
+                          THEN cancel_token IS NOT DISTINCT FROM lease_token END
+              FROM durable_threads WHERE thread_id = %s FOR SHARE) AS cancel OFFSET 0) g
 """
+_LEASE_PUT_LOST = """
+    WHEN g.cancel IS NULL THEN durable_guard_fail('lost', %s, %s::bigint, NULL, NULL)"""
+_NOT_CANCELLED = "\n    ELSE NOT g.cancel END"
 
 
 def _put_sql(template: str, mode: GuardMode, parent: bool = False) -> str:
-    text = template.format(guard=_guard(mode, True, parent=parent))
-    return text + _CANCEL_RETURNING if mode == "lease" else text
+    if mode != "lease":
+        return template.format(guard=_guard(mode, True, parent=parent))
+    rest = (_GUARD_PARENT if parent else "") + _GUARD_ORDER
+    guard = f"CASE{_LEASE_PUT_LOST}{rest}{_NOT_CANCELLED}"
+    return template.replace("WHERE {guard}", _LEASE_PUT_FROM + "WHERE {guard}").format(guard=guard)
 
 
 GUARDED_UPSERT_CHECKPOINT_SQL = {m: _put_sql(_UPSERT_CHECKPOINT, m) for m in _MODES}
@@ -183,6 +195,16 @@ GUARDED_UPSERT_CHILD_CHECKPOINT_SQL: dict[GuardMode, str] = {
 GUARDED_UPSERT_CHILD_CHECKPOINT_INHERIT_SQL: dict[GuardMode, str] = {
     "lease": _put_sql(_UPSERT_CHECKPOINT_INHERIT, "lease", parent=True)
 }
+# By a run's put text: the same statement without the cancel filter (ELSE true), sent
+# when the first one reported a cancel (rowcount 0): it stores the checkpoint, guarded.
+CANCELLED_PUT_SQL: dict[str, str] = {
+    texts["lease"]: texts["lease"].replace(_NOT_CANCELLED, "\n    ELSE true END")
+    for texts in (
+        GUARDED_UPSERT_CHECKPOINT_SQL, GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL,
+        GUARDED_UPSERT_CHILD_CHECKPOINT_SQL, GUARDED_UPSERT_CHILD_CHECKPOINT_INHERIT_SQL,
+    )
+}
+assert all(a != b for a, b in CANCELLED_PUT_SQL.items())
 # put_writes is guarded only with a lease check or a foreign-lease check (leases=False:
 # the stock statements).
 GUARDED_UPSERT_WRITE_SQL = {m: _UPSERT_WRITE.format(guard=_guard(m, False)) for m in _MODES[:2]}
