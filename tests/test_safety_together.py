@@ -430,3 +430,30 @@ def test_update_state_beside_a_live_frozen_owner_is_still_refused(db: str, froze
     assert caught.value.owner == before[0]["lease_owner"]
     after = _q(db, "SELECT lease_owner, lease_token, lease_expires_at FROM durable_threads WHERE thread_id = %s", tid)
     assert after == before
+
+
+def test_operator_decisions_on_a_dead_owners_thread_are_accepted_at_once(db: str, frozen: tuple[str, Any]) -> None:
+    """The views call a dead owner's thread recoverable; the decisions agree: resume
+    queues it at once (the dead lease ended in the decision's transaction), where it
+    was refused as busy for the rest of lease_ttl; a live (frozen) owner's is still
+    refused and its lease left as it was."""
+    from langgraph_durable.errors import ThreadBusyError
+    from langgraph_durable.ops import control
+
+    tid = f"dec-dead-{uuid.uuid4().hex[:6]}"
+    _sigkill(_start(db, "slow", tid))
+    frozen_tid, _ = frozen
+    lease_sql = "SELECT lease_owner, lease_token, lease_expires_at FROM durable_threads WHERE thread_id = %s"
+    before = _q(db, lease_sql, frozen_tid)
+    with DurablePostgresSaver.from_conn_string(db) as saver:
+        queued = control.queue_resume(saver, tid)
+        assert queued.thread_id == tid
+        [row] = _q(db, "SELECT status, lease_expires_at <= now() AS ended FROM durable_threads WHERE thread_id = %s", tid)
+        assert row == {"status": "queued", "ended": True}, row
+        [audit] = _q(db, "SELECT action FROM durable_audit WHERE thread_id = %s", tid)
+        assert audit["action"] == "resume"
+        with pytest.raises(ThreadBusyError):
+            control.queue_resume(saver, frozen_tid)
+        assert _q(db, lease_sql, frozen_tid) == before
+        result = RecoveryWorker(child.slow_builder(db, hang=False).compile(checkpointer=saver), register=False).recover_one()
+        assert result is not None and result.thread_id == tid and result.status == "done", result

@@ -51,6 +51,7 @@ from langgraph_durable.leases.owners import owner_is_dead
 from langgraph_durable.sql.threads import (
     CONTROL_HEAD_SQL,
     CONTROL_THREAD_SQL,
+    EXPIRE_DEAD_LEASE_SQL,
     QUEUE_ANSWER_SQL,
     REQUEST_CANCEL_SQL,
 )
@@ -176,14 +177,21 @@ class _Thread:
     answer_queued: bool = False  # an answer stored for the workers, not consumed yet
 
 
-def _op_thread(thread_id: str) -> Op[_Thread]:
+def _op_thread(thread_id: str, *, decide: bool = True) -> Op[_Thread]:
     """The thread's row (locked FOR UPDATE: a run start or claim waits for the
-    decision's commit) and head root checkpoint."""
+    decision's commit) and head root checkpoint. For a decision (``decide``), a live
+    lease whose owner is a provably dead process of this machine is ended first, in
+    the decision's transaction, as a run start would take it over
+    (``EXPIRE_DEAD_LEASE_SQL``): the views call such a thread recoverable, so resume,
+    answer, fork or delete of it is not refused as busy for the rest of lease_ttl."""
     rows = yield Batch(
         [Stmt(CONTROL_THREAD_SQL, (thread_id,), fetch=True), Stmt(CONTROL_HEAD_SQL, (thread_id,), fetch=True)]
     )
     row = rows[0][0] if rows[0] else None
     head = rows[1][0] if rows[1] else None
+    if decide and row and row["leased"] and owner_is_dead(row["lease_owner"]):
+        yield Batch([Stmt(EXPIRE_DEAD_LEASE_SQL, (thread_id, row["lease_owner"]))])
+        row = {**row, "leased": False}
     return _Thread(
         thread_id=thread_id,
         status=row["status"] if row else None,
@@ -213,7 +221,7 @@ def _refuse_queued_answer(t: _Thread, action: str) -> None:
 
 def answer_queued(saver: SaverView, thread_id: str) -> bool:
     """Whether ``thread_id`` is queued with an answer a worker has not run yet."""
-    t = saver.run_op(lambda: _op_thread(str(thread_id)))
+    t = saver.run_op(lambda: _op_thread(str(thread_id), decide=False))
     return bool(t.answer_queued and t.status == "queued")
 
 

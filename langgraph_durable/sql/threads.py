@@ -280,15 +280,17 @@ SELECT s.thread_id, s.status, s.lease_owner FROM (
 WHERE starts_with(s.lease_owner, %(prefix)s)
 """
 
-# A write outside a run (update_state, a script) that found a live lease whose owner is
-# a provably dead process of this machine (judged in Python, owners.owner_is_dead, as a
-# run start judges it) ends that lease now instead of refusing the write for up to
-# lease_ttl: the thread is then exactly what the lease's expiry would have left
-# (recoverable, its status kept, a worker or the next invoke resumes it), and the write
-# is retried once. Matched by owner (an owner id names one process, with a random part),
-# so a lease taken since, by a live run, is never touched.
+# A write outside a run (update_state, a script) or an operator's decision (resume,
+# answer, fork, delete: ops.control) that found a live lease whose owner is a provably
+# dead process of this machine (judged in Python, owners.owner_is_dead, as a run start
+# judges it) ends that lease at once (just before now(): the same transaction's
+# "expired" tests, < now(), agree) instead of being refused as busy for the rest of
+# lease_ttl. The thread is then what the lease's expiry would have left (recoverable,
+# its status kept: a worker or the next invoke resumes it). Matched by owner (an owner
+# id names one process, with a random part): a lease taken since, by a live run, is
+# never touched.
 EXPIRE_DEAD_LEASE_SQL = """
-UPDATE durable_threads SET lease_expires_at = now()
+UPDATE durable_threads SET lease_expires_at = now() - interval '1 millisecond'
 WHERE thread_id = %s AND lease_owner = %s AND lease_expires_at > now()
 """
 
