@@ -31,6 +31,7 @@ from langgraph.checkpoint.base import (
 
 from langgraph_durable import _sealing, _values
 from langgraph_durable import telemetry as _telemetry
+from langgraph_durable._acked import restore_stmts
 from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
     Flow,
@@ -424,8 +425,12 @@ class RunLifecycle(RunLifecycleView):
         back as 'stopped' at the server's real head (a recovery worker takes it at once,
         ``invoke(None)`` resumes it), the attempt not counted (the graph did not fail),
         and one durable_audit row (action 'work_lost') in the same round trip, for the
-        console's audit page and ``list_audit``."""
+        console's audit page and ``list_audit``. Before the hand-back, the ``@idempotent``
+        records of the thread this process had stored are written again where the
+        server lost them (``_acked``): the worker that resumes it replays those
+        calls instead of meeting their claims as unknown outcomes."""
         err = lease.work_lost
+        restore = restore_stmts(lease.thread_id)
         record = Stmt(
             AUDIT_INSERT_SQL,
             {
@@ -437,12 +442,13 @@ class RunLifecycle(RunLifecycleView):
                 "before_id": err.missing_checkpoint_id,
                 "after_id": err.head_checkpoint_id,
                 "detail": json.dumps(
-                    {"checkpoint_ns": err.checkpoint_ns, "refused_checkpoint_id": err.checkpoint_id}
+                    {"checkpoint_ns": err.checkpoint_ns, "refused_checkpoint_id": err.checkpoint_id,
+                     "ledger_records_kept": len(restore)}
                 ),
             },
         )
         return partial(
-            self._op_release, lease, "stopped", reset=False, undo=True, error=None, first=(record,)
+            self._op_release, lease, "stopped", reset=False, undo=True, error=None, first=(*restore, record)
         )
 
     def _release_flow(self, lease: Lease, loop: Any, exc: BaseException | None) -> Flow[None]:

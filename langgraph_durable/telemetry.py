@@ -88,6 +88,14 @@ METRICS["acknowledged_work_lost_total"] = (
     None,
 )
 
+METRICS["ledger_records_restored_total"] = (
+    "counter",
+    "@idempotent records this process had stored and the server lost (asynchronous failover), "
+    "written again from memory (_acked), by where (claim, release).",
+    ("where",),
+    None,
+)
+
 _NULL = contextlib.nullcontext()
 _lock = threading.Lock()
 _tracer: Any = None

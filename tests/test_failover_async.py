@@ -499,3 +499,113 @@ def test_lost_parent_async_saver(dsn: str) -> None:
 
     out = asyncio.run(main())
     assert out["steps"] == [0, 1, 2] and runs == {"a": 1, "b": 2, "c": 1}
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["recorded-here", "recorded-elsewhere"])
+def test_lost_record_in_process(dsn: str, kept: bool) -> None:
+    """An @idempotent call's record lost with the run's checkpoint while its claim
+    survived (the claim reached the standby, the record did not: what
+    test_async_failover_reruns_lost_steps met in about one run in three).
+
+    recorded-here: the process that recorded it writes the record again in the run's
+    release (idempotency memory, langgraph_durable/_acked.py), so the resumed run replays
+    the call: no OutcomeUnknownError, the effect once. recorded-elsewhere: that memory is
+    gone (another process resumes, or the recorder died): the claim is an unknown
+    outcome, as before; never a second effect."""
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.graph import END, START, StateGraph
+
+    from langgraph_durable import DurablePostgresSaver, idempotent
+    from langgraph_durable._acked import ACKED
+    from langgraph_durable.errors import AcknowledgedWorkLostError, OutcomeUnknownError
+
+    thread = f"lost-record-{kept}"
+    effects: list[str] = []
+
+    @idempotent(wait_timeout=2.0)
+    def charge(thread_id: str) -> str:
+        effects.append(thread_id)
+        return f"charged {thread_id}"
+
+    def node(name: str) -> Any:
+        def fn(state: child.State, config: RunnableConfig) -> dict[str, Any]:
+            if name == "b":
+                assert charge(config["configurable"]["thread_id"]) == f"charged {thread}"
+            return {"steps": [ord(name) - ord("a")]}
+
+        return fn
+
+    builder = StateGraph(child.State)
+    for name in "abc":
+        builder.add_node(name, node(name))
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    builder.add_edge("b", "c")
+    builder.add_edge("c", END)
+
+    class Losing(DurablePostgresSaver):
+        def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            out = super().put(config, checkpoint, metadata, new_versions)
+            if (metadata or {}).get("step") == 2 and effects and not lost:
+                # b's checkpoint and the call's record gone, its claim kept (live
+                # claim lease when recorded here: even so it is written again).
+                lost.append(checkpoint["id"])
+                _rows_exec(dsn, "DELETE FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s",
+                           (thread, checkpoint["id"]))
+                # b's task writes, stored after its claim, are gone too: b runs again.
+                _rows_exec(dsn, "DELETE FROM checkpoint_writes WHERE thread_id = %s AND checkpoint_id = %s",
+                           (thread, config["configurable"]["checkpoint_id"]))
+                _rows_exec(dsn, "UPDATE durable_ledger SET status = 'started', result = NULL, result_type = NULL, "
+                                "completed_at = NULL, claim_expires_at = now() + "
+                                + ("interval '1 hour'" if kept else "interval '-1 second'")
+                                + " WHERE thread_id = %s", (thread,))
+                if not kept:
+                    ACKED.clear()
+            return out
+
+    lost: list[str] = []
+    config: Any = {"configurable": {"thread_id": thread}}
+    with Losing.from_conn_string(dsn) as saver:
+        graph = builder.compile(checkpointer=saver)
+        with pytest.raises(AcknowledgedWorkLostError):
+            graph.invoke({"steps": []}, config, durability="sync")
+        [(status,)] = _rows(dsn, "SELECT status FROM durable_ledger WHERE thread_id = %s", (thread,))
+        [(detail,)] = _rows(dsn, "SELECT detail FROM durable_audit WHERE action = 'work_lost' AND thread_id = %s",
+                            (thread,))
+        assert detail["ledger_records_kept"] == (1 if kept else 0), detail
+        if kept:
+            assert status == "completed"
+            out = graph.invoke(None, config, durability="sync")
+            assert out["steps"] == [0, 1, 2]
+        else:
+            assert status == "started"
+            with pytest.raises(OutcomeUnknownError):
+                graph.invoke(None, config, durability="sync")
+    assert effects == [thread], effects  # never a second effect
+
+
+def test_own_claim_without_its_record_is_completed_from_memory(dsn: str) -> None:
+    """The claim path of the same memory: a call whose own earlier claim is found
+    'started' (its record lost) replays the result this process recorded, and only over
+    that claim: a row an operator forgot, or one claimed anew by another owner, is not
+    restored (the call runs, or is judged, as before)."""
+    from langgraph_durable import DurablePostgresSaver, Ledger, idempotent
+
+    runs: list[int] = []
+    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+        saver.setup()
+
+        @idempotent(ledger=saver, key=lambda n: f"memo-{n}", wait_timeout=1.0)
+        def call(n: int) -> int:
+            runs.append(n)
+            return n * 10
+
+        assert call(1) == 10 and call(2) == 20 and runs == [1, 2]
+        lose = ("UPDATE durable_ledger SET status = 'started', result = NULL, result_type = NULL, "
+                "completed_at = NULL, claim_expires_at = now() - interval '1 second' WHERE key = %s")
+        _rows_exec(dsn, lose, ("memo-1",))
+        assert call(1) == 10 and runs == [1, 2]  # replayed from memory, written again
+        assert _rows(dsn, "SELECT status FROM durable_ledger WHERE key = 'memo-1'") == [("completed",)]
+        # An operator's forget: the row is gone, the call runs again (their decision).
+        assert Ledger(saver).forget("memo-2")
+        assert call(2) == 20 and runs == [1, 2, 2]

@@ -23,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from langgraph_durable import _sealing, granularity
 from langgraph_durable import telemetry as _telemetry
+from langgraph_durable._acked import ACKED, Acked, complete_stmt
 from langgraph_durable._io import (
     AsyncDriver,
     Batch,
@@ -296,6 +297,9 @@ def _claim(call: _Call) -> Generator[Any, Any, tuple[bool, Any]]:
             return True, None
         if row is None:  # released between our two statements: claim again
             continue
+        restored, value = yield from _restore_own(call, row)
+        if restored:
+            return False, value
         action = _judge(call, row)
         if action == "replay":
             return False, _decode(call, row)
@@ -357,7 +361,35 @@ def _record(call: _Call, result: Any) -> Generator[Any, Any, Any]:
             "expired: was the process stalled?); its result is not recorded",
             call.key, call.spec.name,
         )
+    else:
+        # Acknowledged: kept, in case a failover loses it (_acked).
+        ACKED.remember(call.key, Acked(call.thread_id, call.owner, call.fingerprint, tag, data))
     return value
+
+
+def _restore_own(call: _Call, row: Mapping[str, Any]) -> Generator[Any, Any, tuple[bool, Any]]:
+    """(True, the result) when ``row`` is this process's own claim of an earlier call
+    whose record the server acknowledged and has lost since (an asynchronous failover):
+    the record is written again from ``ACKED`` and replayed, not judged an unknown
+    outcome. (False, None) otherwise, the row then judged as usual."""
+    acked = ACKED.get(call.key) if row["status"] == "started" else None
+    if acked is None or acked.owner != row["owner"] or acked.fingerprint != row["fingerprint"]:
+        return False, None
+    done = yield Tx(functools.partial(_op_stmt, complete_stmt(call.key, acked)))
+    if not done:
+        return False, None
+    logger.warning(
+        "idempotency key %r: this process recorded the result of %s (claim %s), and the "
+        "database has lost that record (an asynchronous failover?): written again and "
+        "replayed, the call not run again", call.key, call.spec.name, acked.owner,
+    )
+    _telemetry.count("ledger_records_restored", where="claim")
+    return True, _decode(call, {"result_type": acked.result_type, "result": acked.result})
+
+
+def _op_stmt(stmt: Stmt) -> Generator[Any, Any, list[dict[str, Any]]]:
+    rows = yield Batch([stmt])
+    return cast("list[dict[str, Any]]", rows[0])
 
 
 def _tx_protocol(call: _Call, started: float) -> Generator[Any, Any, _Outcome]:
