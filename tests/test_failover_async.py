@@ -291,6 +291,9 @@ def _figures(new: str, tmp: Path, name: str, threads: list[str], outs: list[tupl
     f["wrong"] = {t: p for t in threads if (p := _broken(new, t))}
     f["audit"] = _rows(new, "SELECT thread_id, before_id, after_id FROM durable_audit "
                             "WHERE action = 'work_lost' AND thread_id = ANY(%s)", (threads,))
+    f["kept"] = sum(int(r[0] or 0) for r in _rows(
+        new, "SELECT (detail->>'ledger_records_kept')::int FROM durable_audit "
+             "WHERE action = 'work_lost' AND thread_id = ANY(%s)", (threads,)))
     f["stderrs"] = [err for _, err in outs]
     f["stderr"] = "".join(f["stderrs"])
     f["work_lost"] = collections.Counter()
@@ -302,7 +305,8 @@ def _figures(new: str, tmp: Path, name: str, threads: list[str], outs: list[tupl
     print(
         f"\nASYNC FAILOVER {name}: threads={len(threads)} acked={len(acks)} lost acked={len(f['lost'])} "
         f"re-ran={len(f['rerun'])} wrong={len(f['wrong'])} work_lost={dict(f['work_lost'])} "
-        f"audit rows={len(f['audit'])} log lines={dict(levels)}"
+        f"audit rows={len(f['audit'])} log lines={dict(levels)} ledger records kept at hand-back={f['kept']} "
+        f"own claims completed from memory={f['stderr'].count('written again and replayed')}"
     )
     return f
 
