@@ -468,6 +468,8 @@ class RunLifecycle(RunLifecycleView):
         self._attach_exit(ctx, lease, outer)
         if self._granularity is not None:
             self._granularity.start(lease, ctx, saved)
+        # LangGraph's configurable key for the run's durability (core.base reads it too).
+        lease.exit_durability = (config.get("configurable") or {}).get("__pregel_durability") == "exit"
         _RUN_LEASE.set(lease)
         self._bind_run(config, lease)
 

@@ -5,6 +5,7 @@ of. Everything but I/O: the two public savers (``saver.py``) add the driver."""
 from __future__ import annotations
 
 import builtins
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -60,6 +61,7 @@ from langgraph_durable.versioning import (
 
 # LangGraph's configurable key for the run's durability (langgraph._internal._constants).
 _DURABILITY_KEY = "__pregel_durability"
+logger = logging.getLogger("langgraph_durable")
 
 
 class _DurableBase(
@@ -228,7 +230,20 @@ class _DurableBase(
         lease = _RUN_LEASE.get()
         if lease is not None and not lease.released:
             self._confirm_lease(lease)
-            if lease.cancel:
+            if lease.cancel and lease.exit_durability:
+                # Not under durability="exit" (review 28): LangGraph calls this inside
+                # apply_writes, after it marked the step's tasks as having seen their
+                # triggers and before it applied their writes, and under "exit" it then
+                # stores that in-memory checkpoint on the way out: a thread that resumed
+                # as finished, the rest of the run silently lost. The run finishes instead.
+                if not lease.cancel_ignored:
+                    lease.cancel_ignored = True
+                    logger.warning(
+                        "thread %s: an operator's cancel arrived, but this run uses "
+                        "durability='exit' and cannot stop at a step boundary without "
+                        "losing its progress; it runs to its end", lease.thread_id,
+                    )
+            elif lease.cancel:
                 # An operator's cancel (issue 25, ops.control.request_cancel), learnt
                 # from a put or a renewal: stop at this step boundary, before the
                 # next step's tasks start; the exit releases the thread as 'stopped'.

@@ -52,9 +52,13 @@ class Lease:
     # another thread's id). LangGraph then starts fresh and its first put names the
     # caller's id as its parent: not this run's acknowledged work (review23).
     fresh: bool = False
-    # An operator asked this run to stop (issue 25): learnt from a put's RETURNING or a
-    # renewal, acted on at the next step boundary (core.base.get_next_version).
+    # An operator asked this run to stop (issue 25): learnt from a put (its rowcount) or
+    # a renewal, acted on at the next step boundary (core.base.get_next_version).
     cancel: bool = False
+    # The run persists only at its exit (durability="exit"): a cancel is not acted on
+    # mid-run (core.base.get_next_version says why), the run finishes.
+    exit_durability: bool = False
+    cancel_ignored: bool = False  # its WARNING said once
 
     def acknowledged(self, checkpoint_id: str) -> bool:
         """Was ``checkpoint_id`` on the server for this run (loaded or acknowledged)?"""
