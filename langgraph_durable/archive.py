@@ -100,7 +100,8 @@ from langgraph_durable.errors import (
 )
 from langgraph_durable.idempotency.keys import MAX_KEY_LENGTH
 from langgraph_durable.idempotency.keys import _digest as _key_digest
-from langgraph_durable.keyring import SEALED_PREFIX
+from langgraph_durable.keyring import SEALED_PREFIX, Keyring
+from langgraph_durable.ops.rekey import _recrypt_row
 from langgraph_durable.sql.archive import (
     ARTIFACT_ROWS_SQL,
     RESTORED_ROOT_CHECK_SQL,
@@ -113,6 +114,7 @@ from langgraph_durable.sql.archive import (
 )
 from langgraph_durable.sql.retention import THREAD_ENVELOPES_SQL
 from langgraph_durable.sql.schema import STOCK_THREAD_TABLES, THREAD_TABLES
+from langgraph_durable.sql.sealed import SEALED
 from langgraph_durable.sql.secrets import EXTRA_SECRET_PREFIX, READ_EXTRA_SECRETS_SQL
 
 FORMAT = "langgraph-durable-archive"
@@ -1154,9 +1156,35 @@ def _json_rows(cols: list[list[Any]], rows: list[list[Any]], keep: list[str]) ->
     return out
 
 
-def _insert_stmts(dump: ThreadDump, current: dict[str, list[list[Any]]]) -> tuple[list[Stmt], list[str]]:
+def _resealed(ring: Keyring | None, table: str, cols: list[list[Any]], rows: list[list[Any]]) -> list[list[Any]]:
+    """``rows`` with their sealed values under the saver's current key (rekey's rule,
+    ``ops.rekey._recrypt_row``; values already current, or plaintext, kept as they are).
+    An archive written before a rotation holds values only the old key opens: restored
+    as they were after a finished rekey, the operator who then dropped the old key had
+    threads that no longer read (review27). A value under a key the saver lacks raises
+    ``DecryptionError`` here, before anything is written."""
+    sealed = [c for c in SEALED if c.table == table]
+    if ring is None or len(ring.keys) < 2 or not sealed:
+        return rows
+    names = [c[0] for c in cols]
+    out = []
+    for row in rows:
+        rec = dict(zip(names, row, strict=True))
+        for col in sealed:
+            if col.column not in rec:
+                continue
+            new = _recrypt_row(ring, col, rec)
+            if new is not None:
+                rec[col.column] = json.loads(new) if col.kind in ("json", "metadata", "serde_json") else new
+        out.append([rec[n] for n in names])
+    return out
+
+
+def _insert_stmts(
+    dump: ThreadDump, current: dict[str, list[list[Any]]], ring: Keyring | None = None
+) -> tuple[list[Stmt], list[str]]:
     """One thread's inserts, artifacts first then its tables in restore order, and the
-    table each statement fills."""
+    table each statement fills (sealed values re-sealed with the current key: _resealed)."""
     stmts = []
     plan: list[str] = []
     for table, part in [(_ARTIFACTS, dump.artifacts)] + [
@@ -1167,7 +1195,7 @@ def _insert_stmts(dump: ThreadDump, current: dict[str, list[list[Any]]]) -> tupl
         have = {c[0]: c for c in current[table]}
         # Columns this database has and fills itself (a sequence) are left to it.
         keep = [c[0] for c in part["columns"] if c[0] in have and not have[c[0]][2]]
-        rows = _json_rows(part["columns"], part["rows"], keep)
+        rows = _json_rows(part["columns"], _resealed(ring, table, part["columns"], part["rows"]), keep)
         if table == "durable_ledger" and dump.dropped_keys:
             rows = [r for r in rows if r.get("key") not in dump.dropped_keys]
             if not rows:
@@ -1227,7 +1255,7 @@ def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[Res
                 url=url,
                 thread_id=dump.thread_id,
             )
-        stmts, plan = _insert_stmts(dump, current)
+        stmts, plan = _insert_stmts(dump, current, ring)
         try:
             out = yield Batch(stmts)
             # has_root came from the archive: kept only if the root checkpoint came too.

@@ -436,9 +436,6 @@ def test_an_operator_without_the_key_cannot_store_plaintext(dsn: str, tmp_path: 
     assert _scan(run, needles=(CANARY.encode(),)) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="rev27: restore writes an archive's rows as they were sealed (old key); "
-                   "after a finished rekey the operator drops the old key and the restored thread no "
-                   "longer reads (restore does not re-seal with the current key, rekey is not rerun)")
 def test_an_archive_of_the_old_key_restored_after_rekey_reads_with_the_new_key_alone(
     dsn: str, tmp_path: Any,
 ) -> None:
@@ -465,6 +462,9 @@ def test_an_archive_of_the_old_key_restored_after_rekey_reads_with_the_new_key_a
     ) as new_only:
         got = new_only.get_tuple(_cfg(thread))
         assert got is not None and got.metadata["customer"] == CANARY
+        assert got.checkpoint["channel_values"]["text"] == f"archived {CANARY} echoed"
+    # review27, fixed: restore re-seals what the archive holds under an old key with the
+    # current one (archive._resealed), so nothing restored needs the dropped key.
 
 
 def test_a_killed_rekey_rerun_with_another_key_set(dsn: str, tmp_path: Any) -> None:
