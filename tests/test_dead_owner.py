@@ -201,3 +201,25 @@ def test_a_reused_pid_is_a_younger_process() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_live_process_hidden_from_proc_is_never_dead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 28: with /proc mounted ``hidepid=2`` another user's live process has no
+    /proc entry for us. Judged by the entry alone it read as dead, its lease and claims
+    taken over while it ran (a run start, update_state, an operator's decision). Signal
+    0 is not filtered that way: a missing entry counts as dead only when no process has
+    the pid (ESRCH). Simulated: the entry of a live child made unreadable."""
+    from langgraph_durable.leases import owners
+
+    proc = _live_child()
+    try:
+        host, _, _, namespace = owners.process_identity().split(":")
+        owner = f"{host}:{proc.pid}:{owners._incarnation(proc.pid)}:{namespace}:abcdef123456"
+        real = owners._start_ticks
+        monkeypatch.setattr(owners, "_start_ticks", lambda pid: None if pid == proc.pid else real(pid))
+        monkeypatch.setattr(owners, "_zombie", lambda pid: False)  # its entry is hidden too
+        assert not owners.owner_is_dead(owner)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert owners.owner_is_dead(owner)  # gone: ESRCH

@@ -31,6 +31,29 @@ def _start_ticks(pid: int) -> str | None:
 _HAS_PROC = _start_ticks(os.getpid()) is not None
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return data[data.rindex(b")") + 2 :].split()[0] in (b"Z", b"X")
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _no_such_pid(pid: int) -> bool:
+    """No process has ``pid`` in our namespace (signal 0 answers ESRCH). Asked when its
+    /proc entry cannot be read: /proc mounted with ``hidepid`` hides other users' live
+    processes (the entry is missing), which must never read as "dead"; signal 0 is not
+    filtered that way (EPERM: it exists, someone else's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _legacy_incarnation(pid: int) -> str | None:
     """``<boot time>.<start time in centiseconds>`` from psutil: the form owner ids had
     before 2026-12 and still have where there is no /proc. Both parts are wall-clock
@@ -149,9 +172,13 @@ def owner_is_dead(owner: str | None) -> bool:
         if not _HAS_PROC:
             return False
         current = _start_ticks(pid)
-        # No such process in our (the same) namespace of the same boot (the namespace
-        # part names the boot): gone. Else it is ours only if it started when ours did.
-        return current is None or current != started[1:]
+        if current is None:
+            # No readable entry in our (the same) namespace of the same boot (the
+            # namespace part names the boot): gone if it is a zombie or no process has
+            # the pid; an entry hidden from us (hidepid) is not proof of anything.
+            return _zombie(pid) or _no_such_pid(pid)
+        # It is ours only if it started when ours did (else the pid was reused).
+        return current != started[1:]
     return _legacy_is_dead(pid, boot, started)
 
 
