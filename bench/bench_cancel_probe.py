@@ -6,8 +6,9 @@ fetches them:
 * ``no cancel check``: the lease guard alone (what a put sent before issue 25);
 * ``RETURNING probe``: issue 25's first form, a second probe of the thread row in
   RETURNING, its row fetched;
-* ``rowcount (package)``: the package's put (``sql.checkpoints._LEASE_PUT_FROM``): the
-  lease and the cancel flag from one probe, a cancel read from the rowcount.
+* ``rowcount (package)``: the package's put (``sql.checkpoints._LEASE_PUT_PROBE``): the
+  lease and the cancel flag from one probe, the argument of the guard's CASE, a cancel
+  read from the rowcount.
 
 Run: ``python bench/bench_cancel_probe.py [--dsn postgresql://...] [--calls 2000]``.
 """
@@ -68,8 +69,11 @@ def main() -> None:
             for name, sql in texts.items():
                 cid = _uuid6()
                 params: tuple[Any, ...] = (thread, "", cid, None, Jsonb({"v": 4, "id": cid}), Jsonb({"step": i}))
-                if not name.startswith("floor"):
+                if name.startswith("rowcount"):
                     params = (*params, *guard_params("lease", thread, 1, "me", "", cid))
+                elif not name.startswith("floor"):
+                    # The older forms' order: the lease probe's, the failure's, the order check's.
+                    params = (*params, 1, "me", thread, thread, 1, thread, "", cid, cid, thread, "", cid)
                 if name == "RETURNING probe":
                     params = (*params, 1, thread)
                 started = time.perf_counter()

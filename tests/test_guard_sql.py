@@ -230,7 +230,7 @@ def test_lease_checks_read_the_thread_row_by_primary_key(admin_dsn: str) -> None
                     used = [n.get("Index Name") for n in _nodes(plan[0][0]["Plan"])
                             if n.get("Relation Name") == "durable_threads"]
                     # One probe by primary key, a run's put included: its lease test and
-                    # its cancel flag are read together (issue 26, _LEASE_PUT_FROM).
+                    # its cancel flag are read together (issue 26, _LEASE_PUT_PROBE).
                     assert used == ["durable_threads_pkey"], (plan_cache_mode, kind, used)
     finally:
         drop_database(admin_dsn, url)

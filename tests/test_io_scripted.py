@@ -162,11 +162,12 @@ def test_put_under_a_lost_lease_raises_lease_lost(lease: Lease) -> None:
         driver.run_op(_put(saver))
     assert lease.lost
     sql, params = driver.statements[-1]
-    # The put carries the run's fence: the lease check's token, owner, thread (its
-    # FROM subquery, which reads the cancel flag too), the failure's thread and token,
-    # then the order check's 7 parameters (guard_params).
-    assert "durable_guard_fail('lost'" in sql and "ELSE NOT g.cancel END" in sql
-    assert (7, "me:1", THREAD, THREAD, 7) == tuple(params[-12:-7])
+    # The put carries the run's fence: the lease probe's token, owner, thread (it reads
+    # the cancel flag too), the order check's 7 parameters, then the failure's thread
+    # and token (guard_params).
+    assert "durable_guard_fail('lost'" in sql and "WHEN true THEN false" in sql
+    assert (7, "me:1", THREAD) == tuple(params[-12:-9])
+    assert (THREAD, 7) == tuple(params[-2:])
     with pytest.raises(LeaseLostError):
         ScriptedDriver().run_op(_put(saver))  # lost: refused before any statement
 

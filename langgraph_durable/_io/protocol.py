@@ -52,7 +52,7 @@ class Results(list[list[Any]]):
     """A batch's rows, one list per statement: ``rows[0]`` by position, or
     ``rows["claim"]`` by the statement's ``Stmt.name``; ``rowcounts``, per statement,
     what the server reported (rows written or returned), read without fetching a row
-    (a run's put learns of a cancel from it: sql.checkpoints._LEASE_PUT_FROM)."""
+    (a run's put learns of a cancel from it: sql.checkpoints._LEASE_PUT_PROBE)."""
 
     __slots__ = ("_stmts", "rowcounts")
 

@@ -458,7 +458,7 @@ class WriteOps(WriteView):
         out = yield from self._put_batch(stmts, *failure)
         if lease is not None:
             if out.rowcounts and out.rowcounts[-1] == 0:
-                # A run's put filtered out by an operator's cancel (_LEASE_PUT_FROM): the
+                # A run's put filtered out by an operator's cancel (_LEASE_PUT_PROBE): the
                 # checkpoint is stored by a second, unfiltered put (its own implicit
                 # transaction; the blobs above committed), and the run stops at its
                 # next step boundary. Rare: only once per cancel.

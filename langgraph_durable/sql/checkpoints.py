@@ -102,8 +102,14 @@ def guard_params(
 ) -> tuple[object, ...]:
     """The guard's parameters, in _guard's order; ``cid`` None: no order check (writes);
     ``parent``: the parent check (GUARDED_UPSERT_CHILD_CHECKPOINT_SQL, lease mode). A
-    run's put (lease mode) reads the lease in _LEASE_PUT_FROM: the same parameters."""
+    run's put (lease mode, ``cid``: _put_sql) has the failure's two last."""
     out: tuple[object, ...] = ()
+    if mode == "lease" and cid is not None:
+        # A run's put (_put_sql): the probe, the checks, then the failure's.
+        out = (token, owner, thread)
+        if parent is not None:
+            out = (*out, thread, ns, parent, thread, ns, parent)
+        return (*out, thread, ns, cid, cid, thread, ns, cid, thread, token)
     if mode == "lease":
         out = (token, owner, thread, thread, token)
     elif mode == "foreign":
@@ -159,30 +165,34 @@ _MODES: tuple[GuardMode, ...] = ("lease", "foreign", "none")
 # A run's put (lease mode) also answers whether an operator asked this run to stop
 # (issue 25, ops.control.request_cancel), for no round trip and no second probe of the
 # thread row: the lease test and the cancel flag come from ONE probe (the guard's, FOR
-# SHARE), in a FROM subquery (OFFSET 0: not pulled up, so evaluated once although the
-# WHERE reads it twice). NULL: the lease is lost (LGD01, first, as _GUARD_LEASE); true:
-# cancelled, and the row is filtered out, rowcount 0, read without fetching a row
-# (core.write then stores the checkpoint with CANCELLED_PUT_SQL's text, the same
-# statement without the filter, in a second implicit transaction: the run stops at its
-# next step boundary, core.base.get_next_version, on a stored checkpoint). This replaced
-# a RETURNING probe of the row (issue 26): bench/bench_cancel_probe.py, put x floor 1.12-1.14
-# with it, 1.08-1.09 this way, 1.06-1.07 with no cancel check at all. Same parameters
-# as _GUARD_LEASE's (token, owner, thread; then thread, token), in the same order.
-_LEASE_PUT_FROM = """FROM (SELECT (SELECT CASE WHEN lease_token = %s::bigint AND lease_owner = %s
-                          THEN cancel_token IS NOT DISTINCT FROM lease_token END
-              FROM durable_threads WHERE thread_id = %s FOR SHARE) AS cancel OFFSET 0) g
-"""
-_LEASE_PUT_LOST = """
-    WHEN g.cancel IS NULL THEN durable_guard_fail('lost', %s, %s::bigint, NULL, NULL)"""
-_NOT_CANCELLED = "\n    ELSE NOT g.cancel END"
+# SHARE), the argument of a CASE (evaluated once; the guard stays a one-time filter, as
+# _guard's). NULL: the lease is lost (LGD01, as _GUARD_LEASE); false: the parent and
+# order checks, then the row; true: cancelled, the row filtered out, rowcount 0, read
+# without fetching a row (core.write then stores the checkpoint with CANCELLED_PUT_SQL's
+# text: the same probe, every check, no filter, in a second implicit transaction; the
+# run stops at its next step boundary, core.base.get_next_version, on a stored
+# checkpoint). Issue 26, measured (pg_stat_statements, a lease-held put after a
+# put_writes): a RETURNING probe of the row cost ~0.04 ms a put; the probe in a FROM
+# subquery (OFFSET 0), the first form of this change, 59-85 us a statement against 52-58
+# without a cancel check; this form: see bench/bench_cancel_probe.py. Parameters
+# (guard_params, a put in lease mode): the probe's (token, owner, thread), the checks',
+# then the failure's (thread, token).
+_LEASE_PUT_PROBE = """(SELECT CASE WHEN lease_token = %s::bigint AND lease_owner = %s
+                 THEN cancel_token IS NOT DISTINCT FROM lease_token END
+          FROM durable_threads WHERE thread_id = %s FOR SHARE)"""
+_LEASE_PUT_LOST = "durable_guard_fail('lost', %s, %s::bigint, NULL, NULL)"
 
 
-def _put_sql(template: str, mode: GuardMode, parent: bool = False) -> str:
+def _put_sql(template: str, mode: GuardMode, parent: bool = False, *, cancelled: bool = False) -> str:
     if mode != "lease":
         return template.format(guard=_guard(mode, True, parent=parent))
-    rest = (_GUARD_PARENT if parent else "") + _GUARD_ORDER
-    guard = f"CASE{_LEASE_PUT_LOST}{rest}{_NOT_CANCELLED}"
-    return template.replace("WHERE {guard}", _LEASE_PUT_FROM + "WHERE {guard}").format(guard=guard)
+    checks = f"CASE{_GUARD_PARENT if parent else ''}{_GUARD_ORDER}\n    ELSE true END"
+    if cancelled:  # CANCELLED_PUT_SQL: lease held (cancelled or not), every check, the row
+        guard = f"CASE {_LEASE_PUT_PROBE} IS NOT NULL\n    WHEN true THEN {checks}\n    ELSE {_LEASE_PUT_LOST} END"
+    else:
+        guard = (f"CASE {_LEASE_PUT_PROBE}\n    WHEN false THEN {checks}\n    WHEN true THEN false"
+                 f"\n    ELSE {_LEASE_PUT_LOST} END")
+    return template.format(guard=guard)
 
 
 GUARDED_UPSERT_CHECKPOINT_SQL = {m: _put_sql(_UPSERT_CHECKPOINT, m) for m in _MODES}
@@ -195,14 +205,11 @@ GUARDED_UPSERT_CHILD_CHECKPOINT_SQL: dict[GuardMode, str] = {
 GUARDED_UPSERT_CHILD_CHECKPOINT_INHERIT_SQL: dict[GuardMode, str] = {
     "lease": _put_sql(_UPSERT_CHECKPOINT_INHERIT, "lease", parent=True)
 }
-# By a run's put text: the same statement without the cancel filter (ELSE true), sent
-# when the first one reported a cancel (rowcount 0): it stores the checkpoint, guarded.
+# By a run's put text: the same statement without the cancel filter, sent when the
+# first one reported a cancel (rowcount 0): it stores the checkpoint, guarded.
 CANCELLED_PUT_SQL: dict[str, str] = {
-    texts["lease"]: texts["lease"].replace(_NOT_CANCELLED, "\n    ELSE true END")
-    for texts in (
-        GUARDED_UPSERT_CHECKPOINT_SQL, GUARDED_UPSERT_CHECKPOINT_INHERIT_SQL,
-        GUARDED_UPSERT_CHILD_CHECKPOINT_SQL, GUARDED_UPSERT_CHILD_CHECKPOINT_INHERIT_SQL,
-    )
+    _put_sql(t, "lease", parent): _put_sql(t, "lease", parent, cancelled=True)
+    for t in (_UPSERT_CHECKPOINT, _UPSERT_CHECKPOINT_INHERIT) for parent in (False, True)
 }
 assert all(a != b for a, b in CANCELLED_PUT_SQL.items())
 # put_writes is guarded only with a lease check or a foreign-lease check (leases=False:
