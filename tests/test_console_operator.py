@@ -437,13 +437,20 @@ def test_browser_transcript_view_at_1024_px(data: Data, tmp_path: Any) -> None:
     from test_console import CHROMIUM, _browser_or_skip
 
     sync_playwright = _browser_or_skip()
+    import socket
+
     import uvicorn
 
-    port = 56900 + int(uuid.uuid4().int % 90)
+    # A socket bound here, port chosen by the kernel, handed to uvicorn: a fixed range
+    # inside the ephemeral ports collided with a client connection's port in CI
+    # ("address already in use"), and a port found free and bound later can be taken.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
     with DurablePostgresSaver.from_conn_string(data.dsn) as saver:
         app = create_app(saver, sample_interval=0)
-        srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        t = threading.Thread(target=srv.run, daemon=True)
+        srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        t = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
         t.start()
         deadline = time.monotonic() + 30
         while not srv.started:
