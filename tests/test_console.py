@@ -388,14 +388,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _listening() -> tuple[socket.socket, int]:
+    """A socket bound to a port the kernel chose, for uvicorn's ``run(sockets=...)``:
+    no window in which another connection can take the port (``_free_port`` serves
+    only a server started in another process)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock, int(sock.getsockname()[1])
+
+
 @pytest.fixture(scope="module")
 def server(console_saver: Any, data: Data) -> Iterator[str]:
     import uvicorn
 
     app = create_app(console_saver, allow_actions=True, token=TOKEN, sample_interval=0.3)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
+    sock, port = _listening()
+    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    t = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     t.start()
     deadline = time.monotonic() + 30
     while not srv.started:

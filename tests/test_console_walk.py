@@ -38,7 +38,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 from psycopg.rows import dict_row
-from test_console import CHROMIUM, _browser_or_skip, _free_port
+from test_console import CHROMIUM, _browser_or_skip, _listening
 from test_console_operator import WRAPPED
 
 from langgraph_durable import DurablePostgresSaver, PoisonCheckpointError, submit
@@ -153,9 +153,9 @@ def console(walk: Walk) -> Iterator[str]:
     with DurablePostgresSaver.from_conn_string(walk.dsn) as saver:
         app = create_app(saver, allow_actions=True, token=TOKEN, sample_interval=0,
                          archive_url=walk.archive.as_uri())
-        port = _free_port()
-        srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        t = threading.Thread(target=srv.run, daemon=True)
+        sock, port = _listening()
+        srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        t = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
         t.start()
         _until("the console to start", lambda: srv.started)
         yield f"http://127.0.0.1:{port}"
