@@ -88,12 +88,11 @@ class AckedResults:
 ACKED = AckedResults()
 
 
-def complete_stmt(key: str, acked: Acked) -> Stmt:
-    """The record written again: only over this call's own claim, still ``started``."""
-    return Stmt(LEDGER_COMPLETE_SQL, (acked.result_type, acked.result, key, acked.owner), fetch=True)
-
-
 def restore_stmts(thread_id: str) -> list[Stmt]:
     """The thread's acknowledged records, written again (a run's release after it found
-    acknowledged work lost; each matches nothing unless its claim lost its result)."""
-    return [complete_stmt(key, acked) for key, acked in ACKED.of_thread(thread_id)]
+    acknowledged work lost), each only over its own claim, still ``started``: nothing
+    unless that claim lost its result."""
+    return [
+        Stmt(LEDGER_COMPLETE_SQL, (a.result_type, a.result, key, a.owner))
+        for key, a in ACKED.of_thread(thread_id)
+    ]

@@ -67,6 +67,9 @@ REQUIRED: tuple[tuple[str, str], ...] = (
 # The configurable key LangGraph puts on a run's config (the run's Runtime object;
 # lifecycle and leases.fence use it as _RUNTIME_KEY).
 RUNTIME_KEY = "__pregel_runtime"
+# The configurable key of the run's durability ("sync", "async", "exit"): core.base,
+# lifecycle and idempotency.keys read it.
+DURABILITY_KEY = "__pregel_durability"
 
 
 def versions() -> dict[str, str]:
@@ -103,10 +106,12 @@ def missing_names() -> list[str]:
                 break
             obj = getattr(obj, part)
     try:
-        from langgraph._internal._constants import CONFIG_KEY_RUNTIME
+        from langgraph._internal._constants import CONFIG_KEY_DURABILITY, CONFIG_KEY_RUNTIME
 
         if CONFIG_KEY_RUNTIME != RUNTIME_KEY:
             missing.append(f"langgraph._internal._constants:CONFIG_KEY_RUNTIME == {RUNTIME_KEY!r}")
+        if CONFIG_KEY_DURABILITY != DURABILITY_KEY:
+            missing.append(f"langgraph._internal._constants:CONFIG_KEY_DURABILITY == {DURABILITY_KEY!r}")
     except ImportError:
         pass  # reported above
     return missing

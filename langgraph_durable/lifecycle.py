@@ -32,6 +32,7 @@ from langgraph.checkpoint.base import (
 from langgraph_durable import _sealing, _values
 from langgraph_durable import telemetry as _telemetry
 from langgraph_durable._acked import restore_stmts
+from langgraph_durable._compat import DURABILITY_KEY
 from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
     Flow,
@@ -468,8 +469,7 @@ class RunLifecycle(RunLifecycleView):
         self._attach_exit(ctx, lease, outer)
         if self._granularity is not None:
             self._granularity.start(lease, ctx, saved)
-        # LangGraph's configurable key for the run's durability (core.base reads it too).
-        lease.exit_durability = (config.get("configurable") or {}).get("__pregel_durability") == "exit"
+        lease.exit_durability = (config.get("configurable") or {}).get(DURABILITY_KEY) == "exit"
         _RUN_LEASE.set(lease)
         self._bind_run(config, lease)
 

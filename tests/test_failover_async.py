@@ -373,13 +373,26 @@ def test_async_failover_without_parent_check_leaves_wrong_threads(failover: dict
 # --- the same loss in one process (no cluster): the run's last checkpoint removed under it
 
 
+def _abc(node: Any) -> Any:
+    """a -> b -> c, each node ``node(name)``."""
+    from langgraph.graph import END, START, StateGraph
+
+    builder = StateGraph(child.State)
+    for name in "abc":
+        builder.add_node(name, node(name))
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    builder.add_edge("b", "c")
+    builder.add_edge("c", END)
+    return builder
+
+
 def _lose_parent_graph(dsn: str, runs: collections.Counter[str], *, idem: bool | None) -> Any:
     """a -> b -> c. The first time b runs it deletes the checkpoint it runs from (a's,
     acknowledged: durability "sync"), what a failover to a lagging standby does; with
     ``idem`` it then makes an ``@idempotent`` call (which awaits that checkpoint); None:
     b deletes nothing."""
     from langchain_core.runnables import RunnableConfig
-    from langgraph.graph import END, START, StateGraph
 
     from langgraph_durable import idempotent
 
@@ -402,14 +415,7 @@ def _lose_parent_graph(dsn: str, runs: collections.Counter[str], *, idem: bool |
 
         return fn
 
-    builder = StateGraph(child.State)
-    for name in "abc":
-        builder.add_node(name, node(name))
-    builder.add_edge(START, "a")
-    builder.add_edge("a", "b")
-    builder.add_edge("b", "c")
-    builder.add_edge("c", END)
-    return builder
+    return _abc(node)
 
 
 def test_lost_final_checkpoint_in_process(dsn: str) -> None:
@@ -517,7 +523,6 @@ def test_lost_record_in_process(dsn: str, kept: bool) -> None:
     gone (another process resumes, or the recorder died): the claim is an unknown
     outcome, as before; never a second effect."""
     from langchain_core.runnables import RunnableConfig
-    from langgraph.graph import END, START, StateGraph
 
     from langgraph_durable import DurablePostgresSaver, idempotent
     from langgraph_durable._acked import ACKED
@@ -539,13 +544,7 @@ def test_lost_record_in_process(dsn: str, kept: bool) -> None:
 
         return fn
 
-    builder = StateGraph(child.State)
-    for name in "abc":
-        builder.add_node(name, node(name))
-    builder.add_edge(START, "a")
-    builder.add_edge("a", "b")
-    builder.add_edge("b", "c")
-    builder.add_edge("c", END)
+    builder = _abc(node)
 
     class Losing(DurablePostgresSaver):
         def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:

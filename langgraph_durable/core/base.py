@@ -23,6 +23,7 @@ from psycopg import Connection
 
 from langgraph_durable import _chanver, _sealing
 from langgraph_durable import telemetry as _telemetry
+from langgraph_durable._compat import DURABILITY_KEY
 from langgraph_durable._compat import RUNTIME_KEY as _RUNTIME_KEY
 from langgraph_durable._io import (
     Flow,
@@ -59,8 +60,6 @@ from langgraph_durable.versioning import (
     graph_fingerprint,
 )
 
-# LangGraph's configurable key for the run's durability (langgraph._internal._constants).
-_DURABILITY_KEY = "__pregel_durability"
 logger = logging.getLogger("langgraph_durable")
 
 
@@ -259,7 +258,7 @@ class _DurableBase(
         before the next step, so the run stops at this boundary with this checkpoint
         stored; otherwise get_next_version stops it at the next boundary at the latest."""
         configurable = config["configurable"]
-        if configurable.get("checkpoint_ns") or configurable.get(_DURABILITY_KEY) != "sync":
+        if configurable.get("checkpoint_ns") or configurable.get(DURABILITY_KEY) != "sync":
             # Under "async" LangGraph reads this put's outcome only at the next put or at
             # the run's exit: raising would only fail a run that has just finished.
             return

@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 
+from langgraph_durable._compat import DURABILITY_KEY
 from langgraph_durable._sealing import is_encrypting
 from langgraph_durable.errors import (
     InvalidIdempotencyKeyError,
@@ -48,7 +49,6 @@ _CHECKPOINTER = "__pregel_checkpointer"
 _TASK_ID = "__pregel_task_id"
 _READ = "__pregel_read"
 _RUNTIME = "__pregel_runtime"
-_DURABILITY = "__pregel_durability"
 
 
 # --- call sites -----------------------------------------------------------------------
@@ -90,7 +90,7 @@ def _current_site() -> _Site | None:
         anchor=conf.get(_READ),
         attempt=int(getattr(info, "node_attempt", 1) or 1),
         checkpoint_id=getattr(info, "checkpoint_id", None) or None,
-        durability=str(conf.get(_DURABILITY) or "async"),
+        durability=str(conf.get(DURABILITY_KEY) or "async"),
     )
 
 

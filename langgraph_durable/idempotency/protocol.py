@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from langgraph_durable import _sealing, granularity
 from langgraph_durable import telemetry as _telemetry
-from langgraph_durable._acked import ACKED, Acked, complete_stmt
+from langgraph_durable._acked import ACKED, Acked
 from langgraph_durable._io import (
     AsyncDriver,
     Batch,
@@ -375,7 +375,7 @@ def _restore_own(call: _Call, row: Mapping[str, Any]) -> Generator[Any, Any, tup
     acked = ACKED.get(call.key) if row["status"] == "started" else None
     if acked is None or acked.owner != row["owner"] or acked.fingerprint != row["fingerprint"]:
         return False, None
-    done = yield Tx(functools.partial(_op_stmt, complete_stmt(call.key, acked)))
+    done = yield _tx(LEDGER_COMPLETE_SQL, (acked.result_type, acked.result, call.key, acked.owner))
     if not done:
         return False, None
     logger.warning(
@@ -385,11 +385,6 @@ def _restore_own(call: _Call, row: Mapping[str, Any]) -> Generator[Any, Any, tup
     )
     _telemetry.count("ledger_records_restored", where="claim")
     return True, _decode(call, {"result_type": acked.result_type, "result": acked.result})
-
-
-def _op_stmt(stmt: Stmt) -> Generator[Any, Any, list[dict[str, Any]]]:
-    rows = yield Batch([stmt])
-    return cast("list[dict[str, Any]]", rows[0])
 
 
 def _tx_protocol(call: _Call, started: float) -> Generator[Any, Any, _Outcome]:
