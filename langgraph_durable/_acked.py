@@ -28,11 +28,14 @@ thread is handed back to any worker (``lifecycle``: ``restore_stmts``)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from langgraph_durable._io import Stmt
+from langgraph_durable._sealing import keyring_of
 from langgraph_durable.sql.ledger import LEDGER_COMPLETE_SQL
 
 MAX_ENTRIES = 4096
@@ -84,15 +87,56 @@ class AckedResults:
             self._by_key.clear()
             self._bytes = 0
 
+    def _after_fork_in_child(self) -> None:
+        # A child forked while another thread held the lock inherits it held, by a
+        # thread that does not exist in the child: its first record would block for
+        # ever (review32). The child's calls have owners of their own (its pid), so the
+        # parent's records are of no use to it: start empty, with a new lock.
+        self._lock = threading.Lock()
+        self._by_key = OrderedDict()
+        self._bytes = 0
+
 
 ACKED = AckedResults()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=ACKED._after_fork_in_child)
 
 
-def restore_stmts(thread_id: str) -> list[Stmt]:
+def current_result(key: str, acked: Acked, serde: Any) -> bytes | None:
+    """The kept result as ``serde`` stores it now, or None when it must not be written
+    back. A result sealed under a key the keyring still lists but that is no longer the
+    current one is re-sealed with the current key (a rekey may have finished since it
+    was recorded: the old key may leave the configuration next); one that no configured
+    key opens (the old key already gone), or that ``serde`` cannot decode at all, is not
+    restored: a completed row nobody can read would leave the operator nothing but
+    ``forget``, a second effect, where an unknown outcome can still be resolved
+    (review32)."""
+    data = acked.result
+    if "+" in acked.result_type:  # sealed by an encrypting serializer
+        ring = keyring_of(serde)
+        if ring is None:
+            return None
+        try:
+            data = ring.recrypt_serde(
+                data, thread_id=acked.thread_id, where=f"the kept result of idempotency key {key!r}"
+            ) or data
+        except Exception:  # DecryptionError: no configured key opens it
+            return None
+    try:
+        serde.loads_typed((acked.result_type, data))
+    except Exception:
+        return None
+    return data
+
+
+def restore_stmts(thread_id: str, serde: Any) -> list[Stmt]:
     """The thread's acknowledged records, written again (a run's release after it found
     acknowledged work lost), each only over its own claim, still ``started``: nothing
-    unless that claim lost its result."""
-    return [
-        Stmt(LEDGER_COMPLETE_SQL, (a.result_type, a.result, key, a.owner))
-        for key, a in ACKED.of_thread(thread_id)
-    ]
+    unless that claim lost its result. Results are as ``current_result`` gives them;
+    those it refuses are left out (their claims stay unknown outcomes)."""
+    out = []
+    for key, a in ACKED.of_thread(thread_id):
+        data = current_result(key, a, serde)
+        if data is not None:
+            out.append(Stmt(LEDGER_COMPLETE_SQL, (a.result_type, data, key, a.owner)))
+    return out

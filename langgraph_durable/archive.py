@@ -599,11 +599,34 @@ def check_dump(
         raise refuse("bad_id", f"its thread id {str(dump.thread_id)[:80]!r} is not a short string without NUL")
     tables = {t: _rows(v) for t, v in dump.tables.items()}
     _check_ids(dump, tables, refuse)
+    _check_sealed_types({**tables, _ARTIFACTS: _rows(dump.artifacts)}, refuse)
     dump.opened_secrets = _open_secrets(dump, url, serde, refuse)
     ledger = tables.get("durable_ledger", [])
     keep = any(str(r.get("key", "")).startswith(_TOOL) for r in ledger)
     contents = _check_artifacts(dump, url, limits, serde, unverified, refuse, keep)
     dump.dropped_keys = _check_ledger(dump.thread_id, ledger, lambda: _tool_call_ids(tables, contents, serde), refuse)
+
+
+# The Python type each kind of sealed column decodes to from an archive's msgpack
+# (bytea: bytes; text: str; jsonb: what the column holds), None always allowed.
+_SEALED_TYPES: dict[str, tuple[type, ...]] = {
+    "serde": (bytes,), "artifact": (bytes,), "sealed": (bytes,), "text": (str,),
+    "metadata": (dict,), "serde_json": (list,), "json": (dict, list, str, int, float, bool),
+}
+
+
+def _check_sealed_types(tables: dict[str, list[dict[str, Any]]], refuse: Callable[..., ArchiveRejectedError]) -> None:
+    """Every sealed column (and its type column) of the file holds a value of its
+    column's type: a hostile file's int where bytes belong reached ``bytes(n)`` in the
+    re-seal (an allocation of n bytes) or a TypeError (review32)."""
+    for col in SEALED:
+        for row in tables.get(col.table, ()):
+            value = row.get(col.column)
+            if value is not None and not isinstance(value, _SEALED_TYPES[col.kind]):
+                raise refuse("value_type", f"{col.name} holds a {type(value).__name__}")
+            tag = row.get(col.type_column) if col.type_column else None
+            if tag is not None and not isinstance(tag, str):
+                raise refuse("value_type", f"{col.table}.{col.type_column} holds a {type(tag).__name__}")
 
 
 def _open_secrets(dump: ThreadDump, url: str, serde: Any, refuse: Callable[..., ArchiveRejectedError]) -> list[bytes]:
@@ -1162,9 +1185,11 @@ def _resealed(ring: Keyring | None, table: str, cols: list[list[Any]], rows: lis
     An archive written before a rotation holds values only the old key opens: restored
     as they were after a finished rekey, the operator who then dropped the old key had
     threads that no longer read (review27). A value under a key the saver lacks raises
-    ``DecryptionError`` here, before anything is written."""
+    ``DecryptionError`` here, before anything is written, with one key as with several:
+    a value of an old key restored under a one-key ring would be a thread that no
+    longer reads (review32)."""
     sealed = [c for c in SEALED if c.table == table]
-    if ring is None or len(ring.keys) < 2 or not sealed:
+    if ring is None or not sealed:
         return rows
     names = [c[0] for c in cols]
     out = []
@@ -1255,7 +1280,16 @@ def _op_restore(saver: SaverView, items: list[tuple[str, ThreadDump]]) -> Op[Res
                 url=url,
                 thread_id=dump.thread_id,
             )
-        stmts, plan = _insert_stmts(dump, current, ring)
+        try:
+            stmts, plan = _insert_stmts(dump, current, ring)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # binascii.Error is a ValueError
+            # A sealed value the re-seal cannot read (not base64, a damaged envelope):
+            # damaged or hostile, refused typed, before anything of the thread is sent.
+            raise ArchiveRejectedError(
+                f"archive {url} (thread {dump.thread_id!r}) is refused, a sealed value does "
+                f"not read ({type(exc).__name__}: {exc}); nothing was restored",
+                url=url, thread_id=dump.thread_id, reason="sealed_value",
+            ) from exc
         try:
             out = yield Batch(stmts)
             # has_root came from the archive: kept only if the root checkpoint came too.

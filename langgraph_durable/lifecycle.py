@@ -431,7 +431,7 @@ class RunLifecycle(RunLifecycleView):
         server lost them (``_acked``): the worker that resumes it replays those
         calls instead of meeting their claims as unknown outcomes."""
         err = lease.work_lost
-        restore = restore_stmts(lease.thread_id)
+        restore = restore_stmts(lease.thread_id, self.serde)
         record = Stmt(
             AUDIT_INSERT_SQL,
             {

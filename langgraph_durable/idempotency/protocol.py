@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from langgraph_durable import _sealing, granularity
 from langgraph_durable import telemetry as _telemetry
-from langgraph_durable._acked import ACKED, Acked
+from langgraph_durable._acked import ACKED, Acked, current_result
 from langgraph_durable._io import (
     AsyncDriver,
     Batch,
@@ -291,15 +291,19 @@ def _claim(call: _Call) -> Generator[Any, Any, tuple[bool, Any]]:
     started = time.monotonic()
     delay = 0.02
     logged = False
+    restore_tried = False
     while True:
         claimed, row = yield Tx(lambda: _op_claim(call))
         if claimed:
             return True, None
         if row is None:  # released between our two statements: claim again
             continue
-        restored, value = yield from _restore_own(call, row)
-        if restored:
-            return False, value
+        if not restore_tried:
+            restore_tried = True
+            if (yield from _restore_own(call, row)):
+                # The row changed (our record written again, or someone else's change
+                # won the race): read it again and judge that, never the stale row.
+                continue
         action = _judge(call, row)
         if action == "replay":
             return False, _decode(call, row)
@@ -367,24 +371,37 @@ def _record(call: _Call, result: Any) -> Generator[Any, Any, Any]:
     return value
 
 
-def _restore_own(call: _Call, row: Mapping[str, Any]) -> Generator[Any, Any, tuple[bool, Any]]:
-    """(True, the result) when ``row`` is this process's own claim of an earlier call
-    whose record the server acknowledged and has lost since (an asynchronous failover):
-    the record is written again from ``ACKED`` and replayed, not judged an unknown
-    outcome. (False, None) otherwise, the row then judged as usual."""
+def _restore_own(call: _Call, row: Mapping[str, Any]) -> Generator[Any, Any, bool]:
+    """Whether the row may have changed: ``row`` is this process's own claim of an
+    earlier call whose record the server acknowledged and has lost since (an
+    asynchronous failover), and the record was sent again from ``ACKED`` (written, or
+    the row changed meanwhile). The caller reads the row again and judges it as usual:
+    a call with other arguments under the same key meets IdempotencyConflictError, as
+    it would had the record never been lost (review32). False: nothing to restore, the
+    row is judged as it is. A kept result no configured key opens is not written back
+    (``_acked.current_result``): the claim stays an unknown outcome an operator can
+    resolve."""
     acked = ACKED.get(call.key) if row["status"] == "started" else None
     if acked is None or acked.owner != row["owner"] or acked.fingerprint != row["fingerprint"]:
-        return False, None
-    done = yield _tx(LEDGER_COMPLETE_SQL, (acked.result_type, acked.result, call.key, acked.owner))
-    if not done:
-        return False, None
-    logger.warning(
-        "idempotency key %r: this process recorded the result of %s (claim %s), and the "
-        "database has lost that record (an asynchronous failover?): written again and "
-        "replayed, the call not run again", call.key, call.spec.name, acked.owner,
-    )
-    _telemetry.count("ledger_records_restored", where="claim")
-    return True, _decode(call, {"result_type": acked.result_type, "result": acked.result})
+        return False
+    data = current_result(call.key, acked, call.serde)
+    if data is None:
+        logger.warning(
+            "idempotency key %r: this process recorded the result of %s (claim %s) and the "
+            "database has lost that record, but the kept result does not open with the "
+            "configured keys: not written back, the outcome stays unknown (resolve it)",
+            call.key, call.spec.name, acked.owner,
+        )
+        return False
+    done = yield _tx(LEDGER_COMPLETE_SQL, (acked.result_type, data, call.key, acked.owner))
+    if done:
+        logger.warning(
+            "idempotency key %r: this process recorded the result of %s (claim %s), and the "
+            "database has lost that record (an asynchronous failover?): written again, the "
+            "call not run again", call.key, call.spec.name, acked.owner,
+        )
+        _telemetry.count("ledger_records_restored", where="claim")
+    return True
 
 
 def _tx_protocol(call: _Call, started: float) -> Generator[Any, Any, _Outcome]:
