@@ -1,5 +1,6 @@
 """A tool-calling agent killed with SIGKILL right after charging a card, then resumed: charged once.
 
+    export LANGGRAPH_DURABLE_DSN=embedded   # or your server's DSN
     CRASH=1 python examples/quickstart.py   # charges the card, then the process is killed
     python examples/quickstart.py           # resumes the thread: the charge is not repeated
 """
@@ -45,11 +46,11 @@ builder.add_conditional_edges("model", tools_condition)
 builder.add_edge("tools", "model")
 
 if __name__ == "__main__":
-    dsn = os.environ.get("LANGGRAPH_DURABLE_DSN", "embedded")  # "embedded": a local server, for trying it out
-    with DurablePostgresSaver.from_conn_string(dsn) as saver:
+    # No argument: the DSN in LANGGRAPH_DURABLE_DSN; unset, DsnMissingError says so (never a silent local server).
+    with DurablePostgresSaver.from_conn_string() as saver:
         saver.setup()
         graph = builder.compile(checkpointer=saver)
         config = {"configurable": {"thread_id": os.environ.get("THREAD", "order-1")}}
-        resume = bool(graph.get_state(config).next)  # a crashed run left work to do: resume it
+        resume = saver.get_tuple(config) is not None  # it has a checkpoint: resume (docs/foundation.md)
         result = graph.invoke(None if resume else {"messages": [HumanMessage("buy it")]}, config)
         print(("resumed: " if resume else "") + result["messages"][-1].content)

@@ -27,7 +27,7 @@ with PostgresSaver.from_conn_string(os.environ["LANGGRAPH_DURABLE_DSN"]) as save
     saver.setup()
     graph = quickstart.builder.compile(checkpointer=saver)
     config = {{"configurable": {{"thread_id": os.environ["THREAD"]}}}}
-    resume = bool(graph.get_state(config).next)
+    resume = saver.get_tuple(config) is not None
     graph.invoke(None if resume else {{"messages": [HumanMessage("buy it")]}}, config)
 """
 
