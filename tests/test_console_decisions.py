@@ -370,7 +370,7 @@ def test_natural_pages_partition_the_natural_order(saver: Any, data: Data, ids: 
         while True:
             got = [r[0] for r in conn.execute(cq.THREADS_NATURAL_SQL, {
                 "after": after, "prefix": prefix, "version": None, "older": None, "newer": None,
-                "status": None, "limit": page})]
+                "status": None, "limit": page, "dead": []})]
             seen += got
             if len(got) < page:
                 break

@@ -47,6 +47,7 @@ from langgraph_durable.ops import control, retention
 from langgraph_durable.ops import inspection as lgi
 from langgraph_durable.ops import migrations as versioning
 from langgraph_durable.sql import console as q
+from langgraph_durable.states import STATUSES as _STATUSES
 
 logger = logging.getLogger("langgraph_durable.console")
 
@@ -374,6 +375,8 @@ class Console:
     def threads(self, request: Request) -> HTMLResponse:
         p = request.query_params
         state = p.get("state") or None
+        if state is not None and state not in STATES and state not in _STATUSES:
+            state = None  # as a bad number is: the page unfiltered (the filter menu lists the states)
         prefix = p.get("prefix") or None
         version = p.get("version") or None
         after = p.get("after") or None
@@ -386,12 +389,13 @@ class Console:
                 self.read(), status=state, prefix=prefix, limit=limit + 1, after=after
             )
         else:
-            params = {
+            params: dict[str, Any] = {
                 "after": after, "prefix": prefix, "version": version, "older": older,
                 "newer": newer, "status": state, "limit": limit + 1,
             }
             statement = q.THREADS_NATURAL_SQL if natural else q.THREADS_SQL
             with self.read().connection() as conn, conn.cursor(row_factory=_dict_row()) as cur:
+                params["dead"] = lgi.dead_owners(conn, state)
                 cur.execute(statement, params)
                 rows = [lgi.mark_dead_owner(dict(r)) for r in cur.fetchall()]
             if natural and state == "running":

@@ -36,7 +36,12 @@ from langgraph_durable.artifacts import (
     _envelope_items,
     _payload_items,
 )
-from langgraph_durable.errors import CheckpointLoadError, DecryptionError, InspectError
+from langgraph_durable.errors import (
+    CheckpointLoadError,
+    ConfigurationError,
+    DecryptionError,
+    InspectError,
+)
 from langgraph_durable.keyring import decryption_error
 from langgraph_durable.leases.dead import dead_owner_note, dead_rows
 from langgraph_durable.leases.dead import params as dead_params
@@ -66,7 +71,7 @@ from langgraph_durable.sql.inspection import (
     table_count_sql,
 )
 from langgraph_durable.sql.threads import LOCAL_LIVE_LEASES_SQL
-from langgraph_durable.states import RECOVERABLE_STATUSES, STATES, state_of
+from langgraph_durable.states import RECOVERABLE_STATUSES, STATES, STATUSES, state_of
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -251,23 +256,39 @@ def list_threads(
     ``artifact_bytes`` the stored size of the artifacts it references, which other
     threads may share.
     """
+    check_state_filter(status)
     with saver.connection() as conn:
-        rows = _rows(
-            conn,
-            THREAD_LIST_SQL,
-            {"status": status, "prefix": prefix, "limit": int(limit), "after": after},
-        )
+        params = {"status": status, "prefix": prefix, "limit": int(limit), "after": after,
+                  "dead": dead_owners(conn, status)}
+        rows = _rows(conn, THREAD_LIST_SQL, params)
     out = []
     open_last_errors(saver, rows)
     for row in rows:
         item = mark_dead_owner(_plain_row(row))
         item["bytes"] = int(row["row_bytes"]) + int(row["artifact_bytes"])
-        # Filtered on 'running' in SQL, a dead owner's lease is recoverable here: not
-        # shown as what was asked for (a page may then be short; 'recoverable' does not
-        # list them, their lease looks live to SQL: `threads status` counts them).
+        # A dead owner's lease is filtered in SQL (STATE_FILTER_SQL); one judged dead
+        # between the two statements is still not shown as running.
         if status != "running" or item["state"] == "running":
             out.append(item)
     return out
+
+
+def check_state_filter(status: str | None) -> None:
+    """A state or raw status a page may be filtered on; anything else (a typo) is a
+    ConfigurationError naming the choices, not an empty page (newcomer review)."""
+    if status is not None and status not in STATES and status not in STATUSES:
+        choices = ", ".join(dict.fromkeys((*STATES, *STATUSES)))
+        raise ConfigurationError(f"unknown thread state {status!r}: use one of {choices}", status=status)
+
+
+def dead_owners(conn: Any, status: str | None) -> list[str]:
+    """The owners of this machine's live leases that are dead processes, for a page
+    filtered on running or recoverable (``STATE_FILTER_SQL``'s ``dead``); [] for any
+    other filter (nothing asked, no statement sent)."""
+    if status not in ("running", "recoverable"):
+        return []
+    rows = dead_rows(_rows(conn, LOCAL_LIVE_LEASES_SQL, dead_params()))
+    return sorted({str(r["lease_owner"]) for r in rows})
 
 
 def mark_dead_owner(row: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from langgraph_durable.sql.inspection import THREAD_PAGE_SIZES_SQL
+from langgraph_durable.sql.inspection import STATE_FILTER_SQL, THREAD_PAGE_SIZES_SQL
 from langgraph_durable.sql.inspection import THREAD_STATE_CASE_SQL as _STATE_SQL
 
 # Live leases by owner (the workers). The status list comes from the trigger-kept
@@ -36,6 +36,8 @@ LIMIT %s
 # Tracked threads filtered by what inspect.list_threads does not filter on (graph
 # version, age), in thread_id order after a keyset cursor: a walk of the primary key
 # that stops after one page of matches.
+_STATE_FILTER = sql.SQL(STATE_FILTER_SQL.format(state=_STATE_SQL))
+
 THREADS_SQL = sql.SQL("""
 SELECT t.thread_id, t.status, {state} AS state, t.graph_version, t.attempts,
        t.lease_owner, EXTRACT(EPOCH FROM (t.lease_expires_at - now()))::float8 AS lease_expires_in,
@@ -47,10 +49,10 @@ WHERE t.thread_id > COALESCE(%(after)s::text, '')
   AND (%(version)s::text IS NULL OR t.graph_version = %(version)s)
   AND (%(older)s::float8 IS NULL OR t.updated_at < now() - make_interval(secs => %(older)s))
   AND (%(newer)s::float8 IS NULL OR t.updated_at >= now() - make_interval(secs => %(newer)s))
-  AND (%(status)s::text IS NULL OR t.status = %(status)s OR {state} = %(status)s)
+  AND {state_filter}
 ORDER BY t.thread_id
 LIMIT %(limit)s
-""").format(state=sql.SQL(_STATE_SQL))
+""").format(state=sql.SQL(_STATE_SQL), state_filter=_STATE_FILTER)
 
 # The threads with the most stored bytes (their own rows: checkpoints, blobs, writes).
 # A scan of the three tables: the storage page's one statement that grows with them.
@@ -148,7 +150,7 @@ WITH page AS (
       AND (%(version)s::text IS NULL OR t.graph_version = %(version)s)
       AND (%(older)s::float8 IS NULL OR t.updated_at < now() - make_interval(secs => %(older)s))
       AND (%(newer)s::float8 IS NULL OR t.updated_at >= now() - make_interval(secs => %(newer)s))
-      AND (%(status)s::text IS NULL OR t.status = %(status)s OR {state} = %(status)s)
+      AND {state_filter}
     ORDER BY (t.thread_id COLLATE durable_natural)
     LIMIT %(limit)s
 )
@@ -163,4 +165,4 @@ SELECT t.thread_id, t.status, {state} AS state, t.graph_version, t.attempts,
 FROM page JOIN durable_threads t ON t.thread_id = page.thread_id
 {sizes}
 ORDER BY (t.thread_id COLLATE durable_natural)
-""").format(state=sql.SQL(_STATE_SQL), sizes=sql.SQL(THREAD_PAGE_SIZES_SQL))
+""").format(state=sql.SQL(_STATE_SQL), sizes=sql.SQL(THREAD_PAGE_SIZES_SQL), state_filter=_STATE_FILTER)

@@ -41,12 +41,23 @@ LEFT JOIN checkpoints latest ON latest.thread_id = page.thread_id
 # not every row of history (issue 14: 1.7 s at 100k threads before). A ``status``
 # filter other than 'untracked' walks durable_threads alone (a thread without a row is
 # untracked); 'untracked' walks the checkpoints alone.
+# A thread page's state filter. ``%(dead)s``: the lease owners this machine judged dead
+# processes (``leases.dead``, one bounded statement before the page): an operator sees
+# their live leases as 'recoverable' (``inspection.mark_dead_owner``), so they are listed
+# under recoverable and not under running; before, `threads list --status recoverable`
+# left out the threads `threads list` labelled recoverable until their lease expired
+# (newcomer review, stop 32). ``{state}`` is THREAD_STATE_CASE_SQL.
+STATE_FILTER_SQL = """(%(status)s::text IS NULL
+           OR ((t.status = %(status)s OR {state} = %(status)s)
+               AND NOT (%(status)s = 'running' AND t.lease_owner = ANY(%(dead)s::text[])))
+           OR (%(status)s = 'recoverable' AND t.lease_owner = ANY(%(dead)s::text[])))"""
+
 THREAD_LIST_SQL = sql.SQL("""
 WITH RECURSIVE tracked AS (
     SELECT t.thread_id FROM durable_threads t
     WHERE t.thread_id > COALESCE(%(after)s::text, '') AND t.thread_id >= COALESCE(%(prefix)s::text, '')
       AND (%(prefix)s::text IS NULL OR starts_with(t.thread_id, %(prefix)s))
-      AND (%(status)s::text IS NULL OR t.status = %(status)s OR {state} = %(status)s)
+      AND {state_filter}
     ORDER BY t.thread_id
     LIMIT %(limit)s
 ), bound AS (
@@ -95,6 +106,7 @@ LEFT JOIN durable_threads t ON t.thread_id = page.thread_id
 {sizes}
 ORDER BY page.thread_id
 """).format(state=sql.SQL(THREAD_STATE_CASE_SQL), ts_re=sql.Literal(ISO_TS_RE),
+           state_filter=sql.SQL(STATE_FILTER_SQL.format(state=THREAD_STATE_CASE_SQL)),
           sizes=sql.SQL(THREAD_PAGE_SIZES_SQL))
 
 # Tracked threads by status from the trigger-kept durable_thread_counts (issue 14), the
