@@ -181,8 +181,8 @@ def _claim_sql(statuses: list[str], retry_errors: bool, versions: list[str] | No
 
 def queries() -> dict[str, tuple[Any, Any, bool]]:
     """name -> (sql, params, run in a transaction rolled back with jit off)."""
-    first_page = qi.THREAD_LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": None}
-    later_page = qi.THREAD_LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": "t00005000"}
+    first_page = qi.THREAD_LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": None, "dead": []}
+    later_page = qi.THREAD_LIST_SQL, {"status": None, "prefix": None, "limit": 50, "after": "t00005000", "dead": []}
     return {
         "claim (backlog)": (_claim_sql(list(recovery.RECOVERABLE), True), _claim_params(list(recovery.RECOVERABLE), True), True),
         "claim (idle)": (_claim_sql(["queued"], False), _claim_params(["queued"], False), True),
