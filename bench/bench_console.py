@@ -192,7 +192,7 @@ def explain(dsn: str) -> list[str]:
         for name, extra in cases.items():
             params = {
                 "after": None, "prefix": None, "version": None, "older": None, "newer": None,
-                "status": None, "limit": 51, **extra,
+                "status": None, "limit": 51, "dead": [], **extra,
             }
             rows = conn.execute(
                 psycopg.sql.Composed([psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS) "), q.THREADS_SQL]),
@@ -208,7 +208,7 @@ def explain(dsn: str) -> list[str]:
         for name, extra in natural.items():
             params = {
                 "after": None, "prefix": None, "version": None, "older": None, "newer": None,
-                "status": None, "limit": 51, **extra,
+                "status": None, "limit": 51, "dead": [], **extra,
             }
             rows = conn.execute(
                 psycopg.sql.Composed([psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS) "), q.THREADS_NATURAL_SQL]),
