@@ -435,3 +435,18 @@ def test_stats_expands_chunked_lists(dsn: str, data: dict[str, Any]) -> None:
     assert after["logical_bytes"] - before["logical_bytes"] == 2 * one_copy
     assert after["references"] - before["references"] == 2 * (2 + 40 % 16)  # 2 chunks + tail
     assert after["artifacts"] - before["artifacts"] == 40 + 2
+
+
+def test_ui_on_a_busy_port_says_so_without_printing_a_url(dsn: str) -> None:
+    """The console binds its socket before it prints its URL: on a port another console
+    holds, one line says so, and no URL (which would be the other console's, maybe of
+    another database) is printed (newcomer review, stop 32)."""
+    import socket
+
+    pytest.importorskip("uvicorn")
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        out = runner.invoke(app, ["ui", "--dsn", dsn, "--port", str(port)])
+    assert out.exit_code != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in out.output, out.output
+    assert "console on" not in out.output and "Traceback" not in out.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Annotated
 
 import typer
@@ -84,6 +85,7 @@ def ui_command(
             graph=graph_obj, registry=registry, archive_url=archive,
             allowed_hosts=None if host in ("0.0.0.0", "::") else [host, "127.0.0.1", "localhost", "::1"],
         )
+        sock = _listen(host, port)  # before the URL is printed: a busy port says so, alone
         url = f"http://{host}:{port}/"
         if allow_actions:
             source = f"${ENV_TOKEN}" if os.environ.get(ENV_TOKEN) else "this run"
@@ -92,7 +94,21 @@ def ui_command(
                 err_console.print(f"token: [bold]{token}[/]", highlight=False)
         else:
             err_console.print(f"console on {url} (read-only)")
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The console's listening socket. Bound here, not by uvicorn after the URL was
+    printed: on a busy port the URL printed first was the other console's, maybe of
+    another database (newcomer review)."""
+    from langgraph_durable.cli._common import fail
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise fail(False, "OSError", f"cannot listen on {host}:{port}: {why} (another console? pass --port)", {}) from None
 
 
 def register(app: typer.Typer) -> None:
