@@ -571,3 +571,25 @@ def test_a_recovery_worker_before_setup_says_to_run_it(
             runner.join(30)
     message = next(r.getMessage() for r in caplog.records if "claim failed" in r.getMessage())
     assert "saver.setup()" in message and "langgraph-durable setup" in message, message
+
+
+def test_cli_errors_name_their_class_and_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every CLI command prints a configuration error as `error: <class>: <message>`
+    (docs/configuration.md); a role that does not exist is an authentication problem;
+    a DSN that does not parse, taken from LANGGRAPH_DURABLE_DSN, names the variable
+    (newcomer review, stop 32)."""
+    from typer.testing import CliRunner
+
+    from langgraph_durable.cli import app
+
+    runner = CliRunner()
+    role = runner.invoke(app, ["threads", "list", "--dsn", "postgresql://nosuchrole:pw@127.0.0.1:5432/postgres"])
+    assert role.exit_code == 1 and "Traceback" not in role.output
+    assert "error: DatabaseUnreachableError: cannot connect to PostgreSQL, authentication:" in role.output, role.output
+    assert "pw" not in role.output.replace("password=***", "")
+    gc = runner.invoke(app, ["gc", "--dsn", "postgresql://x@127.0.0.1:1/postgres"])
+    assert gc.exit_code == 1 and "error: DatabaseUnreachableError: " in gc.output, gc.output
+    monkeypatch.setenv("LANGGRAPH_DURABLE_DSN", "garbage")
+    bad = runner.invoke(app, ["threads", "list"])
+    assert bad.exit_code == 1, bad.output
+    assert "error: ConfigurationError: not a PostgreSQL connection string (the value of LANGGRAPH_DURABLE_DSN)" in bad.output

@@ -268,11 +268,13 @@ def open_saver(
 
 
 def fail(json_out: bool, name: str, message: str, fields: dict[str, Any]) -> typer.Exit:
-    """Report an error (JSON on stdout with --json, else red on stderr); exit code 1."""
+    """Report an error (JSON on stdout with --json, else red on stderr, as
+    ``error: <class>: <message>``, the one form every command uses, docs/configuration.md);
+    exit code 1."""
     if json_out:
         print_json({"error": name, "message": message, **fields})
     else:
-        err_console.print(f"[red]error:[/] {escape(message)}", markup=True, highlight=False)
+        err_console.print(f"[red]error:[/] {escape(name)}: {escape(message)}", markup=True, highlight=False)
     return typer.Exit(1)
 
 

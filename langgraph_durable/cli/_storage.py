@@ -70,7 +70,7 @@ def _progress(label: str, enabled: bool) -> Iterator[Callable[[int, int], None] 
 
 
 def _fail(exc: Exception) -> None:
-    err_console.print(f"[red]error:[/] {escape(str(exc))}")
+    err_console.print(f"[red]error:[/] {type(exc).__name__}: {escape(str(exc))}")
     raise typer.Exit(1) from None
 
 

@@ -73,7 +73,7 @@ def _saver(
         if json_out:
             raise fail(True, type(exc).__name__, exc.message, exc.fields) from None
         # Text, not markup: a message may hold brackets (ids, reprs of values).
-        err_console.print(Text.assemble(("error: ", "red"), str(exc)), highlight=False)
+        err_console.print(Text.assemble(("error: ", "red"), f"{type(exc).__name__}: {exc}"), highlight=False)
         raise typer.Exit(1) from None
 
 

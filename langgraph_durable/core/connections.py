@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from langgraph_durable._pool import AsyncDurableConnectionPool, DurableConnectionPool
+from langgraph_durable.embedded import ENV_DSN
 from langgraph_durable.errors import (
     ConfigurationError,
     DatabaseUnreachableError,
@@ -178,7 +179,8 @@ CONNECT_TIMEOUT = 5
 _PROBE_SQL = "SELECT pg_backend_pid() AS pid"
 # libpq's and the server's wording, to the kind DatabaseUnreachableError carries.
 _KINDS = (
-    ("authentication", re.compile(r"password authentication failed|no password supplied|no pg_hba\.conf entry|authentication failed", re.I)),
+    # A role that does not exist is the same mistake as a wrong password: the credentials.
+    ("authentication", re.compile(r"password authentication failed|no password supplied|no pg_hba\.conf entry|authentication failed|role \".*\" does not exist", re.I)),
     ("database", re.compile(r'database ".*" does not exist', re.I)),
     ("refused", re.compile(r"Connection refused|No such file or directory", re.I)),
     ("timeout", re.compile(r"timeout expired|timed out", re.I)),
@@ -204,8 +206,11 @@ def _connect_kwargs(dsn: str) -> dict[str, Any]:
     try:
         params = ci.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
+        # Say where it came from when it is the environment's (newcomer review: a typo in
+        # LANGGRAPH_DURABLE_DSN was reported without naming the variable).
+        source = f" (the value of {ENV_DSN})" if (os.environ.get(ENV_DSN) or "").strip() == dsn.strip() else ""
         raise ConfigurationError(
-            f"not a PostgreSQL connection string: {str(exc).strip().splitlines()[0]}",
+            f"not a PostgreSQL connection string{source}: {str(exc).strip().splitlines()[0]}",
             reason=str(exc).strip().splitlines()[0],
         ) from exc
     kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
