@@ -593,3 +593,27 @@ def test_cli_errors_name_their_class_and_the_variable(monkeypatch: pytest.Monkey
     bad = runner.invoke(app, ["threads", "list"])
     assert bad.exit_code == 1, bad.output
     assert "error: ConfigurationError: not a PostgreSQL connection string (the value of LANGGRAPH_DURABLE_DSN)" in bad.output
+
+
+def test_worker_says_a_package_error_came_from_importing_the_graph(tmp_path: Any) -> None:
+    """A graph module that opens a saver with no DSN at import time: the worker, given
+    --dsn, says the error came from importing that module (newcomer review, stop 32)."""
+    import os
+    import subprocess
+    import sys
+
+    mod = tmp_path / "appmod_nodsn.py"
+    mod.write_text(
+        "from langgraph_durable import DurablePostgresSaver\n"
+        "saver = DurablePostgresSaver.from_conn_string(None).__enter__()\n"
+        "builder = None\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LANGGRAPH_DURABLE_DSN"}
+    out = subprocess.run(
+        [sys.executable, "-c", "from langgraph_durable.cli import main; main()", "worker", "--graph", f"{mod}:builder",
+         "--dsn", "postgresql://postgres@127.0.0.1:1/postgres", "--until-idle"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert f"importing {mod} (--graph {mod}:builder) failed: DsnMissingError" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from langgraph_durable.cli._common import DsnOption, JsonOption, SchemaOption, err_console, escape
-from langgraph_durable.errors import ConfigurationError
+from langgraph_durable.errors import ConfigurationError, DurableError
 
 if TYPE_CHECKING:
     from langgraph_durable._view import SaverView
@@ -48,7 +48,11 @@ def load_object(spec: str) -> Any:
         sys.modules[name] = module
         # The graph's own module may import its siblings.
         sys.path.insert(0, str(path.parent))
-        loaded.loader.exec_module(module)
+        try:
+            loaded.loader.exec_module(module)
+        except DurableError as exc:
+            del sys.modules[name]
+            raise _import_failed(str(path), spec, exc) from exc
     else:
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
@@ -56,6 +60,8 @@ def load_object(spec: str) -> Any:
             module = importlib.import_module(module_part)
         except ImportError as exc:
             raise ConfigurationError(f"cannot import {module_part!r}: {exc}", spec=spec) from exc
+        except DurableError as exc:
+            raise _import_failed(module_part, spec, exc) from exc
     obj: Any = module
     for part in attr.split("."):
         try:
@@ -205,12 +211,22 @@ def _configure_logging(log_level: str) -> None:
     )
 
 
+def _import_failed(where: str, spec: str, exc: DurableError) -> ConfigurationError:
+    """A package error raised while the graph's module was imported (its own saver
+    built at import time without a DSN, say): said to come from that import, not as
+    if the worker's own --dsn were missing (newcomer review). Other exceptions keep
+    their traceback: a bug in the user's module needs it."""
+    return ConfigurationError(
+        f"importing {where} (--graph {spec}) failed: {type(exc).__name__}: {exc.message}", spec=spec
+    )
+
+
 def _load_graphs(specs: list[str]) -> list[tuple[str, Any]]:
     """Every ``--graph`` imported; an unusable one is a message and exit code 2."""
     try:
         return [(spec, load_object(spec)) for spec in specs]
     except ConfigurationError as exc:
-        err_console.print(f"[red]{escape(str(exc))}[/red]")
+        err_console.print(f"[red]error:[/red] {type(exc).__name__}: {escape(str(exc))}")
         raise typer.Exit(2) from exc
 
 
