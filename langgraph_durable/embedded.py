@@ -11,7 +11,8 @@ Its data lives in ``$LANGGRAPH_DURABLE_HOME/pgdata`` (default
 ``~/.local/share/langgraph-durable/pgdata``). It listens on a Unix socket only (no port,
 no password) and keeps its data across runs. The last process using it stops it when it
 exits normally; after a crash (SIGKILL: no exit handler runs), or while another process
-still uses it, it keeps running. Starting it logs one WARNING saying so and naming
+still uses it, it keeps running (and a later process that reuses a server a crashed one
+left leaves it running at its exit too). Starting it logs one WARNING saying so and naming
 ``langgraph-durable embedded stop``, which stops it. docs/configuration.md.
 """
 
