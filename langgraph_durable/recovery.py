@@ -55,6 +55,7 @@ from langgraph_durable._io import AsyncDriver, Batch, Flow, Hook, Op, Stmt, Sync
 from langgraph_durable._sealing import Keyring
 from langgraph_durable._view import SaverView
 from langgraph_durable.core.base import _DurableBase
+from langgraph_durable.core.reader import ReadOnlyView
 from langgraph_durable.errors import (
     AnswerDecodeError,
     ConfigurationError,
@@ -62,6 +63,7 @@ from langgraph_durable.errors import (
     LeaseLostError,
     MigrationError,
     PoisonCheckpointError,
+    ReadOnlyViewError,
     RunCancelledError,
     ThreadBusyError,
 )
@@ -564,6 +566,12 @@ class RecoveryWorker:
         self._last_poll: float | None = None
 
     def _check_targets(self) -> None:
+        for t in self.targets:
+            if isinstance(t.saver, ReadOnlyView):
+                # A graph compiled with saver.reader() (the listing idiom): every claim
+                # would fail on the read-only view and the worker retry it for ever
+                # (review32b). Refused here, before any poll.
+                raise ReadOnlyViewError("RecoveryWorker")
         if len(self.targets) > 1:
             seen: dict[str | None, Any] = {}
             for t in self.targets:

@@ -199,6 +199,19 @@ def redact_dsn(dsn: str) -> str:
     return ci.make_conninfo("", **params)
 
 
+_QUOTED = re.compile(r'"[^"]*"')
+_HAS_SECRET = re.compile(r"password|://[^/@\s]*:[^/@\s]*@", re.I)
+
+
+def _parse_reason(exc: Exception, dsn: str) -> str:
+    """libpq's one line on a DSN that does not parse. It quotes the piece it choked on,
+    which can be the password (a literal '%' in a URI's password, a stray word after
+    ``password=``): with a password in the DSN the quoted pieces are left out
+    (review32b). The exception itself is not chained, for the same reason."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return _QUOTED.sub('"…"', reason) if _HAS_SECRET.search(dsn) else reason
+
+
 def _connect_kwargs(dsn: str) -> dict[str, Any]:
     """The preflight connection's options: no prepared statements (it may go through a
     pooler), and a timeout of seconds, not minutes, unless the user set one. A DSN that
@@ -209,10 +222,8 @@ def _connect_kwargs(dsn: str) -> dict[str, Any]:
         # Say where it came from when it is the environment's (newcomer review: a typo in
         # LANGGRAPH_DURABLE_DSN was reported without naming the variable).
         source = f" (the value of {ENV_DSN})" if (os.environ.get(ENV_DSN) or "").strip() == dsn.strip() else ""
-        raise ConfigurationError(
-            f"not a PostgreSQL connection string{source}: {str(exc).strip().splitlines()[0]}",
-            reason=str(exc).strip().splitlines()[0],
-        ) from exc
+        reason = _parse_reason(exc, dsn)
+        raise ConfigurationError(f"not a PostgreSQL connection string{source}: {reason}", reason=reason) from None
     kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
     if "connect_timeout" not in params and not os.environ.get("PGCONNECT_TIMEOUT"):
         kwargs["connect_timeout"] = CONNECT_TIMEOUT

@@ -29,6 +29,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+import psycopg
 from psycopg import conninfo as ci
 
 from langgraph_durable._io import AsyncDriver, Batch, Op, Stmt, SyncDriver
@@ -377,6 +378,33 @@ class ReadOnlyView:
 
     async def asetup(self) -> None:
         self._refuse("asetup")
+
+    # Operator ops (a decision, a ledger resolve, a quarantine release) handed the view:
+    # its sessions are read-only, so a write fails in the server; said as the view's
+    # refusal, not a raw ReadOnlySqlTransaction (review32b).
+    def _run_op(self, factory: Any, *, transaction: bool = True) -> Any:
+        try:
+            return super()._run_op(factory, transaction=transaction)  # type: ignore[misc]
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            raise ReadOnlyViewError("a write (an operator decision or record)") from exc
+
+    async def _arun_op(self, factory: Any, *, transaction: bool = True) -> Any:
+        try:
+            return await super()._arun_op(factory, transaction=transaction)  # type: ignore[misc]
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            raise ReadOnlyViewError("a write (an operator decision or record)") from exc
+
+    def _run_flow(self, flow: Any) -> Any:
+        try:
+            return super()._run_flow(flow)  # type: ignore[misc]
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            raise ReadOnlyViewError("a write (an operator decision or record)") from exc
+
+    async def _arun_flow(self, flow: Any) -> Any:
+        try:
+            return await super()._arun_flow(flow)  # type: ignore[misc]
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            raise ReadOnlyViewError("a write (an operator decision or record)") from exc
 
     # The reader shares the saver's renewer slot and pools; closing it closes nothing.
     def close(self) -> None:
