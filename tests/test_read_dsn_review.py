@@ -41,7 +41,7 @@ from langgraph.graph import START, StateGraph
 from psycopg import conninfo as ci
 
 from langgraph_durable import DurablePostgresSaver
-from langgraph_durable.errors import ConfigurationError
+from langgraph_durable.errors import ConfigurationError, ReadOnlyViewError
 from langgraph_durable.ops import inspection as lgi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -304,10 +304,13 @@ def test_reader_behind_a_pooler_cannot_write(dsn: str) -> None:
             assert reader.read_lag.source == "standby" and reader.pooler, reader.read_lag
             assert tid in _ids(reader)  # reads work there
             assert reader.get_tuple({"configurable": {"thread_id": tid}}) is not None
-            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            # The server refuses (the cause), said as the view's refusal (review32b).
+            with pytest.raises(ReadOnlyViewError) as refused:
                 reader.run_op(create("rv_probe_op"), transaction=False)  # main: created
-            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            assert isinstance(refused.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+            with pytest.raises(ReadOnlyViewError) as refused:
                 reader.run_op(create("rv_probe_tx"))
+            assert isinstance(refused.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
             with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
                 with reader.connection() as conn:
                     conn.execute("CREATE TABLE rv_probe_conn (x int)")
@@ -384,8 +387,9 @@ def test_async_reader_behind_a_pooler_cannot_write(dsn: str) -> None:
             reader = await saver.areader()
             assert reader.read_lag.source == "standby" and reader.pooler, reader.read_lag
             assert await reader.aget_tuple({"configurable": {"thread_id": "none"}}) is None
-            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            with pytest.raises(ReadOnlyViewError) as refused:
                 await reader.arun_op(create, transaction=False)
+            assert isinstance(refused.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
             with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
                 async with reader.connection() as conn:
                     await conn.execute("CREATE TABLE rv_probe_async (x int)")
