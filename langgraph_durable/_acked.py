@@ -93,8 +93,7 @@ class AckedResults:
         # ever (review32). The child's calls have owners of their own (its pid), so the
         # parent's records are of no use to it: start empty, with a new lock.
         self._lock = threading.Lock()
-        self._by_key = OrderedDict()
-        self._bytes = 0
+        self.clear()
 
 
 ACKED = AckedResults()

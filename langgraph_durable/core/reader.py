@@ -299,6 +299,15 @@ def note_not_standby(settings: ReadOptions, lag: ReadLag) -> None:
 
 
 # ------------------------------------------------------------------ the view
+@contextmanager
+def _writes_refused() -> Iterator[None]:
+    """The server's refusal of a write on a read-only session, as the view's own."""
+    try:
+        yield
+    except psycopg.errors.ReadOnlySqlTransaction as exc:
+        raise ReadOnlyViewError("a write (an operator decision or record)") from exc
+
+
 class ReadOnlyView:
     """Mixed in before a saver class to make its reader (saver.py declares the two):
     every write and every run start raises ``ReadOnlyViewError``; reads run on the
@@ -383,28 +392,20 @@ class ReadOnlyView:
     # its sessions are read-only, so a write fails in the server; said as the view's
     # refusal, not a raw ReadOnlySqlTransaction (review32b).
     def _run_op(self, factory: Any, *, transaction: bool = True) -> Any:
-        try:
+        with _writes_refused():
             return super()._run_op(factory, transaction=transaction)  # type: ignore[misc]
-        except psycopg.errors.ReadOnlySqlTransaction as exc:
-            raise ReadOnlyViewError("a write (an operator decision or record)") from exc
 
     async def _arun_op(self, factory: Any, *, transaction: bool = True) -> Any:
-        try:
+        with _writes_refused():
             return await super()._arun_op(factory, transaction=transaction)  # type: ignore[misc]
-        except psycopg.errors.ReadOnlySqlTransaction as exc:
-            raise ReadOnlyViewError("a write (an operator decision or record)") from exc
 
     def _run_flow(self, flow: Any) -> Any:
-        try:
+        with _writes_refused():
             return super()._run_flow(flow)  # type: ignore[misc]
-        except psycopg.errors.ReadOnlySqlTransaction as exc:
-            raise ReadOnlyViewError("a write (an operator decision or record)") from exc
 
     async def _arun_flow(self, flow: Any) -> Any:
-        try:
+        with _writes_refused():
             return await super()._arun_flow(flow)  # type: ignore[misc]
-        except psycopg.errors.ReadOnlySqlTransaction as exc:
-            raise ReadOnlyViewError("a write (an operator decision or record)") from exc
 
     # The reader shares the saver's renewer slot and pools; closing it closes nothing.
     def close(self) -> None:
